@@ -1,0 +1,28 @@
+"""Tensorwire client SDK: arrays on a remote device, for plain training code.
+
+::
+
+    import client
+    dev = client.RemoteDevice("ws://127.0.0.1:8765")
+    xp = client.namespace(dev)
+    b = xp.sum(xp.exp(xp.ones((2, 3))), axis=0)
+    print(b.shape, b.dtype, b.numpy())
+"""
+
+from __future__ import annotations
+
+from .array import RemoteArray as RemoteArray
+from .device import AsyncRemoteDevice as AsyncRemoteDevice
+from .device import Device as Device
+from .device import RemoteDevice as RemoteDevice
+from .device import SessionStats as SessionStats
+from .errors import AuthenticationError as AuthenticationError
+from .errors import ConnectionLost as ConnectionLost
+from .errors import DeviceIndexError as DeviceIndexError
+from .errors import HandshakeError as HandshakeError
+from .errors import RemoteError as RemoteError
+from .errors import ServerProtocolError as ServerProtocolError
+from .errors import TensorwireError as TensorwireError
+from .errors import VersionMismatchError as VersionMismatchError
+from .namespace import Namespace as Namespace
+from .namespace import namespace as namespace

@@ -1,0 +1,179 @@
+"""Devices: a session with one device of a Tensorwire server.
+
+``RemoteDevice`` is for plain synchronous code; ``AsyncRemoteDevice`` for asyncio code. Both run
+their connection on a background event-loop thread, so neither needs the caller to run a loop,
+and several threads may share one device. Ops never wait; only reads, syncs and stats do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import weakref
+from dataclasses import dataclass
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from protocol import Read, Stats, StatsReply, Sync, TensorMeta
+from protocol.ops import AnyOp
+
+from ._connection import Connection
+
+if TYPE_CHECKING:
+    from .array import RemoteArray
+
+TOKEN_ENV = "TENSOR_SERVER_TOKEN"  # noqa: S105 - the variable's name, not a token
+
+
+@dataclass(frozen=True)
+class SessionStats:
+    """What the server holds for this session."""
+
+    tensors: int
+    tensor_bytes: int
+    failed: int
+
+
+class Device:
+    """What both device kinds share: the connection, ids, and op submission."""
+
+    def __init__(
+        self, url: str, index: int = 0, token: str | None = None, *, open_timeout: float = 10.0
+    ) -> None:
+        if token is None:
+            token = os.environ.get(TOKEN_ENV) or None
+        self.url = url
+        self.index = index
+        self._conn = Connection(url, index, token, open_timeout)
+        self._close = weakref.finalize(self, self._conn.close)  # also runs at exit
+
+    @property
+    def server_id(self) -> str:
+        """Random per server start: a changed id means the server restarted."""
+        return self._conn.welcome.server_id
+
+    @property
+    def session_id(self) -> str:
+        return self._conn.welcome.session_id
+
+    @property
+    def device_count(self) -> int:
+        """How many devices the server hosts."""
+        return self._conn.welcome.device_count
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.url!r}, index={self.index})"
+
+    def submit_unchecked(self, op: AnyOp, meta: TensorMeta) -> RemoteArray:
+        """Send ``op`` as it is, without the local shape and dtype checks, and return a handle
+        for its output described by ``meta``. A protocol-level tool for tests and experiments:
+        if ``op`` is invalid, reading the handle raises ``RemoteError``.
+        """
+        from .array import RemoteArray
+
+        self._conn.submit(op)
+        return RemoteArray(self, op.out, meta)
+
+    def _read_blocking(self, array: RemoteArray) -> np.ndarray[Any, Any]:
+        future = self._conn.request(lambda rid: Read(request_id=rid, tensor=array.tensor_id))
+        result: np.ndarray[Any, Any] = future.result()
+        return result
+
+    def _raise_server_error(self) -> None:
+        error = self._conn.take_server_error()
+        if error is not None:
+            raise error
+
+
+def _stats(reply: StatsReply) -> SessionStats:
+    return SessionStats(reply.tensors, reply.tensor_bytes, reply.failed)
+
+
+class RemoteDevice(Device):
+    """A device on a Tensorwire server, for synchronous code::
+
+        with client.RemoteDevice("ws://127.0.0.1:8765") as dev:
+            xp = client.namespace(dev)
+
+    ``token`` defaults to the ``TENSOR_SERVER_TOKEN`` environment variable.
+
+    Raises:
+        HandshakeError: (a subclass of) the server refused the session.
+        ConnectionLost: the server cannot be reached.
+    """
+
+    def sync(self) -> None:
+        """Wait until every op submitted so far has run on the server.
+
+        Raises:
+            ConnectionLost: the connection closed or broke.
+            ServerProtocolError: the server reported a malformed message from this client.
+        """
+        self._conn.request(lambda rid: Sync(request_id=rid)).result()
+        self._raise_server_error()
+
+    def stats(self) -> SessionStats:
+        """The server's count of this session's tensors and bytes, after every op so far."""
+        return _stats(self._conn.request(lambda rid: Stats(request_id=rid)).result())
+
+    def flush(self) -> None:
+        """Send pending ops now without waiting for them."""
+        self._conn.flush()
+
+    def close(self) -> None:
+        """Send what is pending and close the session. Idempotent."""
+        self._close()
+
+    def __enter__(self) -> RemoteDevice:
+        return self
+
+    def __exit__(
+        self, typ: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+class AsyncRemoteDevice(Device):
+    """A device on a Tensorwire server, for asyncio code::
+
+        async with await client.AsyncRemoteDevice.connect("ws://127.0.0.1:8765") as dev:
+            xp = client.namespace(dev)
+            y = await dev.read(xp.exp(xp.ones(3)))
+
+    Ops are submitted exactly as with :class:`RemoteDevice` (they never wait); reads, syncs and
+    stats are awaited and never block the caller's event loop.
+    """
+
+    @classmethod
+    async def connect(
+        cls, url: str, index: int = 0, token: str | None = None, *, open_timeout: float = 10.0
+    ) -> AsyncRemoteDevice:
+        """Connect without blocking the running loop. Raises as :class:`RemoteDevice` does."""
+        return await asyncio.to_thread(cls, url, index, token, open_timeout=open_timeout)
+
+    async def read(self, array: RemoteArray) -> np.ndarray[Any, Any]:
+        """The array's values as a writable numpy array."""
+        future = self._conn.request(lambda rid: Read(request_id=rid, tensor=array.tensor_id))
+        result: np.ndarray[Any, Any] = await asyncio.wrap_future(future)
+        return result
+
+    async def sync(self) -> None:
+        await asyncio.wrap_future(self._conn.request(lambda rid: Sync(request_id=rid)))
+        self._raise_server_error()
+
+    async def stats(self) -> SessionStats:
+        reply = await asyncio.wrap_future(self._conn.request(lambda rid: Stats(request_id=rid)))
+        return _stats(reply)
+
+    async def aclose(self) -> None:
+        await asyncio.to_thread(self._close)
+
+    async def __aenter__(self) -> AsyncRemoteDevice:
+        return self
+
+    async def __aexit__(
+        self, typ: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()

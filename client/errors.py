@@ -1,0 +1,78 @@
+"""Exceptions the client raises.
+
+Exception tree::
+
+    TensorwireError
+    ├── RemoteError (RuntimeError)         an op failed on the server; names the op and why
+    ├── HandshakeError                      the server refused the session
+    │   ├── VersionMismatchError            protocol versions differ
+    │   ├── DeviceIndexError (IndexError)   no such device index on the server
+    │   └── AuthenticationError             missing or wrong token
+    ├── ServerProtocolError                 the server said a message of ours was malformed
+    └── ConnectionLost (ConnectionError)    the connection closed or broke; pending work fails
+
+Shape and dtype errors of ops are raised locally, before anything is sent, as the protocol's
+``OpShapeError`` (a ``ValueError``) and ``OpDTypeError`` (a ``TypeError``).
+"""
+
+from __future__ import annotations
+
+from protocol import ErrorCode, ErrorInfo
+
+
+class TensorwireError(Exception):
+    """Root of the client's exceptions."""
+
+
+class RemoteError(TensorwireError, RuntimeError):
+    """An op failed on the server. ``code`` is stable, ``op`` names the op that failed."""
+
+    def __init__(self, error: ErrorInfo) -> None:
+        where = f" in {error.op}" if error.op else ""
+        super().__init__(f"[{error.code}]{where}: {error.message}")
+        self.code = error.code
+        self.op = error.op
+        self.error = error
+
+
+class HandshakeError(TensorwireError):
+    """The server refused the session."""
+
+    def __init__(self, error: ErrorInfo) -> None:
+        super().__init__(f"[{error.code}] {error.message}")
+        self.code = error.code
+        self.error = error
+
+
+class VersionMismatchError(HandshakeError):
+    pass
+
+
+class DeviceIndexError(HandshakeError, IndexError):
+    pass
+
+
+class AuthenticationError(HandshakeError):
+    pass
+
+
+class ServerProtocolError(TensorwireError):
+    """The server reported a message of ours as malformed."""
+
+    def __init__(self, error: ErrorInfo) -> None:
+        super().__init__(f"[{error.code}] {error.message}")
+        self.code = error.code
+        self.error = error
+
+
+class ConnectionLost(TensorwireError, ConnectionError):
+    """The connection to the server is closed or broken."""
+
+
+def handshake_error(error: ErrorInfo) -> HandshakeError:
+    kinds: dict[ErrorCode, type[HandshakeError]] = {
+        ErrorCode.VERSION_MISMATCH: VersionMismatchError,
+        ErrorCode.BAD_DEVICE_INDEX: DeviceIndexError,
+        ErrorCode.AUTH_FAILED: AuthenticationError,
+    }
+    return kinds.get(error.code, HandshakeError)(error)

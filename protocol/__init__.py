@@ -1,0 +1,47 @@
+"""Tensorwire protocol v1: messages, op catalogue, shape/dtype rules and the binary codec.
+
+A pure library: no sockets, no event loop, no global state. Client and server both import it;
+it imports neither (ARCHITECTURE invariant 1).
+"""
+
+from __future__ import annotations
+
+from .codec import MessageDecoder as MessageDecoder
+from .codec import byte_view as byte_view
+from .codec import decode as decode
+from .codec import encode as encode
+from .devices import CaptureSpec as CaptureSpec
+from .devices import DeviceSpec as DeviceSpec
+from .devices import NdArraySpec as NdArraySpec
+from .devices import RemoteSpec as RemoteSpec
+from .devices import parse_device_spec as parse_device_spec
+from .dtypes import DTYPES as DTYPES
+from .dtypes import DType as DType
+from .dtypes import from_numpy as from_numpy
+from .dtypes import to_numpy as to_numpy
+from .errors import DecodeError as DecodeError
+from .errors import DeviceSpecError as DeviceSpecError
+from .errors import ErrorCode as ErrorCode
+from .errors import ErrorInfo as ErrorInfo
+from .errors import ProtocolError as ProtocolError
+from .messages import CLIENT_ADAPTER as CLIENT_ADAPTER
+from .messages import PROTOCOL_VERSION as PROTOCOL_VERSION
+from .messages import SERVER_ADAPTER as SERVER_ADAPTER
+from .messages import Batch as Batch
+from .messages import Hello as Hello
+from .messages import Read as Read
+from .messages import ReadReply as ReadReply
+from .messages import Refused as Refused
+from .messages import RequestFailed as RequestFailed
+from .messages import SessionError as SessionError
+from .messages import Stats as Stats
+from .messages import StatsReply as StatsReply
+from .messages import Sync as Sync
+from .messages import SyncReply as SyncReply
+from .messages import Welcome as Welcome
+from .ops import AnyOp as AnyOp
+from .ops import InvalidOpError as InvalidOpError
+from .ops import Op as Op
+from .ops import OpDTypeError as OpDTypeError
+from .ops import OpShapeError as OpShapeError
+from .ops import TensorMeta as TensorMeta

@@ -1,0 +1,168 @@
+"""The binary codec: one websocket message is a typed header followed by raw buffers.
+
+Rule: this module imports numpy, pydantic and ``protocol`` siblings only. No I/O.
+
+Layout of one binary websocket message (protocol v1)::
+
+    u32 little-endian  N, the header's length in bytes (1 <= N <= MAX_HEADER)
+    N bytes            the header: one message as JSON (``protocol.messages``)
+    buffers            raw bytes, concatenated, lengths as ``message.buffer_sizes()`` says
+
+Tensor bytes are C-order, little-endian, never base64, never JSON numbers, never pickle.
+A sender may split a message into websocket fragments anywhere; :class:`MessageDecoder` takes
+the fragments one by one and copies buffer bytes straight into preallocated arrays.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from typing import Any, Generic, TypeVar
+
+import numpy as np
+from pydantic import BaseModel, TypeAdapter, ValidationError
+
+from .errors import DecodeError
+
+MAX_HEADER = 64 * 2**20
+_LEN = struct.Struct("<I")
+
+M = TypeVar("M", bound=BaseModel)
+Buffer = memoryview | np.ndarray[Any, np.dtype[np.uint8]]
+
+
+def byte_view(array: np.ndarray[Any, Any]) -> memoryview:
+    """A flat, zero-copy byte view of a C-contiguous array (a copy if it is not contiguous)."""
+    flat = np.ascontiguousarray(array).reshape(-1)
+    return flat.view(np.uint8).data
+
+
+def encode_header(message: BaseModel) -> bytes:
+    header = message.__pydantic_serializer__.to_json(message)
+    return _LEN.pack(len(header)) + header
+
+
+def encode(message: BaseModel, buffers: Sequence[memoryview] = ()) -> list[bytes | memoryview]:
+    """The chunks of one message: the header, then each buffer as a byte view.
+
+    Raises:
+        ValueError: the buffers' lengths differ from what the message declares.
+    """
+    declared = tuple(message.buffer_sizes())
+    actual = tuple(b.nbytes for b in buffers)
+    if declared != actual:
+        raise ValueError(f"message declares buffers {declared} but {actual} were given")
+    return [encode_header(message), *buffers]
+
+
+def _describe(exc: ValidationError) -> str:
+    first = exc.errors()[0]
+    where = ".".join(str(p) for p in first["loc"]) or "message"
+    more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+    return f"{where}: {first['msg']}{more}"
+
+
+class MessageDecoder(Generic[M]):
+    """Decodes one message fed as one or more chunks (websocket fragments).
+
+    Call :meth:`feed` with each fragment in order, then :meth:`finish`. When the first fragment
+    holds the whole message, buffers are zero-copy (read-only) views of it; otherwise each
+    buffer is a fresh writable ``np.uint8`` array that fragments are copied into.
+
+    Raises:
+        DecodeError: from ``feed`` or ``finish``, for a bad header, more bytes than declared,
+            or fewer (truncated).
+    """
+
+    def __init__(self, adapter: TypeAdapter[M], max_header: int = MAX_HEADER) -> None:
+        self._adapter = adapter
+        self._max_header = max_header
+        self.message: M | None = None
+        self._sizes: tuple[int, ...] = ()
+        self._buffers: list[Buffer] = []
+        self._arrays: list[np.ndarray[Any, np.dtype[np.uint8]]] = []
+        self._index = 0  # buffer being filled
+        self._offset = 0  # bytes filled in it
+
+    def feed(self, chunk: bytes | bytearray | memoryview) -> None:
+        view = memoryview(chunk).cast("B")
+        if self.message is None:
+            view = self._start(view)
+        self._fill(view)
+
+    def _start(self, view: memoryview) -> memoryview:
+        if len(view) < _LEN.size:
+            raise DecodeError("message shorter than its 4-byte header length")
+        (length,) = _LEN.unpack_from(view)
+        if not 1 <= length <= self._max_header:
+            raise DecodeError(f"header length {length} outside 1..{self._max_header}")
+        if len(view) < _LEN.size + length:
+            raise DecodeError("the header must arrive whole in the first fragment")
+        header = view[_LEN.size : _LEN.size + length]
+        try:
+            self.message = self._adapter.validate_json(bytes(header))
+        except ValidationError as exc:
+            raise DecodeError(f"invalid message: {_describe(exc)}") from None
+        self._sizes = tuple(getattr(self.message, "buffer_sizes", tuple)())
+        rest = view[_LEN.size + length :]
+        if len(rest) == sum(self._sizes):  # the whole message in one chunk: zero-copy views
+            offsets = np.cumsum((0, *self._sizes)).tolist()
+            self._buffers = [rest[a:b] for a, b in zip(offsets[:-1], offsets[1:], strict=True)]
+            self._index = len(self._sizes)
+            return rest[len(rest) :]
+        self._arrays = [np.empty(n, dtype=np.uint8) for n in self._sizes]
+        self._buffers = list(self._arrays)
+        self._skip_full()
+        return rest
+
+    def _fill(self, view: memoryview) -> None:
+        while len(view):
+            if self._index >= len(self._sizes):
+                raise DecodeError(f"{len(view)} bytes more than the message declares")
+            n = min(len(view), self._sizes[self._index] - self._offset)
+            target = self._arrays[self._index]
+            target[self._offset : self._offset + n] = np.frombuffer(view[:n], dtype=np.uint8)
+            self._offset += n
+            view = view[n:]
+            self._skip_full()
+
+    def _skip_full(self) -> None:
+        while self._index < len(self._sizes) and self._offset == self._sizes[self._index]:
+            self._index += 1
+            self._offset = 0
+
+    def finish(self) -> tuple[M, list[Buffer]]:
+        """The message and its buffers.
+
+        Raises:
+            DecodeError: nothing was fed, or the buffers are shorter than declared.
+        """
+        if self.message is None:
+            raise DecodeError("empty message")
+        if self._index < len(self._sizes):
+            missing = sum(self._sizes[self._index :]) - self._offset
+            raise DecodeError(f"truncated message: {missing} buffer bytes missing")
+        return self.message, self._buffers
+
+
+def decode(adapter: TypeAdapter[M], data: bytes | bytearray | memoryview) -> tuple[M, list[Buffer]]:
+    """Decode a message that arrived whole. Raises :class:`DecodeError`."""
+    decoder = MessageDecoder(adapter)
+    decoder.feed(data)
+    return decoder.finish()
+
+
+def to_frames(
+    chunks: Sequence[bytes | memoryview], fragment_size: int = 2**20
+) -> bytes | list[bytes | memoryview]:
+    """What to hand the websocket: one bytes object for a small message, or the fragments of a
+    large one (the header alone first, then slices of the buffers, none copied).
+    """
+    total = sum(len(c) for c in chunks)
+    if total <= fragment_size:
+        return b"".join(chunks)
+    frames: list[bytes | memoryview] = [chunks[0]]
+    for chunk in chunks[1:]:
+        view = memoryview(chunk).cast("B")
+        frames.extend(view[i : i + fragment_size] for i in range(0, len(view), fragment_size))
+    return frames

@@ -1,0 +1,165 @@
+"""Protocol v1 messages. See ``protocol/README.md`` for the message flow.
+
+Rule: this module imports pydantic and ``protocol`` siblings only. No I/O.
+
+Client to server: :class:`Hello` first, then any number of :class:`Batch`.
+Server to client: :class:`Welcome` or :class:`Refused` first, then replies to the requests in
+batches (:class:`ReadReply`, :class:`SyncReply`, :class:`StatsReply`, :class:`RequestFailed`) in
+request order, and :class:`SessionError` for a message the server could not use.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+from .dtypes import DType
+from .errors import ErrorInfo
+from .ops import Dim, Op, TensorId
+
+PROTOCOL_VERSION = 1
+
+RequestId = Annotated[int, Field(ge=0, lt=2**63)]
+NBytes = Annotated[int, Field(ge=0, lt=2**63)]
+
+
+class _Message(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", ser_json_inf_nan="constants")
+
+    def buffer_sizes(self) -> tuple[int, ...]:
+        """Byte lengths of the raw buffers that follow the header, in order."""
+        return ()
+
+
+# --- client to server -------------------------------------------------------------------------
+
+
+class Hello(_Message):
+    """The first client message: protocol version, device index and optional token."""
+
+    type: Literal["hello"] = "hello"
+    protocol: int
+    device_index: Annotated[int, Field(ge=0)] = 0
+    token: str | None = None
+
+
+class Read(BaseModel):
+    """Send back tensor ``tensor`` once every op before this request has run."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    kind: Literal["read"] = "read"
+    request_id: RequestId
+    tensor: TensorId
+
+
+class Sync(BaseModel):
+    """Answer once every op before this request has run."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    kind: Literal["sync"] = "sync"
+    request_id: RequestId
+
+
+class Stats(BaseModel):
+    """Report the session's tensor count and bytes once every op before it has run."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    kind: Literal["stats"] = "stats"
+    request_id: RequestId
+
+
+Request = Annotated[Read | Sync | Stats, Field(discriminator="kind")]
+
+
+class Batch(_Message):
+    """Ops to run in order, then ids to free, then requests to answer, in that order.
+
+    ``buffers`` lists the byte lengths of the raw buffers after the header; a
+    :class:`~protocol.ops.FromBuffer` op names one by its position.
+    """
+
+    type: Literal["batch"] = "batch"
+    ops: list[Op] = []
+    frees: list[TensorId] = []
+    requests: list[Request] = []
+    buffers: list[NBytes] = []
+
+    def buffer_sizes(self) -> tuple[int, ...]:
+        return tuple(self.buffers)
+
+
+ClientMessage = Annotated[Hello | Batch, Field(discriminator="type")]
+
+# --- server to client -------------------------------------------------------------------------
+
+
+class Welcome(_Message):
+    """The handshake succeeded. ``server_id`` is random per server start."""
+
+    type: Literal["welcome"] = "welcome"
+    protocol: int
+    device_index: int
+    device_count: int
+    server_id: str
+    session_id: str
+
+
+class Refused(_Message):
+    """The handshake failed; the server closes the connection after sending this."""
+
+    type: Literal["refused"] = "refused"
+    protocol: int
+    error: ErrorInfo
+
+
+class ReadReply(_Message):
+    """A tensor's bytes: one buffer, C order, little-endian."""
+
+    type: Literal["read_reply"] = "read_reply"
+    request_id: RequestId
+    shape: tuple[Dim, ...]
+    dtype: DType
+    nbytes: NBytes
+
+    def buffer_sizes(self) -> tuple[int, ...]:
+        return (self.nbytes,)
+
+
+class SyncReply(_Message):
+    type: Literal["sync_reply"] = "sync_reply"
+    request_id: RequestId
+
+
+class StatsReply(_Message):
+    type: Literal["stats_reply"] = "stats_reply"
+    request_id: RequestId
+    tensors: int  # ids held by this session, failed ones included
+    tensor_bytes: int  # bytes of the arrays this session holds
+    failed: int  # ids marked failed
+
+
+class RequestFailed(_Message):
+    """A request that could not be answered, e.g. a read of a tensor whose op failed."""
+
+    type: Literal["request_failed"] = "request_failed"
+    request_id: RequestId
+    error: ErrorInfo
+
+
+class SessionError(_Message):
+    """A client message the server could not use; the session goes on where it can."""
+
+    type: Literal["error"] = "error"
+    error: ErrorInfo
+
+
+ServerMessage = Annotated[
+    Welcome | Refused | ReadReply | SyncReply | StatsReply | RequestFailed | SessionError,
+    Field(discriminator="type"),
+]
+
+CLIENT_ADAPTER: TypeAdapter[Hello | Batch] = TypeAdapter(ClientMessage)
+SERVER_ADAPTER: TypeAdapter[
+    Welcome | Refused | ReadReply | SyncReply | StatsReply | RequestFailed | SessionError
+] = TypeAdapter(ServerMessage)

@@ -1,0 +1,507 @@
+"""The op catalogue: typed op families, each with its shape and dtype inference rule.
+
+Rule: this module imports numpy, pydantic and ``protocol`` siblings only. No I/O.
+
+Every op names its output id (``out``), chosen by the client, so no op waits for the server.
+``Op.infer(*inputs)`` returns the output's :class:`TensorMeta` from the inputs' metas, or raises
+:class:`InvalidOpError` (``OpShapeError`` is a ``ValueError``, ``OpDTypeError`` a ``TypeError``).
+The client runs it to know ``x.shape`` and ``x.dtype`` without a round trip; the server runs it
+again to check an op completely before numpy sees it (ARCHITECTURE invariants 3 and 4).
+
+Dtype rules follow numpy 2 (NEP 50) by running the numpy function on empty dummies of the input
+dtypes, cached. # Note: where numpy would produce float16 (``exp`` of ``int8``), which the wire
+does not carry, the inputs are computed as float64 instead (:func:`elementwise_rule`).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Callable
+from functools import lru_cache
+from typing import Annotated, Any, Literal, NamedTuple
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from .dtypes import DTYPES, DType, from_numpy, is_integer, to_numpy
+
+MAX_NDIM = 64  # numpy's own limit
+TensorId = Annotated[int, Field(ge=0, lt=2**63)]
+Dim = Annotated[int, Field(ge=0, lt=2**63)]
+
+
+class TensorMeta(NamedTuple):
+    """What the client knows of a tensor without asking: its shape and dtype."""
+
+    shape: tuple[int, ...]
+    dtype: DType
+
+
+class InvalidOpError(Exception):
+    """An op that its inference rule refuses; it never reaches numpy."""
+
+
+class OpShapeError(InvalidOpError, ValueError):
+    """Shapes that do not fit the op (matmul mismatch, bad axis, bad reshape, ...)."""
+
+
+class OpDTypeError(InvalidOpError, TypeError):
+    """Dtypes the op does not accept (bitwise ops on floats, ...)."""
+
+
+class OpOverflowError(InvalidOpError, OverflowError):
+    """A Python integer that the target integer dtype cannot hold."""
+
+
+class ComplexValue(BaseModel):
+    """A complex scalar on the wire (JSON has no complex numbers)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    real: float
+    imag: float
+
+
+Scalar = bool | int | float | ComplexValue
+
+
+def scalar_to_python(value: Scalar) -> bool | int | float | complex:
+    if isinstance(value, ComplexValue):
+        return complex(value.real, value.imag)
+    return value
+
+
+def scalar_from_python(value: bool | int | float | complex) -> Scalar:
+    if isinstance(value, complex):
+        return ComplexValue(real=value.real, imag=value.imag)
+    return value
+
+
+class _Op(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", ser_json_inf_nan="constants")
+    kind: str
+    out: TensorId
+
+    def inputs(self) -> tuple[int, ...]:
+        """The tensor ids this op reads, in the order :meth:`infer` takes their metas."""
+        return ()
+
+    def infer(self, *args: TensorMeta) -> TensorMeta:
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        """One line naming the op, for error messages: ``matmul(#3, #4) -> #5``."""
+        name = getattr(self, "op", None) or self.kind
+        args = ", ".join(f"#{i}" for i in self.inputs())
+        return f"{name}({args}) -> #{self.out}"
+
+
+# --- dtype rules ------------------------------------------------------------------------------
+
+
+def _dummy(dtype: DType, ndim: int = 1) -> np.ndarray[Any, Any]:
+    return np.zeros((1,) * ndim, dtype=to_numpy(dtype))
+
+
+@lru_cache(maxsize=4096)
+def elementwise_rule(name: str, dtypes: tuple[DType, ...]) -> tuple[DType, DType | None]:
+    """``(output dtype, compute dtype or None)`` for numpy function ``name`` on ``dtypes``.
+
+    The compute dtype, when not None, is what the inputs are cast to before the call.
+
+    Raises:
+        OpDTypeError: numpy has no loop for these dtypes.
+    """
+    fn: Callable[..., Any] = getattr(np, name)
+    ndim = 2 if name == "matmul" else 1
+    for compute in (None, "float64"):
+        args = [_dummy(compute or d, ndim) for d in dtypes]
+        try:
+            with np.errstate(all="ignore"), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                result = fn(*args)
+        except TypeError as exc:
+            raise OpDTypeError(f"{name} does not support dtypes {', '.join(dtypes)}") from exc
+        try:
+            return from_numpy(np.asarray(result).dtype), compute
+        except TypeError:
+            continue  # float16 and friends: compute in float64 instead
+    raise OpDTypeError(f"{name} does not support dtypes {', '.join(dtypes)}")
+
+
+def _normalize_axis(axis: int, ndim: int) -> int:
+    if not -ndim <= axis < ndim:
+        raise OpShapeError(f"axis {axis} is out of bounds for an array of {ndim} dimensions")
+    return axis % ndim
+
+
+def _normalize_axes(axes: tuple[int, ...] | None, ndim: int) -> tuple[int, ...]:
+    if axes is None:
+        return tuple(range(ndim))
+    norm = tuple(_normalize_axis(a, ndim) for a in axes)
+    if len(set(norm)) != len(norm):
+        raise OpShapeError(f"repeated axis in {axes}")
+    return norm
+
+
+def _check_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
+    if len(shape) > MAX_NDIM:
+        raise OpShapeError(f"{len(shape)} dimensions exceed the limit of {MAX_NDIM}")
+    if any(d < 0 for d in shape):
+        raise OpShapeError(f"negative dimension in shape {shape}")
+    return shape
+
+
+def broadcast_shapes(*shapes: tuple[int, ...]) -> tuple[int, ...]:
+    """numpy broadcasting, computed with Python ints."""
+    ndim = max((len(s) for s in shapes), default=0)
+    out: list[int] = []
+    for i in range(-ndim, 0):
+        dims = {s[i] for s in shapes if len(s) >= -i} - {1}
+        if len(dims) > 1:
+            raise OpShapeError(f"shapes {', '.join(map(str, shapes))} do not broadcast")
+        out.append(dims.pop() if dims else 1)
+    return tuple(out)
+
+
+def numel(shape: tuple[int, ...]) -> int:
+    return math.prod(shape)
+
+
+# --- creation ---------------------------------------------------------------------------------
+
+
+class FromBuffer(_Op):
+    """A tensor whose bytes travel in buffer number ``buffer`` of the same message."""
+
+    kind: Literal["from_buffer"] = "from_buffer"
+    shape: tuple[Dim, ...]
+    dtype: DType
+    buffer: Annotated[int, Field(ge=0)]
+
+    def infer(self, *args: TensorMeta) -> TensorMeta:
+        return TensorMeta(_check_shape(self.shape), self.dtype)
+
+    def nbytes(self) -> int:
+        return numel(self.shape) * to_numpy(self.dtype).itemsize
+
+
+class Full(_Op):
+    """``full(shape, value, dtype)``; zeros and ones are fulls."""
+
+    kind: Literal["full"] = "full"
+    shape: tuple[Dim, ...]
+    dtype: DType
+    value: Scalar
+
+    def infer(self, *args: TensorMeta) -> TensorMeta:
+        value = scalar_to_python(self.value)
+        if is_integer(self.dtype) and not isinstance(value, bool) and isinstance(value, int):
+            info = np.iinfo(to_numpy(self.dtype))  # type: ignore[type-var]
+            if not info.min <= value <= info.max:
+                raise OpOverflowError(f"Python integer {value} out of bounds for {self.dtype}")
+        if isinstance(value, complex) and not self.dtype.startswith("complex"):
+            raise OpDTypeError(f"a complex fill value cannot fill a {self.dtype} array")
+        return TensorMeta(_check_shape(self.shape), self.dtype)
+
+
+class Arange(_Op):
+    kind: Literal["arange"] = "arange"
+    start: int | float
+    stop: int | float
+    step: int | float = 1
+    dtype: DType
+
+    def length(self) -> int:
+        if self.step == 0:
+            raise OpShapeError("arange step must not be zero")
+        if all(isinstance(v, int) for v in (self.start, self.stop, self.step)):
+            return max(0, -(-(int(self.stop) - int(self.start)) // int(self.step)))
+        span = (float(self.stop) - float(self.start)) / float(self.step)
+        if not math.isfinite(span):
+            raise OpShapeError("arange bounds must be finite")
+        return max(0, math.ceil(span))
+
+    def infer(self, *args: TensorMeta) -> TensorMeta:
+        if self.dtype == "bool" or self.dtype.startswith("complex"):
+            raise OpDTypeError(f"arange does not produce {self.dtype}")
+        return TensorMeta((self.length(),), self.dtype)
+
+
+class Eye(_Op):
+    kind: Literal["eye"] = "eye"
+    n_rows: Dim
+    n_cols: Dim
+    k: int = 0
+    dtype: DType
+
+    def infer(self, *args: TensorMeta) -> TensorMeta:
+        return TensorMeta((self.n_rows, self.n_cols), self.dtype)
+
+
+# --- element-wise -----------------------------------------------------------------------------
+
+UnaryName = Literal[
+    "abs", "negative", "positive", "exp", "expm1", "log", "log1p", "log2", "log10", "sqrt",
+    "square", "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "tanh", "asinh",
+    "acosh", "atanh", "floor", "ceil", "trunc", "round", "sign", "logical_not",
+    "bitwise_invert", "isnan", "isinf", "isfinite", "real", "imag", "conj", "reciprocal",
+    "signbit",
+]  # fmt: skip
+
+BinaryName = Literal[
+    "add", "subtract", "multiply", "divide", "floor_divide", "remainder", "pow", "matmul",
+    "maximum", "minimum", "equal", "not_equal", "less", "less_equal", "greater",
+    "greater_equal", "logical_and", "logical_or", "logical_xor", "bitwise_and", "bitwise_or",
+    "bitwise_xor", "bitwise_left_shift", "bitwise_right_shift", "atan2", "hypot", "copysign",
+    "logaddexp",
+]  # fmt: skip
+
+
+class Unary(_Op):
+    kind: Literal["unary"] = "unary"
+    op: UnaryName
+    x: TensorId
+
+    def inputs(self) -> tuple[int, ...]:
+        return (self.x,)
+
+    def infer(self, *args: TensorMeta) -> TensorMeta:
+        (x,) = args
+        return TensorMeta(x.shape, elementwise_rule(self.op, (x.dtype,))[0])
+
+
+class Binary(_Op):
+    kind: Literal["binary"] = "binary"
+    op: BinaryName
+    x1: TensorId
+    x2: TensorId
+
+    def inputs(self) -> tuple[int, ...]:
+        return (self.x1, self.x2)
+
+    def infer(self, *args: TensorMeta) -> TensorMeta:
+        a, b = args
+        dtype = elementwise_rule(self.op, (a.dtype, b.dtype))[0]
+        if self.op == "matmul":
+            return TensorMeta(matmul_shape(a.shape, b.shape), dtype)
+        return TensorMeta(broadcast_shapes(a.shape, b.shape), dtype)
+
+
+def matmul_shape(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
+    if not a or not b:
+        raise OpShapeError("matmul does not take 0-dimensional operands")
+    a2 = a if len(a) >= 2 else (1, *a)
+    b2 = b if len(b) >= 2 else (*b, 1)
+    if a2[-1] != b2[-2]:
+        raise OpShapeError(f"matmul shapes {a} and {b} do not align ({a2[-1]} != {b2[-2]})")
+    out = (*broadcast_shapes(a2[:-2], b2[:-2]), a2[-2], b2[-1])
+    if len(a) == 1:
+        out = out[:-2] + out[-1:]
+    if len(b) == 1:
+        out = out[:-1]
+    return out
+
+
+class Where(_Op):
+    kind: Literal["where"] = "where"
+    condition: TensorId
+    x1: TensorId
+    x2: TensorId
+
+    def inputs(self) -> tuple[int, ...]:
+        return (self.condition, self.x1, self.x2)
+
+    def infer(self, *args: TensorMeta) -> TensorMeta:
+        c, a, b = args
+        if c.dtype != "bool":
+            raise OpDTypeError(f"where needs a bool condition, not {c.dtype}")
+        dtype = from_numpy(np.result_type(to_numpy(a.dtype), to_numpy(b.dtype)))
+        return TensorMeta(broadcast_shapes(c.shape, a.shape, b.shape), dtype)
+
+
+class AsType(_Op):
+    kind: Literal["astype"] = "astype"
+    x: TensorId
+    dtype: DType
+
+    def inputs(self) -> tuple[int, ...]:
+        return (self.x,)
+
+    def infer(self, *args: TensorMeta) -> TensorMeta:
+        return TensorMeta(args[0].shape, self.dtype)
+
+
+# --- reductions -------------------------------------------------------------------------------
+
+ReduceName = Literal["sum", "prod", "mean", "max", "min", "argmax", "argmin", "any", "all",
+                     "std", "var"]  # fmt: skip
+_NO_IDENTITY = {"max", "min", "argmax", "argmin"}
+
+
+@lru_cache(maxsize=1024)
+def reduce_rule(name: str, dtype: DType) -> tuple[DType, DType | None]:
+    """``(output dtype, compute dtype or None)`` of reduction ``name`` on ``dtype``."""
+    fn: Callable[..., Any] = getattr(np, name)
+    for compute in (None, "float64"):
+        try:
+            with np.errstate(all="ignore"), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                result = np.asarray(fn(_dummy(compute or dtype)))
+        except TypeError as exc:
+            raise OpDTypeError(f"{name} does not support dtype {dtype}") from exc
+        if result.dtype.name in DTYPES:
+            return from_numpy(result.dtype), compute
+    raise OpDTypeError(f"{name} does not support dtype {dtype}")
+
+
+class Reduce(_Op):
+    kind: Literal["reduce"] = "reduce"
+    op: ReduceName
+    x: TensorId
+    axis: tuple[int, ...] | None = None
+    keepdims: bool = False
+
+    def inputs(self) -> tuple[int, ...]:
+        return (self.x,)
+
+    def infer(self, *args: TensorMeta) -> TensorMeta:
+        (x,) = args
+        if self.op in ("argmax", "argmin") and self.axis is not None and len(self.axis) != 1:
+            raise OpShapeError(f"{self.op} takes a single axis or None")
+        axes = _normalize_axes(self.axis, len(x.shape))
+        if self.op in _NO_IDENTITY and any(x.shape[a] == 0 for a in axes):
+            raise OpShapeError(f"{self.op} of an empty axis has no identity")
+        if self.keepdims:
+            shape = tuple(1 if i in axes else d for i, d in enumerate(x.shape))
+        elif self.op in ("argmax", "argmin") and self.axis is None:
+            shape = ()
+        else:
+            shape = tuple(d for i, d in enumerate(x.shape) if i not in axes)
+        return TensorMeta(shape, reduce_rule(self.op, x.dtype)[0])
+
+
+# --- manipulation and indexing ----------------------------------------------------------------
+
+
+class Reshape(_Op):
+    kind: Literal["reshape"] = "reshape"
+    x: TensorId
+    shape: tuple[Annotated[int, Field(ge=-1)], ...]
+
+    def inputs(self) -> tuple[int, ...]:
+        return (self.x,)
+
+    def infer(self, *args: TensorMeta) -> TensorMeta:
+        (x,) = args
+        size = numel(x.shape)
+        unknown = [i for i, d in enumerate(self.shape) if d == -1]
+        if len(unknown) > 1:
+            raise OpShapeError("reshape takes at most one -1")
+        known = numel(tuple(d for d in self.shape if d != -1))
+        shape = list(self.shape)
+        if unknown:
+            if known == 0 or size % known:
+                raise OpShapeError(f"cannot reshape {x.shape} into {self.shape}")
+            shape[unknown[0]] = size // known
+        elif known != size:
+            raise OpShapeError(f"cannot reshape {x.shape} ({size} elements) into {self.shape}")
+        return TensorMeta(_check_shape(tuple(shape)), x.dtype)
+
+
+class PermuteDims(_Op):
+    kind: Literal["permute_dims"] = "permute_dims"
+    x: TensorId
+    axes: tuple[int, ...]
+
+    def inputs(self) -> tuple[int, ...]:
+        return (self.x,)
+
+    def infer(self, *args: TensorMeta) -> TensorMeta:
+        (x,) = args
+        if len(self.axes) != len(x.shape):
+            raise OpShapeError(f"axes {self.axes} do not match {len(x.shape)} dimensions")
+        axes = _normalize_axes(self.axes, len(x.shape))
+        return TensorMeta(tuple(x.shape[a] for a in axes), x.dtype)
+
+
+class SliceSpec(BaseModel):
+    """``start:stop:step`` of a basic index; ``None`` means the default."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    start: int | None = None
+    stop: int | None = None
+    step: int | None = None
+
+    def to_slice(self) -> slice:
+        return slice(self.start, self.stop, self.step)
+
+
+IndexItem = int | SliceSpec | None | Literal["..."]  # None is newaxis
+
+
+def expand_key(key: tuple[IndexItem, ...], ndim: int) -> tuple[IndexItem, ...]:
+    """Replace the ellipsis (or the implicit trailing one) by full slices."""
+    consumed = sum(1 for k in key if k is not None and k != "...")
+    ellipses = sum(1 for k in key if k == "...")
+    if ellipses > 1:
+        raise OpShapeError("an index can only have a single ellipsis")
+    if consumed > ndim:
+        raise OpShapeError(f"too many indices: {consumed} for {ndim} dimensions")
+    fill: tuple[IndexItem, ...] = (SliceSpec(),) * (ndim - consumed)
+    if ellipses:
+        at = key.index("...")
+        return key[:at] + fill + key[at + 1 :]
+    return key + fill
+
+
+class GetItem(_Op):
+    """Basic indexing: integers, slices, ``None`` (new axis) and one ellipsis."""
+
+    kind: Literal["getitem"] = "getitem"
+    x: TensorId
+    key: tuple[IndexItem, ...]
+
+    def inputs(self) -> tuple[int, ...]:
+        return (self.x,)
+
+    def infer(self, *args: TensorMeta) -> TensorMeta:
+        (x,) = args
+        shape: list[int] = []
+        dim = 0
+        for item in expand_key(self.key, len(x.shape)):
+            if item is None:
+                shape.append(1)
+                continue
+            n = x.shape[dim]
+            dim += 1
+            if isinstance(item, SliceSpec):
+                if item.step == 0:
+                    raise OpShapeError("slice step cannot be zero")
+                shape.append(len(range(*item.to_slice().indices(n))))
+            elif isinstance(item, int) and not -n <= item < n:
+                raise OpShapeError(f"index {item} is out of bounds for axis of size {n}")
+        return TensorMeta(_check_shape(tuple(shape)), x.dtype)
+
+    def numpy_key(self) -> tuple[Any, ...]:
+        return tuple(
+            k.to_slice() if isinstance(k, SliceSpec) else (Ellipsis if k == "..." else k)
+            for k in self.key
+        )
+
+
+AnyOp = (
+    FromBuffer
+    | Full
+    | Arange
+    | Eye
+    | Unary
+    | Binary
+    | Where
+    | AsType
+    | Reduce
+    | Reshape
+    | PermuteDims
+    | GetItem
+)
+Op = Annotated[AnyOp, Field(discriminator="kind")]

@@ -1,0 +1,40 @@
+"""Creation ops: from_buffer, full, arange, eye."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from protocol import to_numpy
+from protocol.codec import Buffer
+from protocol.ops import Arange, Eye, FromBuffer, Full, InvalidOpError, scalar_to_python
+
+Array = np.ndarray[Any, Any]
+
+
+def from_buffer(op: FromBuffer, args: Sequence[Array], buffers: Sequence[Buffer]) -> Array:
+    if op.buffer >= len(buffers):
+        raise InvalidOpError(f"buffer {op.buffer} does not exist ({len(buffers)} in message)")
+    data = buffers[op.buffer]
+    if len(data) != op.nbytes():
+        raise InvalidOpError(
+            f"buffer {op.buffer} has {len(data)} bytes; shape {list(op.shape)} of {op.dtype} "
+            f"needs {op.nbytes()}"
+        )
+    return np.frombuffer(data, dtype=to_numpy(op.dtype)).reshape(op.shape)
+
+
+def full(op: Full, args: Sequence[Array], buffers: Sequence[Buffer]) -> Array:
+    return np.full(op.shape, scalar_to_python(op.value), dtype=to_numpy(op.dtype))
+
+
+def arange(op: Arange, args: Sequence[Array], buffers: Sequence[Buffer]) -> Array:
+    # Note: computed in numpy's natural dtype (int64 or float64), then cast, so that the length
+    # is always ceil((stop - start) / step), as inferred.
+    return np.arange(op.start, op.stop, op.step).astype(to_numpy(op.dtype), copy=False)
+
+
+def eye(op: Eye, args: Sequence[Array], buffers: Sequence[Buffer]) -> Array:
+    return np.eye(op.n_rows, op.n_cols, k=op.k, dtype=to_numpy(op.dtype))

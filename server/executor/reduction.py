@@ -1,0 +1,26 @@
+"""Reductions: sum, prod, mean, max, min, argmax, argmin, any, all, std, var."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from protocol import from_numpy, to_numpy
+from protocol.codec import Buffer
+from protocol.ops import Reduce, reduce_rule
+
+Array = np.ndarray[Any, Any]
+
+
+def reduce(op: Reduce, args: Sequence[Array], buffers: Sequence[Buffer]) -> Array:
+    (x,) = args
+    _, compute = reduce_rule(op.op, from_numpy(x.dtype))
+    if compute is not None:
+        x = x.astype(to_numpy(compute))
+    fn: Callable[..., Array] = getattr(np, op.op)
+    if op.op in ("argmax", "argmin"):
+        axis = None if op.axis is None else op.axis[0]
+        return fn(x, axis=axis, keepdims=op.keepdims)
+    return fn(x, axis=op.axis, keepdims=op.keepdims)
