@@ -23,6 +23,7 @@ import numpy as np
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from .errors import DecodeError
+from .messages import Message
 
 MAX_HEADER = 64 * 2**20
 _LEN = struct.Struct("<I")
@@ -37,12 +38,12 @@ def byte_view(array: np.ndarray[Any, Any]) -> memoryview:
     return flat.view(np.uint8).data
 
 
-def encode_header(message: BaseModel) -> bytes:
+def encode_header(message: Message) -> bytes:
     header = message.__pydantic_serializer__.to_json(message)
     return _LEN.pack(len(header)) + header
 
 
-def encode(message: BaseModel, buffers: Sequence[memoryview] = ()) -> list[bytes | memoryview]:
+def encode(message: Message, buffers: Sequence[memoryview] = ()) -> list[bytes | memoryview]:
     """The chunks of one message: the header, then each buffer as a byte view.
 
     Raises:

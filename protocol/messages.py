@@ -24,7 +24,7 @@ RequestId = Annotated[int, Field(ge=0, lt=2**63)]
 NBytes = Annotated[int, Field(ge=0, lt=2**63)]
 
 
-class _Message(BaseModel):
+class Message(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", ser_json_inf_nan="constants")
 
     def buffer_sizes(self) -> tuple[int, ...]:
@@ -35,7 +35,7 @@ class _Message(BaseModel):
 # --- client to server -------------------------------------------------------------------------
 
 
-class Hello(_Message):
+class Hello(Message):
     """The first client message: protocol version, device index and optional token."""
 
     type: Literal["hello"] = "hello"
@@ -72,7 +72,7 @@ class Stats(BaseModel):
 Request = Annotated[Read | Sync | Stats, Field(discriminator="kind")]
 
 
-class Batch(_Message):
+class Batch(Message):
     """Ops to run in order, then ids to free, then requests to answer, in that order.
 
     ``buffers`` lists the byte lengths of the raw buffers after the header; a
@@ -94,7 +94,7 @@ ClientMessage = Annotated[Hello | Batch, Field(discriminator="type")]
 # --- server to client -------------------------------------------------------------------------
 
 
-class Welcome(_Message):
+class Welcome(Message):
     """The handshake succeeded. ``server_id`` is random per server start."""
 
     type: Literal["welcome"] = "welcome"
@@ -105,7 +105,7 @@ class Welcome(_Message):
     session_id: str
 
 
-class Refused(_Message):
+class Refused(Message):
     """The handshake failed; the server closes the connection after sending this."""
 
     type: Literal["refused"] = "refused"
@@ -113,7 +113,7 @@ class Refused(_Message):
     error: ErrorInfo
 
 
-class ReadReply(_Message):
+class ReadReply(Message):
     """A tensor's bytes: one buffer, C order, little-endian."""
 
     type: Literal["read_reply"] = "read_reply"
@@ -126,12 +126,12 @@ class ReadReply(_Message):
         return (self.nbytes,)
 
 
-class SyncReply(_Message):
+class SyncReply(Message):
     type: Literal["sync_reply"] = "sync_reply"
     request_id: RequestId
 
 
-class StatsReply(_Message):
+class StatsReply(Message):
     type: Literal["stats_reply"] = "stats_reply"
     request_id: RequestId
     tensors: int  # ids held by this session, failed ones included
@@ -139,7 +139,7 @@ class StatsReply(_Message):
     failed: int  # ids marked failed
 
 
-class RequestFailed(_Message):
+class RequestFailed(Message):
     """A request that could not be answered, e.g. a read of a tensor whose op failed."""
 
     type: Literal["request_failed"] = "request_failed"
@@ -147,7 +147,7 @@ class RequestFailed(_Message):
     error: ErrorInfo
 
 
-class SessionError(_Message):
+class SessionError(Message):
     """A client message the server could not use; the session goes on where it can."""
 
     type: Literal["error"] = "error"

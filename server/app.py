@@ -44,7 +44,7 @@ from protocol import (
     encode,
 )
 from protocol.codec import Buffer, to_frames
-from protocol.messages import _Message
+from protocol.messages import Message
 
 from .config import ServerConfig, validate_host_device
 from .session import Session
@@ -81,7 +81,7 @@ async def _receive(ws: ServerConnection) -> _Received:
 
 
 async def _send(
-    ws: ServerConnection, message: _Message, buffers: tuple[memoryview, ...] = ()
+    ws: ServerConnection, message: Message, buffers: tuple[memoryview, ...] = ()
 ) -> None:
     await ws.send(to_frames(encode(message, buffers)))
 

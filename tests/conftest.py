@@ -1,0 +1,32 @@
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+import client
+
+from .servers import ServerProcess, run_server
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[ServerProcess]:
+    """One real server process per test module, on a free loopback port."""
+    with run_server("--device", "ndarray:2") as proc:
+        yield proc
+
+
+@pytest.fixture
+def url(server: ServerProcess) -> str:
+    return server.url
+
+
+@pytest.fixture
+def dev(url: str) -> Iterator[client.RemoteDevice]:
+    with client.RemoteDevice(url) as device:
+        yield device
+
+
+@pytest.fixture
+def xp(dev: client.RemoteDevice) -> client.Namespace:
+    return client.namespace(dev)
