@@ -13,13 +13,22 @@ Per connection: one task receives and decodes messages into a bounded queue (a f
 reading the socket, so TCP pushes back on a client that sends faster than the server runs);
 one task takes batches off the queue in order, runs them (cheap ops on the loop, heavy ones in a
 bounded worker-thread pool) and sends the replies.
+
+Guards (README, "Security"): the token, Origin and connection count are checked on the HTTP
+upgrade by :class:`server.guard.Gate`, before a session exists. Each decoder refuses declared
+buffers over the message size or the session's quota before allocating them. A batch that
+leaves the event loop is watched against the per-op deadline; past it the session is closed
+(close code 1008, reason ``deadline_exceeded: ...``) while the worker thread runs on to the end
+of its numpy call and its result is discarded. A reply the client does not take within the
+send timeout drops the connection; so does a client that sends nothing for the idle timeout
+while the server owes it nothing. Close reasons start with the :class:`~protocol.ErrorCode`.
 """
 
 from __future__ import annotations
 
-import hmac
 import logging
 import secrets
+import time
 from dataclasses import dataclass
 
 import anyio
@@ -38,6 +47,7 @@ from protocol import (
     ErrorInfo,
     Hello,
     MessageDecoder,
+    MessageLimitError,
     Refused,
     SessionError,
     Welcome,
@@ -46,12 +56,14 @@ from protocol import (
 from protocol.codec import Buffer, to_frames
 from protocol.messages import Message
 
-from .config import ServerConfig, validate_host_device
-from .session import Session
+from .config import ServerConfig, validate_host_device, validate_security
+from .guard import Gate, tls_context
+from .session import Job, Limits, Session
+from .store import MemoryBudget, TensorStore
 
 log = logging.getLogger("tensorwire.server")
 
-QUEUE_DEPTH = 8  # decoded messages waiting per session before the socket stops being read
+QUEUE_DEPTH = 8  # default of ServerConfig.max_queued: decoded messages waiting per session
 
 
 @dataclass
@@ -61,29 +73,48 @@ class _Received:
     error: ErrorInfo | None = None
 
 
-async def _receive(ws: ServerConnection) -> _Received:
-    """One whole message, decoded. A decode error drains the rest of the message first."""
-    decoder = MessageDecoder(CLIENT_ADAPTER)
+@dataclass
+class _Progress:
+    """Per connection: whether a message is half received, and how much work is owed."""
+
+    partial: bool = False
+    pending: int = 0  # messages received whose replies are not sent yet
+
+
+class _Drop(Exception):
+    """Close this connection with ``reason`` (a close reason starting with an ErrorCode)."""
+
+    def __init__(self, code: ErrorCode, message: str) -> None:
+        super().__init__(f"{code}: {message}"[:120])  # a close reason holds 123 bytes
+        self.code = code
+        self.reason = str(self)
+
+
+async def _receive(
+    ws: ServerConnection, decoder: MessageDecoder[Hello | Batch], progress: _Progress
+) -> _Received:
+    """One whole message, decoded. A decode error drains the rest of the message first, so
+    the stream stays intact; a limit error keeps the (valid) header so its ops can be failed.
+    """
     error: DecodeError | None = None
+    progress.partial = False
     async for fragment in ws.recv_streaming(decode=False):
+        progress.partial = True
         if error is None:
             try:
                 decoder.feed(fragment)
             except DecodeError as exc:
                 error = exc
+    progress.partial = False
     try:
         if error is not None:
             raise error
         message, buffers = decoder.finish()
+    except MessageLimitError as exc:
+        return _Received(decoder.message, [], ErrorInfo(code=exc.code, message=str(exc)))
     except DecodeError as exc:
         return _Received(None, [], ErrorInfo(code=ErrorCode.BAD_MESSAGE, message=str(exc)))
     return _Received(message, buffers)
-
-
-async def _send(
-    ws: ServerConnection, message: Message, buffers: tuple[memoryview, ...] = ()
-) -> None:
-    await ws.send(to_frames(encode(message, buffers)))
 
 
 class Server:
@@ -96,11 +127,20 @@ class Server:
 
     def __init__(self, config: ServerConfig) -> None:
         self.device = validate_host_device(config.device)
+        self.warnings = validate_security(config)
         self.config = config
         self.server_id = secrets.token_hex(8)
         self.sessions: dict[str, Session] = {}
         self.port: int | None = None
+        self.budget = MemoryBudget(config.memory_budget)
+        self._ssl = tls_context(config)
+        self._limits = Limits(max_op_bytes=config.max_op_bytes, max_ndim=config.max_ndim)
         self._limiter = anyio.CapacityLimiter(config.worker_threads)
+        self._open = 0  # upgraded connections being handled
+
+    @property
+    def scheme(self) -> str:
+        return "ws" if self._ssl is None else "wss"
 
     async def serve(
         self, *, task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED
@@ -116,26 +156,40 @@ class Server:
             compression=None,  # tensor bytes do not compress; deflate costs 13x throughput
             max_size=config.max_message_size,
             max_queue=4,
-            write_limit=2**20,
+            write_limit=config.write_limit,
+            ssl=self._ssl,
+            process_request=Gate(config, lambda: self._open),
+            open_timeout=config.handshake_timeout,
+            ping_interval=config.ping_interval,
+            ping_timeout=config.ping_timeout,
         )
         try:
-            self.port = ws_server.sockets[0].getsockname()[1]
-            log.info(
-                "listening host=%s port=%s server_id=%s", config.host, self.port, self.server_id
-            )
-            task_status.started(self.port)
-            await anyio.sleep_forever()
+            async with anyio.create_task_group() as self._tasks:  # worker-thread runners
+                self.port = ws_server.sockets[0].getsockname()[1]
+                log.info(
+                    "listening host=%s port=%s server_id=%s", config.host, self.port, self.server_id
+                )
+                task_status.started(self.port)
+                await anyio.sleep_forever()
         finally:
             with anyio.CancelScope(shield=True), anyio.move_on_after(config.shutdown_grace):
                 ws_server.close()
                 await ws_server.wait_closed()
 
     async def _handle(self, ws: ServerConnection) -> None:
+        self._open += 1
         try:
-            with anyio.fail_after(self.config.handshake_timeout):
+            await self._handle_open(ws)
+        finally:
+            self._open -= 1
+
+    async def _handle_open(self, ws: ServerConnection) -> None:
+        timeout = self.config.handshake_timeout
+        try:
+            with anyio.fail_after(timeout):
                 session = await self._handshake(ws)
         except (TimeoutError, ConnectionClosed):
-            await ws.close(1008, "handshake timed out")
+            await ws.close(1008, f"{ErrorCode.IDLE_TIMEOUT}: no hello within {timeout} s")
             return
         if session is None:
             return
@@ -154,7 +208,8 @@ class Server:
             log.info("session closed id=%s", session.session_id)
 
     async def _handshake(self, ws: ServerConnection) -> Session | None:
-        received = await _receive(ws)
+        decoder = MessageDecoder(CLIENT_ADAPTER, self.config.max_header_size, max_buffer_bytes=0)
+        received = await _receive(ws, decoder, _Progress())
         hello = received.message
         error: ErrorInfo | None = received.error
         if error is None and not isinstance(hello, Hello):
@@ -163,11 +218,12 @@ class Server:
             error = self._check_hello(hello)
         if error is not None or not isinstance(hello, Hello):
             assert error is not None
-            await _send(ws, Refused(protocol=PROTOCOL_VERSION, error=error))
+            await self._send(ws, Refused(protocol=PROTOCOL_VERSION, error=error))
             await ws.close(1000, "handshake refused")
             return None
-        session = Session(secrets.token_hex(8), hello.device_index)
-        await _send(
+        store = TensorStore(self.config.effective_session_quota, self.budget)
+        session = Session(secrets.token_hex(8), hello.device_index, store, self._limits)
+        await self._send(
             ws,
             Welcome(
                 protocol=PROTOCOL_VERSION,
@@ -196,46 +252,134 @@ class Server:
                     f"{self.device.count} device(s), indices 0..{self.device.count - 1}"
                 ),
             )
-        expected = self.config.token
-        if expected is not None and not hmac.compare_digest(
-            (hello.token or "").encode(), expected.encode()
-        ):
-            return ErrorInfo(code=ErrorCode.AUTH_FAILED, message="missing or wrong token")
-        return None
+        return None  # the token was checked on the upgrade request (server.guard)
+
+    async def _send(
+        self, ws: ServerConnection, message: Message, buffers: tuple[memoryview, ...] = ()
+    ) -> None:
+        """Send one message. Raises :class:`_Drop` if the client does not take it in time."""
+        try:
+            with anyio.fail_after(self.config.send_timeout):
+                await ws.send(to_frames(encode(message, buffers)))
+        except TimeoutError:
+            raise _Drop(
+                ErrorCode.SEND_TIMEOUT,
+                f"the client took no reply for {self.config.send_timeout} s",
+            ) from None
 
     async def _run(self, ws: ServerConnection, session: Session) -> None:
-        send, receive = anyio.create_memory_object_stream[_Received](QUEUE_DEPTH)
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(self._work, ws, session, receive)
-            try:
-                async with send:
-                    while True:
-                        await send.send(await _receive(ws))
-            except ConnectionClosed:
-                pass
-            finally:
-                tg.cancel_scope.cancel()
+        progress = _Progress()
+        send, receive = anyio.create_memory_object_stream[_Received](self.config.max_queued)
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._work, ws, session, receive, progress)
+                try:
+                    async with send:
+                        while True:
+                            item = await self._receive_idle(ws, session, progress)
+                            progress.pending += 1
+                            await send.send(item)
+                except (ConnectionClosed, anyio.BrokenResourceError):
+                    pass
+                finally:
+                    tg.cancel_scope.cancel()
+        except* _Drop as group:
+            drop = group.exceptions[0]
+            assert isinstance(drop, _Drop)
+            log.info("session dropped id=%s reason=%s", session.session_id, drop.reason)
+            if drop.code is ErrorCode.SEND_TIMEOUT:
+                ws.transport.abort()  # the client does not read: a close frame would not pass
+            else:
+                await ws.close(1008, drop.reason)
+
+    async def _receive_idle(
+        self, ws: ServerConnection, session: Session, progress: _Progress
+    ) -> _Received:
+        """The next message; raises :class:`_Drop` after the idle timeout with nothing owed."""
+        idle = self.config.idle_timeout
+        while True:
+            decoder = MessageDecoder(
+                CLIENT_ADAPTER,
+                self.config.max_header_size,
+                max_buffer_bytes=self.config.max_message_size,
+                check=lambda m: session.check_upload(m) if isinstance(m, Batch) else None,
+            )
+            with anyio.move_on_after(idle) as scope:
+                return await _receive(ws, decoder, progress)
+            if progress.partial or not progress.pending:  # cancelling mid-message breaks ws
+                raise _Drop(ErrorCode.IDLE_TIMEOUT, f"nothing received for {idle} s")
+            assert scope.cancelled_caught
 
     async def _work(
         self,
         ws: ServerConnection,
         session: Session,
         queue: MemoryObjectReceiveStream[_Received],
+        progress: _Progress,
     ) -> None:
         async with queue:
             async for item in queue:
-                if item.error is not None or not isinstance(item.message, Batch):
-                    error = item.error or ErrorInfo(
-                        code=ErrorCode.BAD_MESSAGE,
-                        message="hello is only valid as the first message",
-                    )
-                    await _send(ws, SessionError(error=error))
-                    continue
-                job = session.start(item.message, item.buffers)
-                while not session.step(job, inline=True):
-                    await anyio.to_thread.run_sync(session.step, job, False, limiter=self._limiter)
-                for reply, buffers in session.finish(job):
-                    await _send(ws, reply, tuple(buffers))
+                try:
+                    await self._serve_one(ws, session, item)
+                except ConnectionClosed:
+                    return  # the receive side sees the close too and ends the session
+                progress.pending -= 1
+
+    async def _serve_one(self, ws: ServerConnection, session: Session, item: _Received) -> None:
+        if not isinstance(item.message, Batch):
+            error = item.error or ErrorInfo(
+                code=ErrorCode.BAD_MESSAGE,
+                message="hello is only valid as the first message",
+            )
+            await self._send(ws, SessionError(error=error))
+            return
+        job = session.start(item.message, item.buffers, rejected=item.error)
+        while not session.step(job, inline=True):
+            await self._step_in_thread(session, job)
+        if session.closed:
+            raise _Drop(ErrorCode.INTERNAL, "a worker step failed; see the server log")
+        for reply, buffers in session.finish(job):
+            await self._send(ws, reply, tuple(buffers))
+
+    async def _step_in_thread(self, session: Session, job: Job) -> None:
+        """Run the rest of ``job`` in a worker thread, watching the per-op deadline.
+
+        The thread runs in the server's task group, so a session that gives up on it (deadline,
+        disconnect) neither waits for it nor frees its worker slot before numpy returns.
+
+        Raises:
+            _Drop: ``deadline_exceeded`` when one op ran past ``op_deadline``.
+        """
+        started, done = anyio.Event(), anyio.Event()
+        self._tasks.start_soon(self._thread_runner, session, job, started, done)
+        await started.wait()
+        deadline = self.config.op_deadline
+        while not done.is_set():
+            op_started = job.op_started or time.monotonic()
+            with anyio.move_on_after(op_started + deadline - time.monotonic()):
+                await done.wait()
+            if not done.is_set() and job.op_started == op_started:
+                op = job.batch.ops[min(job.next, len(job.batch.ops) - 1)]
+                session.close()
+                raise _Drop(
+                    ErrorCode.DEADLINE_EXCEEDED,
+                    f"{op.describe()} ran past the {deadline} s per-op deadline",
+                )
+
+    async def _thread_runner(
+        self, session: Session, job: Job, started: anyio.Event, done: anyio.Event
+    ) -> None:
+        try:
+            async with self._limiter:
+                job.op_started = time.monotonic()
+                started.set()
+                await anyio.to_thread.run_sync(session.step, job, False, abandon_on_cancel=True)
+        except Exception:
+            log.exception("worker step failed session=%s", session.session_id)
+            session.close()
+        finally:
+            started.set()
+            done.set()
 
 
 async def serve(

@@ -9,10 +9,21 @@ worker thread with ``inline=False`` for the rest — then :meth:`Session.finish`
 and answers the requests. Ops run strictly in submission order (invariant 6). A failed op stores
 a :class:`Failure` under its output id; ops that read a failed tensor inherit the failure
 unchanged, so a read names the op that really failed (invariant 5).
+
+Limits (invariant 8): :meth:`Session._check` refuses an op whose inferred output exceeds the
+ndim cap or the per-op byte cap (``limit_exceeded``) before numpy runs; :meth:`_execute`
+reserves the output's bytes in the store (``quota_exceeded``, ``server_memory_exhausted``)
+before numpy allocates them. A refused op fails like any other: its output is marked failed
+and the session goes on. A result that is a view (of another tensor or of a received message)
+is copied before it is stored, so each tensor owns its bytes (see ``server/store.py``).
+Deadline: :attr:`Job.op_started` is the monotonic time the running op began; the transport
+watches it and, past the deadline, closes the session (:meth:`close`): the op itself cannot be
+interrupted, so its result is discarded when numpy returns.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,6 +35,7 @@ from protocol import (
     ErrorCode,
     ErrorInfo,
     InvalidOpError,
+    MessageLimitError,
     Read,
     ReadReply,
     RequestFailed,
@@ -33,10 +45,11 @@ from protocol import (
     SyncReply,
     TensorMeta,
     byte_view,
+    to_numpy,
 )
 from protocol.codec import Buffer
 from protocol.messages import Request
-from protocol.ops import AnyOp
+from protocol.ops import AnyOp, FromBuffer, numel
 
 from . import executor
 from .store import Failure, Stored, StoreError, TensorStore
@@ -48,33 +61,80 @@ Reply = tuple[
 ]
 
 
+@dataclass(frozen=True)
+class Limits:
+    """Per-op caps checked on the inferred output before numpy runs."""
+
+    max_op_bytes: int = 2**63
+    max_ndim: int = 64
+
+
 @dataclass
 class Job:
     batch: Batch
     buffers: Sequence[Buffer]
+    rejected: ErrorInfo | None = None  # the whole batch was refused: every op fails with this
     next: int = 0  # index of the next op to run
     errors: list[ErrorInfo] = field(default_factory=list)
+    claimed: set[int] = field(default_factory=set)  # buffers a stored tensor now owns
+    op_started: float | None = None  # time.monotonic() when the running op began
 
 
 class Session:
     """A session's tensors and how batches change them."""
 
-    def __init__(self, session_id: str, device_index: int) -> None:
+    def __init__(
+        self,
+        session_id: str,
+        device_index: int,
+        store: TensorStore | None = None,
+        limits: Limits | None = None,
+    ) -> None:
         self.session_id = session_id
         self.device_index = device_index
-        self.store = TensorStore()
+        self.store = store if store is not None else TensorStore()
+        self.limits = limits if limits is not None else Limits()
         self.ops_run = 0
+        self.store.budget.sessions += 1
 
-    def start(self, batch: Batch, buffers: Sequence[Buffer]) -> Job:
-        return Job(batch, buffers)
+    @property
+    def closed(self) -> bool:
+        return self.store.closed
+
+    def start(
+        self, batch: Batch, buffers: Sequence[Buffer], rejected: ErrorInfo | None = None
+    ) -> Job:
+        """A job for ``batch``; with ``rejected``, every op of it fails with that error."""
+        return Job(batch, buffers, rejected)
+
+    def check_upload(self, batch: Batch) -> None:
+        """Refuse a batch whose declared buffers cannot fit, before they are allocated.
+
+        Raises:
+            MessageLimitError: ``quota_exceeded`` or ``server_memory_exhausted``.
+        """
+        total = sum(batch.buffers)
+        if total > self.store.free_quota():
+            raise MessageLimitError(
+                f"the batch uploads {total} bytes; the session's quota has "
+                f"{self.store.free_quota()} left",
+                ErrorCode.QUOTA_EXCEEDED,
+            )
+        if total > self.store.budget.free_bytes():
+            raise MessageLimitError(
+                f"the batch uploads {total} bytes; the server's memory budget has "
+                f"{self.store.budget.free_bytes()} left",
+                ErrorCode.SERVER_MEMORY_EXHAUSTED,
+            )
 
     def step(self, job: Job, inline: bool) -> bool:
         """Run ops from ``job.next``. With ``inline``, stop before the first op whose cost
         exceeds :data:`INLINE_COST`. Returns True when every op has run.
         """
         ops = job.batch.ops
-        while job.next < len(ops):
+        while job.next < len(ops) and not self.closed:
             op = ops[job.next]
+            job.op_started = time.monotonic()
             checked = self._check(op, job)
             if checked is not None:
                 args, meta = checked
@@ -89,6 +149,8 @@ class Session:
         try:
             if op.out in self.store:
                 raise StoreError(ErrorCode.DUPLICATE_TENSOR, f"tensor id #{op.out} is in use")
+            if job.rejected is not None:
+                raise StoreError(job.rejected.code, job.rejected.message)
             args: list[np.ndarray[Any, Any]] = []
             metas: list[TensorMeta] = []
             for tensor_id in op.inputs():
@@ -98,27 +160,75 @@ class Session:
                     return None
                 args.append(value.array)
                 metas.append(value.meta)
-            return args, op.infer(*metas)
+            return args, self._within_limits(op.infer(*metas))
         except StoreError as exc:
             self._fail(op, exc.code, str(exc), job)
         except InvalidOpError as exc:
             self._fail(op, ErrorCode.INVALID_OP, str(exc), job)
         return None
 
+    def _within_limits(self, meta: TensorMeta) -> TensorMeta:
+        """Raises :class:`StoreError` (``limit_exceeded``) for an output over a per-op cap."""
+        limits = self.limits
+        if len(meta.shape) > limits.max_ndim:
+            raise StoreError(
+                ErrorCode.LIMIT_EXCEEDED,
+                f"the output has {len(meta.shape)} dimensions; the limit is {limits.max_ndim}",
+            )
+        nbytes = numel(meta.shape) * to_numpy(meta.dtype).itemsize  # Python ints: no overflow
+        if nbytes > limits.max_op_bytes:
+            raise StoreError(
+                ErrorCode.LIMIT_EXCEEDED,
+                f"the output {meta.dtype}{list(meta.shape)} needs {nbytes} bytes; the per-op "
+                f"limit is {limits.max_op_bytes}",
+            )
+        return meta
+
     def _execute(
         self, op: AnyOp, args: list[np.ndarray[Any, Any]], meta: TensorMeta, job: Job
     ) -> None:
+        nbytes = numel(meta.shape) * to_numpy(meta.dtype).itemsize
         try:
-            array = executor.run(op, args, job.buffers, meta)
+            self.store.reserve(nbytes)
+        except StoreError as exc:
+            self._fail(op, exc.code, str(exc), job)
+            return
+        try:
+            array = self._owned(op, executor.run(op, args, job.buffers, meta), args, job)
         except InvalidOpError as exc:
+            self.store.cancel(nbytes)
             self._fail(op, ErrorCode.INVALID_OP, str(exc), job)
         except executor.InferenceMismatch as exc:
+            self.store.cancel(nbytes)
             self._fail(op, ErrorCode.INTERNAL, str(exc), job)
         except Exception as exc:  # numpy's genuine runtime failures
+            self.store.cancel(nbytes)
             self._fail(op, ErrorCode.EXECUTION_FAILED, f"{type(exc).__name__}: {exc}", job)
         else:
-            self.store.put(op.out, Stored(array, meta))
+            self.store.put(op.out, Stored(array, meta), reserved=nbytes)
             self.ops_run += 1
+
+    @staticmethod
+    def _owned(
+        op: AnyOp, array: np.ndarray[Any, Any], args: list[np.ndarray[Any, Any]], job: Job
+    ) -> np.ndarray[Any, Any]:
+        """``array`` if it owns its memory exclusively, else a C-contiguous copy.
+
+        The one view kept is a ``from_buffer`` over a buffer the decoder allocated for exactly
+        this tensor (a fragmented upload), claimed once: zero-copy uploads stay zero-copy.
+        """
+        root = array
+        while isinstance(root.base, np.ndarray):
+            root = root.base
+        if isinstance(op, FromBuffer) and op.buffer not in job.claimed:
+            buffer = job.buffers[op.buffer]
+            if root is buffer and root.base is None and root.nbytes == array.nbytes:
+                job.claimed.add(op.buffer)
+                return array
+        shared = any(np.may_share_memory(array, a) for a in args)
+        if array.base is not None or shared or not array.flags.c_contiguous:
+            return array.copy(order="C")
+        return array
 
     def _fail(self, op: AnyOp, code: ErrorCode, message: str, job: Job) -> None:
         error = ErrorInfo(code=code, message=message, op=op.describe())
@@ -145,6 +255,8 @@ class Session:
                 tensors=len(store),
                 tensor_bytes=store.nbytes,
                 failed=store.failed,
+                server_tensor_bytes=store.budget.used,
+                connections=store.budget.sessions,
             )
             return reply, ()
         return SyncReply(request_id=request.request_id), ()
@@ -167,4 +279,7 @@ class Session:
         return reply, (view,)
 
     def close(self) -> None:
-        self.store.clear()
+        """Drop every tensor; a result still being computed is discarded when it arrives."""
+        if not self.store.closed:
+            self.store.budget.sessions -= 1
+        self.store.close()

@@ -1,10 +1,23 @@
-"""A session's tensors: id -> numpy array or the failure that produced it.
+"""A session's tensors (id -> numpy array or the failure that produced it) and memory accounting.
 
-Rule: imports numpy and ``protocol`` only. Owned by one session, touched by one task at a time.
+Rule: imports numpy and ``protocol`` only.
+
+Accounting (README, "Security"): every stored array owns its bytes exclusively — the session
+copies a result that is a view of another tensor or of a received message before storing it
+(:meth:`server.session.Session` decides), so a tensor's ``nbytes`` is exactly the memory that
+freeing it gives back, and counts never drift. Bytes are *reserved* before numpy runs, from the
+inferred output size, against the session's quota and the server-wide :class:`MemoryBudget`;
+the reservation becomes the stored tensor, or is cancelled if the op fails. When full, new work
+is refused (``quota_exceeded`` / ``server_memory_exhausted``); stored tensors are never dropped.
+
+Threads: a session's ops may run in a worker thread while the event loop closes the session
+(deadline, disconnect), so every change to the counters holds the store's lock; a result that
+arrives after :meth:`TensorStore.close` is discarded and its reservation given back.
 """
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,13 +45,49 @@ class StoreError(Exception):
         self.code = code
 
 
-class TensorStore:
-    """Tensors by client-allocated id, with byte accounting."""
+class MemoryBudget:
+    """Tensor bytes in use across all sessions (stored plus reserved), against ``limit``.
 
-    def __init__(self) -> None:
+    Thread-safe. ``sessions`` counts open sessions (for stats).
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+        self.sessions = 0
+        self._lock = threading.Lock()
+
+    def reserve(self, nbytes: int) -> None:
+        """Raises :class:`StoreError` (``server_memory_exhausted``) when ``nbytes`` do not fit."""
+        with self._lock:
+            if self.used + nbytes > self.limit:
+                raise StoreError(
+                    ErrorCode.SERVER_MEMORY_EXHAUSTED,
+                    f"the server's memory budget is full ({self.used} of {self.limit} bytes in "
+                    f"use, {nbytes} more needed); retry after tensors are freed",
+                )
+            self.used += nbytes
+
+    def release(self, nbytes: int) -> None:
+        with self._lock:
+            self.used -= nbytes
+
+    def free_bytes(self) -> int:
+        return self.limit - self.used
+
+
+class TensorStore:
+    """Tensors by client-allocated id, with byte accounting against a quota and a budget."""
+
+    def __init__(self, quota: int | None = None, budget: MemoryBudget | None = None) -> None:
         self._items: dict[int, Stored | Failure] = {}
-        self.nbytes = 0
+        self.quota = quota
+        self.budget = budget if budget is not None else MemoryBudget(2**63)
+        self.nbytes = 0  # bytes of stored arrays
+        self.reserved = 0  # bytes reserved for ops that are running
         self.failed = 0
+        self.closed = False
+        self._lock = threading.Lock()
 
     def __len__(self) -> int:
         return len(self._items)
@@ -55,25 +104,74 @@ class TensorStore:
                 ErrorCode.UNKNOWN_TENSOR, f"tensor #{tensor_id} does not exist in this session"
             ) from None
 
-    def put(self, tensor_id: int, value: Stored | Failure) -> None:
-        """Raises :class:`StoreError` (``duplicate_tensor``) if the id is taken."""
-        if tensor_id in self._items:
-            raise StoreError(ErrorCode.DUPLICATE_TENSOR, f"tensor id #{tensor_id} is in use")
-        self._items[tensor_id] = value
-        if isinstance(value, Failure):
-            self.failed += 1
-        else:
-            self.nbytes += value.array.nbytes
+    def free_quota(self) -> int:
+        """Bytes this session may still reserve (ignoring the server-wide budget)."""
+        if self.quota is None:
+            return 2**63
+        return self.quota - self.nbytes - self.reserved
+
+    def reserve(self, nbytes: int) -> None:
+        """Reserve ``nbytes`` for an op's output before it runs.
+
+        Raises:
+            StoreError: ``quota_exceeded`` (this session's quota) or ``server_memory_exhausted``
+                (the budget); nothing is reserved then.
+        """
+        with self._lock:
+            if nbytes > self.free_quota():
+                raise StoreError(
+                    ErrorCode.QUOTA_EXCEEDED,
+                    f"the session's memory quota is full ({self.nbytes + self.reserved} of "
+                    f"{self.quota} bytes in use, {nbytes} more needed); free tensors first",
+                )
+            self.budget.reserve(nbytes)
+            self.reserved += nbytes
+
+    def cancel(self, nbytes: int) -> None:
+        """Give back a reservation whose op did not store a result."""
+        with self._lock:
+            self.reserved -= nbytes
+            self.budget.release(nbytes)
+
+    def put(self, tensor_id: int, value: Stored | Failure, reserved: int = 0) -> None:
+        """Store ``value``; a :class:`Stored` array must own exactly ``reserved`` bytes, reserved
+        with :meth:`reserve`. After :meth:`close`, the value is dropped and its bytes released.
+
+        Raises:
+            StoreError: ``duplicate_tensor`` if the id is taken (the reservation is kept).
+        """
+        with self._lock:
+            if self.closed:
+                self.reserved -= reserved
+                self.budget.release(reserved)
+                return
+            if tensor_id in self._items:
+                raise StoreError(ErrorCode.DUPLICATE_TENSOR, f"tensor id #{tensor_id} is in use")
+            self._items[tensor_id] = value
+            if isinstance(value, Failure):
+                self.failed += 1
+            else:
+                assert value.array.nbytes == reserved, (value.array.nbytes, reserved)
+                self.reserved -= reserved
+                self.nbytes += reserved
 
     def free(self, tensor_id: int) -> None:
         """Forget an id. Freeing an unknown id does nothing (frees are idempotent)."""
-        value = self._items.pop(tensor_id, None)
-        if isinstance(value, Failure):
-            self.failed -= 1
-        elif value is not None:
-            self.nbytes -= value.array.nbytes
+        with self._lock:
+            value = self._items.pop(tensor_id, None)
+            if isinstance(value, Failure):
+                self.failed -= 1
+            elif value is not None:
+                self.nbytes -= value.array.nbytes
+                self.budget.release(value.array.nbytes)
 
-    def clear(self) -> None:
-        self._items.clear()
-        self.nbytes = 0
-        self.failed = 0
+    def close(self) -> None:
+        """Drop every tensor and give its bytes back; later results are discarded."""
+        with self._lock:
+            self.closed = True
+            self._items.clear()
+            self.budget.release(self.nbytes)
+            self.nbytes = 0
+            self.failed = 0
+
+    clear = close

@@ -23,6 +23,8 @@ def from_buffer(op: FromBuffer, args: Sequence[Array], buffers: Sequence[Buffer]
             f"buffer {op.buffer} has {len(data)} bytes; shape {list(op.shape)} of {op.dtype} "
             f"needs {op.nbytes()}"
         )
+    if isinstance(data, np.ndarray):  # a view whose base is the buffer (see Session._owned)
+        return data.view(to_numpy(op.dtype)).reshape(op.shape)
     return np.frombuffer(data, dtype=to_numpy(op.dtype)).reshape(op.shape)
 
 
