@@ -104,7 +104,16 @@ class Session:
     def start(
         self, batch: Batch, buffers: Sequence[Buffer], rejected: ErrorInfo | None = None
     ) -> Job:
-        """A job for ``batch``; with ``rejected``, every op of it fails with that error."""
+        """A job for ``batch``; with ``rejected``, every op of it fails with that error.
+
+        Frees of tensors that no op of the batch reads are applied at once, so memory freed
+        and allocated in one batch counts against the quota only once (the rest are applied
+        by :meth:`finish`, after the ops, as the protocol says).
+        """
+        read = {tensor_id for op in batch.ops for tensor_id in op.inputs()}
+        for tensor_id in batch.frees:
+            if tensor_id not in read:
+                self.store.free(tensor_id)
         return Job(batch, buffers, rejected)
 
     def check_upload(self, batch: Batch) -> None:
