@@ -136,3 +136,6 @@ class RawSocket:
         """Close the TCP connection with no close frame (a client process that died)."""
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         self.sock.close()
+
+    def close(self) -> None:
+        self.sock.close()

@@ -54,7 +54,9 @@ def test_creation_and_reductions(xp: client.Namespace) -> None:
     np.testing.assert_array_equal(xp.arange(2, 11, 3).numpy(), np.arange(2, 11, 3))
     np.testing.assert_array_equal(xp.arange(0.0, 1.0, 0.1).numpy(), np.arange(0.0, 1.0, 0.1))
     np.testing.assert_array_equal(xp.eye(3, 4, k=1).numpy(), np.eye(3, 4, k=1))
-    np.testing.assert_array_equal(xp.full((2, 2), 7, dtype=xp.int8).numpy(), np.full((2, 2), 7, np.int8))
+    np.testing.assert_array_equal(
+        xp.full((2, 2), 7, dtype=xp.int8).numpy(), np.full((2, 2), 7, np.int8)
+    )
     a_np = np.arange(24, dtype=np.int32).reshape(2, 3, 4)
     a = xp.asarray(a_np)
     assert a.dtype == np.int32 and a.shape == (2, 3, 4)
