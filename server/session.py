@@ -184,7 +184,13 @@ class Session:
                 ErrorCode.LIMIT_EXCEEDED,
                 f"the output has {len(meta.shape)} dimensions; the limit is {limits.max_ndim}",
             )
-        nbytes = numel(meta.shape) * to_numpy(meta.dtype).itemsize  # Python ints: no overflow
+        itemsize = to_numpy(meta.dtype).itemsize
+        nbytes = numel(meta.shape) * itemsize  # Python ints: no overflow
+        if numel(tuple(d for d in meta.shape if d)) * itemsize >= 2**63:  # numpy's intp
+            raise StoreError(
+                ErrorCode.LIMIT_EXCEEDED,
+                f"the dimensions {list(meta.shape)} overflow numpy's index type, even if empty",
+            )
         if nbytes > limits.max_op_bytes:
             raise StoreError(
                 ErrorCode.LIMIT_EXCEEDED,

@@ -125,10 +125,10 @@ class RawSocket:
         while len(self.rest) < 2:  # the welcome's frame has started to arrive
             self.rest += self.sock.recv(4096)
 
-    def read_until_closed(self) -> bytes:
-        """Everything the server sends until it closes the TCP connection."""
+    def read_until(self, marker: bytes) -> bytes:
+        """What the server sends, up to ``marker`` (or until it closes the connection)."""
         data = self.rest
-        while chunk := self.sock.recv(65536):
+        while marker not in data and (chunk := self.sock.recv(65536)):
             data += chunk
         return data
 

@@ -233,7 +233,7 @@ def test_slowloris_upload_is_closed(impatient: ServerProcess) -> None:
     sock.hello()
     header = Batch(buffers=[2**20]).model_dump_json().encode()
     sock.frame(len(header).to_bytes(4, "little") + header + b"0123456789", fin=False)
-    data = sock.read_until_closed()  # the server closes it; nothing else to do
+    data = sock.read_until(b"idle_timeout")  # the server's close frame
     sock.close()
     assert b"idle_timeout: nothing received" in data
     wait_for(lambda: server_bytes(impatient.url) == 0)
@@ -269,13 +269,13 @@ def test_client_dying_mid_upload(secured: ServerProcess, witness: Witness) -> No
 def test_slow_op_does_not_block_other_sessions(secured: ServerProcess, witness: Witness) -> None:
     """While one session's long matmul chain runs, another session's reads and the server's
     pings are served; then its client dies mid-op and the accounting returns to baseline."""
-    n = 2000
+    n = 1500
     busy = client.RemoteDevice(secured.url, token=TOKEN)
     xp = client.namespace(busy)
     a = xp.ones((n, n))
     m = a
     for _ in range(8):
-        m = m @ a  # 8 x 16 GFLOP: seconds, not milliseconds
+        m = m @ a  # 8 x 7 GFLOP: seconds, not milliseconds
     done = busy._conn.request(lambda rid: Sync(request_id=rid))  # noqa: SLF001
     in_flight = witness.bytes + 2 * n * n * 8  # a, plus the running matmul's reservation
     wait_for(lambda: witness.server_bytes() >= in_flight)  # the first matmul has started
