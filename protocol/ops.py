@@ -57,7 +57,7 @@ class OpOverflowError(InvalidOpError, OverflowError):
 class ComplexValue(BaseModel):
     """A complex scalar on the wire (JSON has no complex numbers)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
     real: float
     imag: float
 
@@ -78,7 +78,9 @@ def scalar_from_python(value: bool | int | float | complex) -> Scalar:
 
 
 class _Op(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", ser_json_inf_nan="constants")
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", strict=True, ser_json_inf_nan="constants"
+    )
     kind: str
     out: TensorId
 
@@ -428,7 +430,7 @@ class PermuteDims(_Op):
 class SliceSpec(BaseModel):
     """``start:stop:step`` of a basic index; ``None`` means the default."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
     start: int | None = None
     stop: int | None = None
     step: int | None = None
