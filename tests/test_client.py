@@ -276,3 +276,12 @@ def test_server_killed_mid_session(server: ServerProcess) -> None:
     with run_server() as proc:
         with client.RemoteDevice(proc.url) as again:
             assert again.server_id != first_id
+
+
+def test_device_specs_name_remote_devices(server: ServerProcess) -> None:
+    with client.RemoteDevice(f"remote:{server.url}") as dev:
+        assert dev.url == server.url
+        assert client.namespace(dev).ones(1).numpy().tolist() == [1.0]
+    for spec in ["ndarray", "capture:ndarray", "bogus"]:
+        with pytest.raises(ValueError):
+            client.RemoteDevice(spec)
