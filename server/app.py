@@ -223,19 +223,25 @@ class Server:
         queue: MemoryObjectReceiveStream[_Received],
     ) -> None:
         async with queue:
-            async for item in queue:
-                if item.error is not None or not isinstance(item.message, Batch):
-                    error = item.error or ErrorInfo(
-                        code=ErrorCode.BAD_MESSAGE,
-                        message="hello is only valid as the first message",
-                    )
-                    await _send(ws, SessionError(error=error))
-                    continue
-                job = session.start(item.message, item.buffers)
-                while not session.step(job, inline=True):
-                    await anyio.to_thread.run_sync(session.step, job, False, limiter=self._limiter)
-                for reply, buffers in session.finish(job):
-                    await _send(ws, reply, tuple(buffers))
+            try:
+                async for item in queue:
+                    await self._answer(ws, session, item)
+            except ConnectionClosed:
+                pass  # the receive side sees it too and ends the session
+
+    async def _answer(self, ws: ServerConnection, session: Session, item: _Received) -> None:
+        """Run one received message and send its replies."""
+        if item.error is not None or not isinstance(item.message, Batch):
+            error = item.error or ErrorInfo(
+                code=ErrorCode.BAD_MESSAGE, message="hello is only valid as the first message"
+            )
+            await _send(ws, SessionError(error=error))
+            return
+        job = session.start(item.message, item.buffers)
+        while not session.step(job, inline=True):
+            await anyio.to_thread.run_sync(session.step, job, False, limiter=self._limiter)
+        for reply, buffers in session.finish(job):
+            await _send(ws, reply, tuple(buffers))
 
 
 async def serve(
