@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from protocol import Read, Stats, StatsReply, Sync, TensorMeta
+from protocol import Read, RemoteSpec, Stats, StatsReply, Sync, TensorMeta, parse_device_spec
 from protocol.ops import AnyOp
 
 from ._connection import Connection
@@ -52,6 +52,7 @@ class Device:
     ) -> None:
         if token is None:
             token = os.environ.get(TOKEN_ENV) or None
+        url = _url_of(url)
         self.url = url
         self.index = index
         self._conn = Connection(url, index, token, open_timeout, ca_file)
@@ -95,6 +96,23 @@ class Device:
             raise error
 
 
+def _url_of(target: str) -> str:
+    """A websocket URL from a URL or a device spec (``remote:ws://HOST:PORT``).
+
+    Raises:
+        ValueError: the spec names a device a client cannot connect to (ndarray, capture).
+    """
+    if target.startswith(("ws://", "wss://")):
+        return target
+    spec = parse_device_spec(target)
+    if not isinstance(spec, RemoteSpec):
+        raise ValueError(
+            f"a RemoteDevice connects to a server: give ws://HOST:PORT or remote:ws://HOST:PORT, "
+            f"not {target!r}"
+        )
+    return spec.url
+
+
 def _stats(reply: StatsReply) -> SessionStats:
     return SessionStats(
         reply.tensors,
@@ -111,7 +129,9 @@ class RemoteDevice(Device):
         with client.RemoteDevice("ws://127.0.0.1:8765") as dev:
             xp = client.namespace(dev)
 
-    ``token`` defaults to the ``TENSOR_SERVER_TOKEN`` environment variable; it travels as
+    ``url`` is ``ws://HOST:PORT`` (or ``wss://``), or the same as a device spec,
+    ``remote:ws://HOST:PORT``. ``index`` picks one of the server's devices. ``token`` defaults
+    to the ``TENSOR_SERVER_TOKEN`` environment variable; it travels as
     ``Authorization: Bearer TOKEN`` on the upgrade request. For ``wss://`` the server's
     certificate is verified against ``ca_file`` (a PEM file) or the system's CAs.
 

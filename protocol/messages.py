@@ -25,7 +25,9 @@ NBytes = Annotated[int, Field(ge=0, lt=2**63)]
 
 
 class Message(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", ser_json_inf_nan="constants")
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", strict=True, ser_json_inf_nan="constants"
+    )
 
     def buffer_sizes(self) -> tuple[int, ...]:
         """Byte lengths of the raw buffers that follow the header, in order."""
@@ -39,7 +41,7 @@ class Hello(Message):
     """The first client message: protocol version and device index.
 
     The token is not here: it travels as ``Authorization: Bearer TOKEN`` in the websocket
-    upgrade request and is checked before any message is read (see protocol/README.md).
+    upgrade request and is checked before any message is read (protocol/README.md, "Upgrade").
     """
 
     type: Literal["hello"] = "hello"
@@ -50,7 +52,7 @@ class Hello(Message):
 class Read(BaseModel):
     """Send back tensor ``tensor`` once every op before this request has run."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
     kind: Literal["read"] = "read"
     request_id: RequestId
     tensor: TensorId
@@ -59,7 +61,7 @@ class Read(BaseModel):
 class Sync(BaseModel):
     """Answer once every op before this request has run."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
     kind: Literal["sync"] = "sync"
     request_id: RequestId
 
@@ -67,7 +69,7 @@ class Sync(BaseModel):
 class Stats(BaseModel):
     """Report the session's tensor count and bytes once every op before it has run."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
     kind: Literal["stats"] = "stats"
     request_id: RequestId
 

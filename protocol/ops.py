@@ -58,7 +58,7 @@ class OpOverflowError(InvalidOpError, OverflowError):
 class ComplexValue(BaseModel):
     """A complex scalar on the wire (JSON has no complex numbers)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
     real: float
     imag: float
 
@@ -79,7 +79,9 @@ def scalar_from_python(value: bool | int | float | complex) -> Scalar:
 
 
 class _Op(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", ser_json_inf_nan="constants")
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", strict=True, ser_json_inf_nan="constants"
+    )
     kind: str
     out: TensorId
 
@@ -436,7 +438,7 @@ class PermuteDims(_Op):
 class SliceSpec(BaseModel):
     """``start:stop:step`` of a basic index; ``None`` means the default."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
     start: I64 | None = None
     stop: I64 | None = None
     step: I64 | None = None

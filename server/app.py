@@ -318,14 +318,19 @@ class Server:
         progress: _Progress,
     ) -> None:
         async with queue:
-            async for item in queue:
-                try:
-                    await self._serve_one(ws, session, item)
-                except ConnectionClosed:
-                    return  # the receive side sees the close too and ends the session
-                progress.pending -= 1
+            try:
+                async for item in queue:
+                    await self._answer(ws, session, item)
+                    progress.pending -= 1
+            except ConnectionClosed:
+                pass  # the receive side sees it too and ends the session
 
-    async def _serve_one(self, ws: ServerConnection, session: Session, item: _Received) -> None:
+    async def _answer(self, ws: ServerConnection, session: Session, item: _Received) -> None:
+        """Run one received message and send its replies.
+
+        Raises:
+            _Drop: the op deadline passed, or a worker step failed.
+        """
         if not isinstance(item.message, Batch):
             error = item.error or ErrorInfo(
                 code=ErrorCode.BAD_MESSAGE,

@@ -3,7 +3,7 @@
 Rule: imports websockets' HTTP types, ``protocol`` and ``server.config`` only; no session state.
 
 Everything here runs during the websocket opening handshake, before the connection is
-upgraded and before any session exists (protocol/README.md, "Handshake"). A refusal is an
+upgraded and before any session exists (protocol/README.md, "Upgrade"). A refusal is an
 HTTP response whose body is one JSON :class:`~protocol.ErrorInfo`, so a client can raise a
 typed error instead of guessing from a status code:
 

@@ -78,8 +78,16 @@ def test_scalars_follow_numpy_2_promotion(xp: client.Namespace) -> None:
     a, i = xp.asarray(a_np), xp.asarray(i_np)
     with np.errstate(all="ignore"):
         inf_np = a_np / 0
-    cases = [(a + 1, a_np + 1), (2.5 * a, 2.5 * a_np), (i + 3, i_np + 3), (i * 1.5, i_np * 1.5),
-             (1 - i, 1 - i_np), (a + 1j, a_np + 1j), (i > 1, i_np > 1), (a / 0, inf_np)]  # fmt: skip
+    cases = [
+        (a + 1, a_np + 1),
+        (2.5 * a, 2.5 * a_np),
+        (i + 3, i_np + 3),
+        (i * 1.5, i_np * 1.5),
+        (1 - i, 1 - i_np),
+        (a + 1j, a_np + 1j),
+        (i > 1, i_np > 1),
+        (a / 0, inf_np),
+    ]
     for remote, local in cases:
         assert remote.dtype == local.dtype, (remote, local.dtype)
         np.testing.assert_array_equal(remote.numpy(), local)
@@ -268,3 +276,12 @@ def test_server_killed_mid_session(server: ServerProcess) -> None:
     with run_server() as proc:
         with client.RemoteDevice(proc.url) as again:
             assert again.server_id != first_id
+
+
+def test_device_specs_name_remote_devices(server: ServerProcess) -> None:
+    with client.RemoteDevice(f"remote:{server.url}") as dev:
+        assert dev.url == server.url
+        assert client.namespace(dev).ones(1).numpy().tolist() == [1.0]
+    for spec in ["ndarray", "capture:ndarray", "bogus"]:
+        with pytest.raises(ValueError):
+            client.RemoteDevice(spec)

@@ -144,7 +144,7 @@ def new_session() -> Session:
     session = Session("fuzz", 0, store, Limits(max_op_bytes=2**16, max_ndim=8))
     setup = [{"kind": "full", "out": i, "shape": list(s), "dtype": d, "value": i}
              for i, (s, d) in INPUTS.items()]  # fmt: skip
-    run(session, Batch.model_validate({"ops": setup}), [])
+    run(session, Batch.model_validate_json(json.dumps({"ops": setup})), [])
     return session
 
 

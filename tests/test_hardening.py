@@ -84,8 +84,26 @@ def test_ruff_bandit_rules_are_on() -> None:
         assert "S" not in ignored or not pattern.startswith(("server", "protocol")), pattern
 
 
-BAD_DTYPES = ["object", "O", "|O", ">f8", "<f8", "float16", "V8", "|S4", "<U2", "str", "bytes",
-              "[('a', '<i4')]", "datetime64[s]", "m8", "bfloat16", "int", "float", "c32"]  # fmt: skip
+BAD_DTYPES = [
+    "object",
+    "O",
+    "|O",
+    ">f8",
+    "<f8",
+    "float16",
+    "V8",
+    "|S4",
+    "<U2",
+    "str",
+    "bytes",
+    "[('a', '<i4')]",
+    "datetime64[s]",
+    "m8",
+    "bfloat16",
+    "int",
+    "float",
+    "c32",
+]
 
 
 @pytest.mark.parametrize("dtype", BAD_DTYPES)
@@ -104,11 +122,33 @@ def test_numpy_dtypes_outside_the_standard_have_no_wire_name(dtype: object) -> N
 
 
 def test_wire_dtypes_are_exactly_the_standard_numeric_ones() -> None:
-    assert set(DTYPES) == {"bool", "int8", "int16", "int32", "int64", "uint8", "uint16",
-                           "uint32", "uint64", "float32", "float64", "complex64", "complex128"}  # fmt: skip
+    assert set(DTYPES) == {
+        "bool",
+        "int8",
+        "int16",
+        "int32",
+        "int64",
+        "uint8",
+        "uint16",
+        "uint32",
+        "uint64",
+        "float32",
+        "float64",
+        "complex64",
+        "complex128",
+    }
 
 
 def test_error_codes_are_only_appended() -> None:
-    first = ["bad_message", "version_mismatch", "bad_device_index", "auth_failed",
-             "unknown_tensor", "duplicate_tensor", "invalid_op", "execution_failed", "internal"]  # fmt: skip
+    first = [
+        "bad_message",
+        "version_mismatch",
+        "bad_device_index",
+        "auth_failed",
+        "unknown_tensor",
+        "duplicate_tensor",
+        "invalid_op",
+        "execution_failed",
+        "internal",
+    ]
     assert [c.value for c in ErrorCode][: len(first)] == first
