@@ -94,8 +94,10 @@ def _close_code(exc: BaseException) -> ErrorCode | None:
         return None
     if exc.rcvd.code == 1009:
         return ErrorCode.LIMIT_EXCEEDED
-    head = exc.rcvd.reason.partition(":")[0]
-    return ErrorCode(head) if head in ErrorCode._value2member_map_ else None
+    try:
+        return ErrorCode(exc.rcvd.reason.partition(":")[0])
+    except ValueError:
+        return None
 
 
 def _tls(url: str, ca_file: str | None) -> ssl.SSLContext | None:

@@ -320,3 +320,22 @@ def test_matmul_op_types_are_still_checked(secured: ServerProcess, witness: Witn
     raw.request(Batch(frees=[2], requests=[Sync(request_id=2)]))
     raw.close()
     witness.assert_intact()
+
+
+def test_client_that_does_not_answer_pings_is_dropped() -> None:
+    with run_server("--token", TOKEN, "--ping-interval", "0.2", "--ping-timeout", "0.2") as proc:
+        sock = RawSocket(proc.url)  # answers nothing, not even pings
+        sock.hello()
+        data = sock.read_until(b"keepalive ping timeout")
+        sock.close()
+        assert b"keepalive ping timeout" in data
+        wait_for(lambda: server_bytes(proc.url) == 0)
+
+
+def test_permessage_deflate_is_never_negotiated(secured: ServerProcess) -> None:
+    import websockets.sync.client
+
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    with websockets.sync.client.connect(secured.url, additional_headers=headers) as ws:
+        assert ws.response is not None  # the client offered deflate (its default) ...
+        assert "Sec-WebSocket-Extensions" not in ws.response.headers  # ... and got none
