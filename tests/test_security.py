@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import trustme
 from websockets.exceptions import ConnectionClosed, InvalidStatus
-from websockets.frames import Opcode
+from websockets.frames import Frame, Opcode
 
 import client
 from protocol import PROTOCOL_VERSION, Batch, ErrorCode, ErrorInfo, Read, Sync, encode
@@ -339,3 +339,42 @@ def test_permessage_deflate_is_never_negotiated(secured: ServerProcess) -> None:
     with websockets.sync.client.connect(secured.url, additional_headers=headers) as ws:
         assert ws.response is not None  # the client offered deflate (its default) ...
         assert "Sec-WebSocket-Extensions" not in ws.response.headers  # ... and got none
+
+
+def test_broken_websocket_framing_closes_with_1002(
+    secured: ServerProcess, witness: Witness
+) -> None:
+    sock = RawSocket(secured.url)
+    sock.hello()
+    sock.sock.sendall(Frame(Opcode.BINARY, b"unmasked").serialize(mask=False, extensions=[]))
+    data = sock.read_until(b"incorrect masking")  # RFC 6455: client frames must be masked
+    sock.close()
+    assert b"\x03\xea" in data  # close code 1002, protocol error
+    wait_for(lambda: witness.dev.stats().connections == 1)
+    witness.assert_intact()
+
+
+def test_a_flooding_client_is_held_back_by_tcp() -> None:
+    """While a session's slow op runs, it cannot queue more than a few messages in the
+    server: the server stops reading the socket and the sender's kernel buffer fills."""
+    with run_server("--token", TOKEN, "--max-queued", "2", env=ONE_THREAD) as proc:
+        w = Witness(proc.url)
+        sock = RawSocket(proc.url)
+        sock.hello()
+        ops = [Full(out=1, shape=(1500, 1500), dtype="float64", value=1.0)]
+        ops += [Binary(op="matmul", out=i, x1=i - 1, x2=1) for i in range(2, 10)]
+        sock.frame(b"".join(encode(Batch(ops=ops))))  # type: ignore[arg-type]
+        upload = Batch(buffers=[2**20])
+        message = Frame(Opcode.BINARY, b"".join(encode(upload, [memoryview(bytes(2**20))])))
+        wire = message.serialize(mask=True, extensions=[])  # type: ignore[arg-type]
+        sock.sock.setblocking(False)
+        sent = 0
+        with pytest.raises(BlockingIOError):
+            while sent < 256 * 2**20:
+                sent += sock.sock.send(wire)
+        assert sent < 64 * 2**20  # a few queued MiB plus socket buffers, not 256 MiB
+        np.testing.assert_array_equal(w.tensor.numpy(), w.expected)  # others are served
+        sock.vanish()
+        wait_for(lambda: w.server_bytes() == w.bytes, timeout=100)
+        w.assert_intact()
+        w.close()
