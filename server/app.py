@@ -333,8 +333,7 @@ class Server:
         """
         if not isinstance(item.message, Batch):
             error = item.error or ErrorInfo(
-                code=ErrorCode.BAD_MESSAGE,
-                message="hello is only valid as the first message",
+                code=ErrorCode.BAD_MESSAGE, message="hello is only valid as the first message"
             )
             await self._send(ws, SessionError(error=error))
             return
