@@ -14,8 +14,8 @@ Limits (invariant 8): :meth:`Session._check` refuses an op whose inferred output
 ndim cap or the per-op byte cap (``limit_exceeded``) before numpy runs; :meth:`_execute`
 reserves the output's bytes in the store (``quota_exceeded``, ``server_memory_exhausted``)
 before numpy allocates them. A refused op fails like any other: its output is marked failed
-and the session goes on. A result that is a view (of another tensor or of a received message)
-is copied before it is stored, so each tensor owns its bytes (see ``server/store.py``).
+and the session goes on. A result that is a view of a tensor the session holds is stored as it
+is (counted once, see ``server/store.py``); a view of anything else is copied first.
 Deadline: :attr:`Job.op_started` is the monotonic time the running op began; the transport
 watches it and, past the deadline, closes the session (:meth:`close`): the op itself cannot be
 interrupted, so its result is discarded when numpy returns.
@@ -49,10 +49,10 @@ from protocol import (
 )
 from protocol.codec import Buffer
 from protocol.messages import Request
-from protocol.ops import AnyOp, FromBuffer, numel
+from protocol.ops import AnyOp, numel
 
 from . import executor
-from .store import Failure, Stored, StoreError, TensorStore
+from .store import Failure, Stored, StoreError, TensorStore, root_of
 
 INLINE_COST = 1 << 16  # element operations an op may cost and still run on the event loop
 
@@ -76,7 +76,6 @@ class Job:
     rejected: ErrorInfo | None = None  # the whole batch was refused: every op fails with this
     next: int = 0  # index of the next op to run
     errors: list[ErrorInfo] = field(default_factory=list)
-    claimed: set[int] = field(default_factory=set)  # buffers a stored tensor now owns
     op_started: float | None = None  # time.monotonic() when the running op began
 
 
@@ -209,7 +208,7 @@ class Session:
             self._fail(op, exc.code, str(exc), job)
             return
         try:
-            array = self._owned(op, executor.run(op, args, job.buffers, meta), args, job)
+            array = self._owned(executor.run(op, args, job.buffers, meta), args)
         except InvalidOpError as exc:
             self.store.cancel(nbytes)
             self._fail(op, ErrorCode.INVALID_OP, str(exc), job)
@@ -223,23 +222,22 @@ class Session:
             self.store.put(op.out, Stored(array, meta), reserved=nbytes)
             self.ops_run += 1
 
-    @staticmethod
     def _owned(
-        op: AnyOp, array: np.ndarray[Any, Any], args: list[np.ndarray[Any, Any]], job: Job
+        self, array: np.ndarray[Any, Any], args: list[np.ndarray[Any, Any]]
     ) -> np.ndarray[Any, Any]:
-        """``array`` if it owns its memory exclusively, else a C-contiguous copy.
+        """``array`` if the store can count it exactly, else a C-contiguous copy.
 
-        The one view kept is a ``from_buffer`` over a buffer the decoder allocated for exactly
-        this tensor (a fragmented upload), claimed once: zero-copy uploads stay zero-copy.
+        Kept: a view of (or the same array as) a tensor this session holds, and an array that
+        owns its memory alone — a fresh result, or the buffer the decoder allocated for a
+        fragmented upload (zero-copy). Copied: a view of a received message or of a temporary.
         """
-        root = array
-        while isinstance(root.base, np.ndarray):
-            root = root.base
-        if isinstance(op, FromBuffer) and op.buffer not in job.claimed:
-            buffer = job.buffers[op.buffer]
-            if root is buffer and root.base is None and root.nbytes == array.nbytes:
-                job.claimed.add(op.buffer)
-                return array
+        root = root_of(array)
+        if self.store.holds(root):
+            return array
+        alone = not any(np.may_share_memory(array, a) for a in args)
+        if root.base is None and root.nbytes == array.nbytes and alone:
+            return array
+        return array.copy(order="C")
         shared = any(np.may_share_memory(array, a) for a in args)
         if array.base is not None or shared or not array.flags.c_contiguous:
             return array.copy(order="C")

@@ -2,13 +2,17 @@
 
 Rule: imports numpy and ``protocol`` only.
 
-Accounting (README, "Security"): every stored array owns its bytes exclusively — the session
-copies a result that is a view of another tensor or of a received message before storing it
-(:meth:`server.session.Session` decides), so a tensor's ``nbytes`` is exactly the memory that
-freeing it gives back, and counts never drift. Bytes are *reserved* before numpy runs, from the
-inferred output size, against the session's quota and the server-wide :class:`MemoryBudget`;
-the reservation becomes the stored tensor, or is cancelled if the op fails. When full, new work
-is refused (``quota_exceeded`` / ``server_memory_exhausted``); stored tensors are never dropped.
+Accounting (README, "Security") counts memory, not tensors: every stored array is either the
+owner of its memory (a *root*: an ndarray whose ``base`` is None) or a view whose root is
+already held by this store (``reshape``, slicing, ``permute_dims`` stay zero-copy). Roots are
+reference-counted by the tensors that use them; a root's bytes are counted once, while any
+tensor uses it, and given back when the last one is freed. Any other result (a view of a
+received message or of a temporary) is copied by the session before it is stored, so no byte
+is held that is not counted. Bytes are *reserved* before numpy runs, from the inferred output
+size, against the session's quota and the server-wide :class:`MemoryBudget`; the reservation
+becomes the new root, is given back when the result is a view of a held root, or is cancelled
+if the op fails. When full, new work is refused (``quota_exceeded`` /
+``server_memory_exhausted``); stored tensors are never dropped.
 
 Threads: a session's ops may run in a worker thread while the event loop closes the session
 (deadline, disconnect), so every change to the counters holds the store's lock; a result that
@@ -37,6 +41,14 @@ class Failure:
 class Stored:
     array: np.ndarray[Any, Any]
     meta: TensorMeta
+
+
+def root_of(array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """The last ndarray in ``array``'s chain of bases (``array`` itself if it has none)."""
+    root = array
+    while isinstance(root.base, np.ndarray):
+        root = root.base
+    return root
 
 
 class StoreError(Exception):
@@ -81,9 +93,10 @@ class TensorStore:
 
     def __init__(self, quota: int | None = None, budget: MemoryBudget | None = None) -> None:
         self._items: dict[int, Stored | Failure] = {}
+        self._roots: dict[int, tuple[np.ndarray[Any, Any], int]] = {}  # id -> (root, users)
         self.quota = quota
         self.budget = budget if budget is not None else MemoryBudget(2**63)
-        self.nbytes = 0  # bytes of stored arrays
+        self.nbytes = 0  # bytes of the roots the stored arrays use
         self.reserved = 0  # bytes reserved for ops that are running
         self.failed = 0
         self.closed = False
@@ -103,6 +116,11 @@ class TensorStore:
             raise StoreError(
                 ErrorCode.UNKNOWN_TENSOR, f"tensor #{tensor_id} does not exist in this session"
             ) from None
+
+    def holds(self, root: np.ndarray[Any, Any]) -> bool:
+        """True if ``root`` is the memory of a tensor in this store."""
+        entry = self._roots.get(id(root))
+        return entry is not None and entry[0] is root
 
     def free_quota(self) -> int:
         """Bytes this session may still reserve (ignoring the server-wide budget)."""
@@ -134,8 +152,10 @@ class TensorStore:
             self.budget.release(nbytes)
 
     def put(self, tensor_id: int, value: Stored | Failure, reserved: int = 0) -> None:
-        """Store ``value``; a :class:`Stored` array must own exactly ``reserved`` bytes, reserved
-        with :meth:`reserve`. After :meth:`close`, the value is dropped and its bytes released.
+        """Store ``value``, turning the ``reserved`` bytes (from :meth:`reserve`) into its root:
+        a :class:`Stored` array must be a view of a held root (the reservation is given back) or
+        a root of exactly ``reserved`` bytes. After :meth:`close`, the value is dropped and its
+        bytes released.
 
         Raises:
             StoreError: ``duplicate_tensor`` if the id is taken (the reservation is kept).
@@ -150,10 +170,16 @@ class TensorStore:
             self._items[tensor_id] = value
             if isinstance(value, Failure):
                 self.failed += 1
-            else:
-                assert value.array.nbytes == reserved, (value.array.nbytes, reserved)
-                self.reserved -= reserved
-                self.nbytes += reserved
+                return
+            self.reserved -= reserved
+            root = root_of(value.array)
+            if self.holds(root):
+                self._roots[id(root)] = (root, self._roots[id(root)][1] + 1)
+                self.budget.release(reserved)  # already counted
+                return
+            assert root.base is None and root.nbytes == reserved, (root.nbytes, reserved)
+            self._roots[id(root)] = (root, 1)
+            self.nbytes += reserved
 
     def free(self, tensor_id: int) -> None:
         """Forget an id. Freeing an unknown id does nothing (frees are idempotent)."""
@@ -162,14 +188,20 @@ class TensorStore:
             if isinstance(value, Failure):
                 self.failed -= 1
             elif value is not None:
-                self.nbytes -= value.array.nbytes
-                self.budget.release(value.array.nbytes)
+                root = root_of(value.array)
+                _, users = self._roots.pop(id(root))
+                if users > 1:
+                    self._roots[id(root)] = (root, users - 1)
+                else:
+                    self.nbytes -= root.nbytes
+                    self.budget.release(root.nbytes)
 
     def close(self) -> None:
         """Drop every tensor and give its bytes back; later results are discarded."""
         with self._lock:
             self.closed = True
             self._items.clear()
+            self._roots.clear()
             self.budget.release(self.nbytes)
             self.nbytes = 0
             self.failed = 0

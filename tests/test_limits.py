@@ -346,22 +346,25 @@ def test_server_budget_exhaustion_and_recovery(limited: ServerProcess, witness: 
     witness.assert_intact()
 
 
-def test_reshape_and_getitem_views_are_accounted_exactly(
-    dev: client.RemoteDevice, witness: Witness
-) -> None:
+def test_views_are_zero_copy_and_counted_once(dev: client.RemoteDevice, witness: Witness) -> None:
     xp = client.namespace(dev)
     a = xp.asarray(np.arange(64, dtype=np.int64))  # a view of the message: copied when stored
-    b = xp.reshape(a, (8, 8))
+    b = xp.reshape(a, (8, 8))  # views of a: the same 512 bytes, counted once
     c = b[2:4, ::2]
-    d = xp.astype(c, xp.int64)  # same dtype: numpy returns its input; stored as a copy
-    assert dev.stats().tensor_bytes == 64 * 8 * 2 + 8 * 8 * 2
+    d = xp.astype(c, xp.int64)  # astype copies: 64 new bytes
+    e = xp.permute_dims(b, (1, 0))
+    assert dev.stats().tensor_bytes == 512 + 64
     np.testing.assert_array_equal(d.numpy(), np.arange(64).reshape(8, 8)[2:4, ::2])
-    del a, b
+    np.testing.assert_array_equal(e.numpy(), np.arange(64).reshape(8, 8).T)
+    del a, b, e
     gc.collect()
-    assert dev.stats().tensor_bytes == 8 * 8 * 2
-    del c, d
+    assert dev.stats().tensor_bytes == 512 + 64  # c still holds a's memory: still counted
+    f = c + 1  # a new array
+    assert dev.stats().tensor_bytes == 512 + 64 + 64
+    del c, d, f
     gc.collect()
-    assert dev.stats().tensor_bytes == 0
+    stats = dev.stats()
+    assert (stats.tensor_bytes, stats.tensors) == (0, 0)
     witness.assert_intact()
 
 
