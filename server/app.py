@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 import secrets
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import anyio
 import anyio.abc
@@ -79,6 +79,15 @@ class _Progress:
 
     partial: bool = False
     pending: int = 0  # messages received whose replies are not sent yet
+
+
+@dataclass
+class _ThreadRun:
+    """One worker-thread step of a job, as its session watches it."""
+
+    started: anyio.Event = field(default_factory=anyio.Event)
+    done: anyio.Event = field(default_factory=anyio.Event)
+    returned: bool = False  # False when cancelled (server shutdown): the thread was abandoned
 
 
 class _Drop(Exception):
@@ -352,38 +361,42 @@ class Server:
         disconnect) neither waits for it nor frees its worker slot before numpy returns.
 
         Raises:
-            _Drop: ``deadline_exceeded`` when one op ran past ``op_deadline``.
+            _Drop: ``deadline_exceeded`` when one op ran past ``op_deadline``;
+                ``internal`` when the server is shutting down and abandoned the thread.
         """
-        started, done = anyio.Event(), anyio.Event()
-        self._tasks.start_soon(self._thread_runner, session, job, started, done)
-        await started.wait()
+        run = _ThreadRun()
+        self._tasks.start_soon(self._thread_runner, session, job, run)
+        await run.started.wait()
         deadline = self.config.op_deadline
-        while not done.is_set():
+        while not run.done.is_set():
             op_started = job.op_started or time.monotonic()
             with anyio.move_on_after(op_started + deadline - time.monotonic()):
-                await done.wait()
-            if not done.is_set() and job.op_started == op_started:
+                await run.done.wait()
+            if not run.done.is_set() and job.op_started == op_started:
                 op = job.batch.ops[min(job.next, len(job.batch.ops) - 1)]
                 session.close()
                 raise _Drop(
                     ErrorCode.DEADLINE_EXCEEDED,
                     f"{op.describe()} ran past the {deadline} s per-op deadline",
                 )
+        if not run.returned:  # cancelled: the server is shutting down
+            session.close()
+            raise _Drop(ErrorCode.INTERNAL, "the server is shutting down")
 
-    async def _thread_runner(
-        self, session: Session, job: Job, started: anyio.Event, done: anyio.Event
-    ) -> None:
+    async def _thread_runner(self, session: Session, job: Job, run: _ThreadRun) -> None:
         try:
             async with self._limiter:
                 job.op_started = time.monotonic()
-                started.set()
+                run.started.set()
                 await anyio.to_thread.run_sync(session.step, job, False, abandon_on_cancel=True)
+                run.returned = True
         except Exception:
             log.exception("worker step failed session=%s", session.session_id)
             session.close()
+            run.returned = True
         finally:
-            started.set()
-            done.set()
+            run.started.set()
+            run.done.set()
 
 
 async def serve(

@@ -378,3 +378,31 @@ def test_a_flooding_client_is_held_back_by_tcp() -> None:
         wait_for(lambda: w.server_bytes() == w.bytes, timeout=100)
         w.assert_intact()
         w.close()
+
+
+def test_sigterm_exits_promptly_while_numpy_runs() -> None:
+    with run_server("--token", TOKEN, env=ONE_THREAD) as proc:
+        dev = client.RemoteDevice(proc.url, token=TOKEN)
+        a = client.namespace(dev).ones((6000, 6000))  # a @ a: 432 GFLOP on one thread
+        pending = dev._conn.request(lambda rid: Sync(request_id=rid))  # noqa: SLF001
+        b = a @ a
+        dev.flush()
+        probe = client.RemoteDevice(proc.url, token=TOKEN)
+        wait_for(lambda: probe.stats().server_tensor_bytes == 2 * 6000 * 6000 * 8)  # running
+        assert proc.stop(timeout=15) == 0  # the loop answers the signal; numpy is abandoned
+        assert pending.done()
+        with pytest.raises(client.ConnectionLost):
+            b.numpy()
+        probe.close()
+        dev.close()
+
+
+def test_a_session_with_work_in_flight_is_not_idle() -> None:
+    with run_server("--token", TOKEN, "--idle-timeout", "0.3", env=ONE_THREAD) as proc:
+        with client.RemoteDevice(proc.url, token=TOKEN) as dev:
+            xp = client.namespace(dev)
+            a = xp.ones((1000, 1000))
+            m = a
+            for _ in range(8):
+                m = m @ a / 1000.0  # seconds of work, with nothing sent meanwhile
+            np.testing.assert_allclose(m.numpy(), np.ones((1000, 1000)))
