@@ -13,6 +13,7 @@ unchanged, so a read names the op that really failed (invariant 5).
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -64,6 +65,8 @@ class Session:
         self.device_index = device_index
         self.store = TensorStore()
         self.ops_run = 0
+        self.op_counts: Counter[str] = Counter()  # by op name; read by server.metrics
+        self.error_counts: Counter[str] = Counter()  # failed ops by error code
 
     def start(self, batch: Batch, buffers: Sequence[Buffer]) -> Job:
         return Job(batch, buffers)
@@ -119,9 +122,11 @@ class Session:
         else:
             self.store.put(op.out, Stored(array, meta))
             self.ops_run += 1
+            self.op_counts[getattr(op, "op", None) or op.kind] += 1
 
     def _fail(self, op: AnyOp, code: ErrorCode, message: str, job: Job) -> None:
         error = ErrorInfo(code=code, message=message, op=op.describe())
+        self.error_counts[code.value] += 1
         if code is ErrorCode.DUPLICATE_TENSOR:
             job.errors.append(error)  # the id belongs to another tensor: leave it alone
         else:
