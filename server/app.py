@@ -58,6 +58,7 @@ from .session import Session
 
 log = logging.getLogger("tensorwire.server")
 
+CLOSE_AFTER_DRAIN = 2.0  # seconds for close handshakes once a drain has run its grace
 QUEUE_DEPTH = 8  # decoded messages waiting per session before the socket stops being read
 
 
@@ -163,11 +164,20 @@ class Server:
             task_status.started(self.port)
             await anyio.sleep_forever()
         finally:
-            with anyio.CancelScope(shield=True), anyio.move_on_after(config.shutdown_grace):
-                for each in servers:
-                    each.close()
-                for each in servers:
-                    await each.wait_closed()
+            with anyio.CancelScope(shield=True):
+                await self._close(servers)
+
+    async def _close(self, servers: list[WsServer]) -> None:
+        """Close every session (1001) and listener; after a drain, or past the shutdown grace,
+        abort the connections still open (a client that does not read cannot hold us)."""
+        bound = CLOSE_AFTER_DRAIN if self.draining else self.config.shutdown_grace
+        with anyio.move_on_after(bound):
+            for each in servers:
+                each.close()
+            for each in servers:
+                await each.wait_closed()
+        for ws in list(self._sockets.values()):
+            ws.transport.abort()
 
     async def _serve_metrics(self) -> WsServer:
         """The ``--metrics-port`` listener: HTTP only, never a websocket."""
@@ -252,6 +262,8 @@ class Server:
             if self.draining:
                 await ws.close(1001, "server shutting down")
             await self._run(ws, session)
+        except* ConnectionClosed:
+            pass  # the peer went away, or was cut off, while a reply was being sent
         finally:
             del self.sessions[sid], self._sockets[sid], self._in_flight[sid]
             self.metrics.retire(session)
