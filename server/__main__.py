@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"config ok: {describe_config(server.config)}", flush=True)
         return 0
     logs.configure(server.config.log_level, server.config.log_format)
-    prometheus_client.disable_created_metrics()  # *_created series: noise for scrapers
+    prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]  # *_created: noise
     anyio.run(_main, server, backend="asyncio")
     return 0
 
