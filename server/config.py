@@ -76,6 +76,7 @@ class ServerConfig(BaseSettings):
         frozen=True,
         extra="forbid",
         env_prefix=ENV_PREFIX,
+        env_ignore_empty=True,  # TENSOR_SERVER_TOKEN= (empty) means unset, not an empty token
         validate_default=True,
     )
     device: Annotated[DeviceSpec, NoDecode, BeforeValidator(_device)] = Field(
