@@ -25,7 +25,9 @@ import client
 TOKEN_FILE_ENV = "TENSOR_SERVER_TOKEN_FILE"  # noqa: S105 - the variable's name, not a token
 
 
-def make_data(rng: np.random.Generator, n: int, d: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def make_data(
+    rng: np.random.Generator, n: int, d: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Inputs ``x`` (n, d), true weights (d, 1) and targets ``y = x @ w + 0.5 + noise``."""
     x = rng.standard_normal((n, d)).astype(np.float32)
     w = rng.uniform(-2, 2, (d, 1)).astype(np.float32)
@@ -94,9 +96,12 @@ def main(argv: list[str] | None = None) -> int:
     x, w_true, y = make_data(np.random.default_rng(0), args.samples, args.features)
     with client.RemoteDevice(args.url, token=_token(args)) as dev:
         print(f"training on {dev.url} (server {dev.server_id})", flush=True)
-        losses, w, b = train(client.namespace(dev), x, y, args.steps, args.lr, max(1, args.steps // 10))
+        losses, w, b = train(
+            client.namespace(dev), x, y, args.steps, args.lr, max(1, args.steps // 10)
+        )
     error = float(np.max(np.abs(w - w_true)))
-    print(f"final loss {losses[-1]:.6f} (from {losses[0]:.4f}); max weight error {error:.4f}; b {b:.4f}")
+    print(f"final loss {losses[-1]:.6f} (from {losses[0]:.4f}); ", end="")
+    print(f"max weight error {error:.4f}; b {b:.4f}")
     if args.plot is not None:
         plot(losses, args.plot)
     ok = losses[-1] * 100 <= losses[0] and error < 0.05

@@ -32,7 +32,9 @@ def health(port: int) -> tuple[int, dict[str, object]]:
     return status, json.loads(body)
 
 
-def metrics(port: int, token: str | None = None) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+def metrics(
+    port: int, token: str | None = None
+) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     """Every sample of ``/metrics``, keyed by ``(name, sorted labels)``; parsed by the
     Prometheus client's own parser, so the exposition must be valid text format."""
     status, content_type, body = http_get(port, "/metrics", token)
@@ -45,7 +47,9 @@ def metrics(port: int, token: str | None = None) -> dict[tuple[str, tuple[tuple[
     return samples
 
 
-def value(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str, **labels: str) -> float:
+def value(
+    samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str, **labels: str
+) -> float:
     """One sample's value; 0.0 when the series does not exist yet."""
     return samples.get((name, tuple(sorted(labels.items()))), 0.0)
 

@@ -216,8 +216,8 @@ def test_image_command_serves_checks_health_runs_a_client_and_drains(tmp_path: P
 
         service = _compose()["services"]["train"]  # the compose example client
         train = service["command"]
-        train_argv = [sys.executable, str(ROOT / train[1]),
-                      *(url if a == "ws://server:8765" else a for a in train[2:]), "--quick"]  # fmt: skip
+        args = [url if a == "ws://server:8765" else a for a in train[2:]]
+        train_argv = [sys.executable, str(ROOT / train[1]), *args, "--quick"]
         # compose mounts the secret at /run/secrets/...; here it is at `secret`
         train_env = {**env, **service["environment"], "TENSOR_SERVER_TOKEN_FILE": str(secret)}
         ran = subprocess.run(train_argv, cwd=workdir, capture_output=True, text=True,

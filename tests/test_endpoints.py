@@ -125,7 +125,9 @@ def test_sigterm_drains_in_flight_reads_then_exits_0() -> None:
     """A read the server has received is answered after SIGTERM; /healthz says 503 meanwhile,
     new sessions are refused, and the session is then closed with 1001."""
     shape = (4096, 4096)  # 64 MiB of float32: more than the socket buffers hold
-    with run_server("--shutdown-grace", "60", "--log-level", "info", "--log-format", "json") as proc:
+    with run_server(
+        "--shutdown-grace", "60", "--log-level", "info", "--log-format", "json"
+    ) as proc:
         # max_queue=1: the client stops reading after one frame, so the reply stays in flight
         with ws_client.connect(proc.url, compression=None, max_size=None, max_queue=1) as ws:
             _hello(ws)
@@ -199,7 +201,12 @@ def test_one_line_per_event(fmt: str) -> None:
         with pytest.raises(client.AuthenticationError):
             client.RemoteDevice(proc.url, token="wrong")
         with client.RemoteDevice(proc.url, token=TOKEN) as dev:
-            client.namespace(dev).zeros((3,)).numpy()
+            a = client.namespace(dev).zeros((3,))
+            a.numpy()
+            a_id = a.tensor_id
+            bad = dev.submit_unchecked(Binary(op="matmul", out=99, x1=a.tensor_id, x2=42), a.meta)
+            with pytest.raises(client.RemoteError):
+                bad.numpy()
         assert proc.stop() == 0
         assert proc.process.stderr is not None
         lines = proc.process.stderr.read().splitlines()
@@ -215,5 +222,8 @@ def test_one_line_per_event(fmt: str) -> None:
     assert opened["device"] == 0 and opened["peer"].startswith("127.0.0.1:")
     assert closed["session"] == opened["session"] and closed["peer"] == opened["peer"]
     assert closed["ops"] == 1
+    failed = by_name["op failed"]
+    assert failed["session"] == opened["session"] and failed["code"] == "unknown_tensor"
+    assert failed["op"] == f"matmul(#{a_id}, #42) -> #99" and failed["level"] == "INFO"
     assert [e["event"] for e in events][-2:] == ["draining", "drained"]
     assert TOKEN not in "\n".join(lines)

@@ -105,7 +105,9 @@ def test_token_file_is_read_and_hidden(tmp_path: Path) -> None:
         (["--bogus"], {}, "unrecognized arguments: --bogus"),
     ],
 )
-def test_bad_settings_exit_2_with_one_line(args: list[str], env: dict[str, str], needle: str) -> None:
+def test_bad_settings_exit_2_with_one_line(
+    args: list[str], env: dict[str, str], needle: str
+) -> None:
     for extra in ([], ["--check-config"]):
         result = _server(*args, *extra, **env)
         assert result.returncode == 2, result
@@ -115,9 +117,9 @@ def test_bad_settings_exit_2_with_one_line(args: list[str], env: dict[str, str],
 
 
 def test_startup_validator_from_flag_and_variable() -> None:
-    for args, env in [(["--device", "remote:ws://gpu-box:8765"], {}),
-                      ([], {"TENSOR_SERVER_DEVICE": "remote:ws://gpu-box:8765"}),
-                      (["--check-config"], {"TENSOR_SERVER_DEVICE": "remote:ws://gpu-box:8765"})]:  # fmt: skip
+    remote = {"TENSOR_SERVER_DEVICE": "remote:ws://gpu-box:8765"}
+    for args, env in [(["--device", "remote:ws://gpu-box:8765"], {}), ([], remote),
+                      (["--check-config"], remote)]:  # fmt: skip
         result = _server(*args, **env)
         assert (result.returncode, result.stdout, result.stderr) == (2, "", REMOTE_REFUSAL)
     result = _server(TENSOR_SERVER_DEVICE="capture:capture:ndarray:2")
