@@ -245,10 +245,12 @@ class Server:
         try:
             with anyio.fail_after(self.config.handshake_timeout):
                 session = await self._handshake(ws)
-        except (TimeoutError, ConnectionClosed):
+        except TimeoutError:
             self._refused("handshake_timeout", ws, "no hello in time")
             await ws.close(1008, "handshake timed out")
             return
+        except ConnectionClosed:
+            return  # the peer left before its hello
         if session is None:
             return
         sid = session.session_id

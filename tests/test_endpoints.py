@@ -102,14 +102,17 @@ def test_metrics_move_as_a_session_works() -> None:
 
 
 def test_metrics_on_their_own_port() -> None:
-    with run_server("--metrics-port", "0", "--log-level", "info", "--log-format", "json") as proc:
+    args = ["--metrics-port", "0", "--memory-budget", "1GiB", "--log-format", "json"]
+    with run_server(*args, "--log-level", "info") as proc:
         assert proc.process.stderr is not None
         listening = json.loads(proc.process.stderr.readline())  # written before stdout's line
         assert listening["event"] == "listening"
         metrics_port = int(listening["metrics_port"])
         assert metrics_port not in (proc.port, 0)
         assert http_get(proc.port, "/metrics")[0] == 426  # the main port only upgrades
-        assert value(metrics(metrics_port), "tensorwire_sessions_open") == 0
+        samples = metrics(metrics_port)
+        assert value(samples, "tensorwire_sessions_open") == 0
+        assert value(samples, "tensorwire_memory_budget_bytes") == 2**30
         assert http_get(metrics_port, "/healthz")[0] == 200
         assert http_get(metrics_port, "/")[0] == 404
 
@@ -227,3 +230,14 @@ def test_one_line_per_event(fmt: str) -> None:
     assert failed["op"] == f"matmul(#{a_id}, #42) -> #99" and failed["level"] == "INFO"
     assert [e["event"] for e in events][-2:] == ["draining", "drained"]
     assert TOKEN not in "\n".join(lines)
+
+
+def test_silent_connection_is_counted_as_a_refusal() -> None:
+    with run_server("--handshake-timeout", "0.5") as proc:
+        with ws_client.connect(proc.url) as ws:  # never says hello
+            with pytest.raises(ConnectionClosed) as closed:
+                ws.recv(timeout=30)
+            assert closed.value.rcvd is not None and closed.value.rcvd.code == 1008
+        samples = metrics(proc.port)
+        assert value(samples, "tensorwire_refusals_total", limit="handshake_timeout") == 1
+        assert value(samples, "tensorwire_sessions_opened_total") == 0

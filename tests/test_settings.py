@@ -15,7 +15,7 @@ import client
 import server
 from protocol import RemoteSpec
 from server.__main__ import env_var, flag, parser
-from server.config import ServerConfig
+from server.config import AUTO_BUDGET_FRACTION, ServerConfig, cgroup_memory_limit
 
 from .servers import ROOT, run_server
 
@@ -138,3 +138,17 @@ def test_programmatic_config() -> None:
     assert server.Server(config).device.count == 2
     with pytest.raises(server.UnsupportedDeviceError):
         server.Server(ServerConfig(device=RemoteSpec(url="ws://gpu-box:8765")))
+
+
+def test_memory_budget_auto_follows_the_cgroup_limit(tmp_path: Path) -> None:
+    limit_file = tmp_path / "memory.max"
+    limit_file.write_text("4294967296\n")
+    assert cgroup_memory_limit(limit_file) == 4 * 2**30
+    limit_file.write_text("max\n")
+    assert cgroup_memory_limit(limit_file) is None
+    assert cgroup_memory_limit(tmp_path / "absent") is None
+    here = cgroup_memory_limit()  # this machine's own limit, as a container would see its own
+    expected = None if here is None else int(here * AUTO_BUDGET_FRACTION)
+    assert _checked("--memory-budget", "auto")["memory_budget"] == expected
+    assert _checked("--memory-budget", "3GiB")["memory_budget"] == 3 * 2**30
+    assert _checked(TENSOR_SERVER_MEMORY_BUDGET="1000000")["memory_budget"] == 10**6
