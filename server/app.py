@@ -121,7 +121,7 @@ class Server:
         self._limiter = anyio.CapacityLimiter(config.worker_threads)
         self._sockets: dict[str, ServerConnection] = {}  # by session id
         self._in_flight: dict[str, int] = {}  # by session id: received, not yet answered
-        self._all_closed = anyio.Event()  # set when draining and no session is left
+        self._all_closed: anyio.Event | None = None  # made by drain(); set when none are left
         self.metrics = Metrics(
             lambda: self.sessions.values(),
             lambda: sum(self._in_flight.values()),
@@ -229,6 +229,7 @@ class Server:
         when every session is closed or ``shutdown_grace`` has passed. Then cancel :meth:`serve`.
         """
         self.draining = True
+        self._all_closed = anyio.Event()
         grace = self.config.shutdown_grace
         log.info("draining", extra=fields(sessions=len(self.sessions), grace_s=grace))
         with anyio.move_on_after(grace):
@@ -274,7 +275,7 @@ class Server:
                 "session closed",
                 extra=fields(session=sid, peer=peer, ops=session.ops_run, code=ws.close_code),
             )
-            if self.draining and not self.sessions:
+            if self._all_closed is not None and not self.sessions:
                 self._all_closed.set()
 
     async def _handshake(self, ws: ServerConnection) -> Session | None:
