@@ -62,16 +62,17 @@ def _metavar(name: str, info: FieldInfo) -> str:
     return name.upper()
 
 
-def parser() -> argparse.ArgumentParser:
-    """A flag for every settings field, plus ``--check-config``. Flags not given are absent
-    from the parsed namespace, so the environment and the defaults apply to them."""
+def parser(model: type[ServerConfig] = ServerConfig) -> argparse.ArgumentParser:
+    """A flag for every field of ``model``, plus ``--check-config``. Flags not given are absent
+    from the parsed namespace, so the environment and the defaults apply to them. A ``bool``
+    field ``x`` becomes ``--x``/``--no-x``."""
     p = _Parser(
         prog=PROG,
         description="Serve numpy tensor ops to Tensorwire clients over websockets. Every flag "
         f"can also be set with the environment variable shown ({ENV_PREFIX}*); a flag wins.",
         argument_default=argparse.SUPPRESS,
     )
-    for name, info in ServerConfig.model_fields.items():
+    for name, info in model.model_fields.items():
         if info.annotation is bool:
             p.add_argument(
                 flag(name), action=argparse.BooleanOptionalAction, help=_help(name, info)

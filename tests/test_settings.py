@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from pydantic import Field
 
 import client
 import server
@@ -152,3 +153,25 @@ def test_memory_budget_auto_follows_the_cgroup_limit(tmp_path: Path) -> None:
     assert _checked("--memory-budget", "auto")["memory_budget"] == expected
     assert _checked("--memory-budget", "3GiB")["memory_budget"] == 3 * 2**30
     assert _checked(TENSOR_SERVER_MEMORY_BUDGET="1000000")["memory_budget"] == 10**6
+
+
+def test_a_new_field_is_a_new_flag_and_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the security settings will add: a bool and a path, each one field."""
+
+    class Extended(ServerConfig):
+        insecure: bool = Field(default=False, description="bind without a token, loudly")
+        tls_cert: Path | None = Field(default=None, description="certificate file (PEM)")
+
+    p = parser(Extended)
+    text = " ".join(p.format_help().split())
+    assert "--insecure, --no-insecure" in text and "[env: TENSOR_SERVER_INSECURE]" in text
+    assert "--tls-cert TLS_CERT" in text and "[env: TENSOR_SERVER_TLS_CERT]" in text
+    args = vars(p.parse_args(["--insecure", "--tls-cert", "/c.pem"]))
+    args.pop("check_config")
+    config = Extended(**args)
+    assert config.insecure is True and config.tls_cert == Path("/c.pem")
+    monkeypatch.setenv("TENSOR_SERVER_INSECURE", "true")
+    assert Extended().insecure is True
+    args = vars(p.parse_args(["--no-insecure"]))
+    args.pop("check_config")
+    assert Extended(**args).insecure is False  # the flag beats the variable
