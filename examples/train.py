@@ -8,7 +8,8 @@ Every array lives on the server; each step sends a handful of ops and reads back
 
 ``--plot`` draws the loss curve with matplotlib (``pip install -e '.[examples]'``); without
 matplotlib the curve is skipped with a note. Exit status 0 when the loss fell by at least 100x
-and the weights were recovered, 1 otherwise.
+and the weights were recovered, 1 otherwise, 2 when the server cannot be reached or refuses us
+(one line on stderr).
 """
 
 from __future__ import annotations
@@ -94,11 +95,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.steps, args.samples, args.features = 60, 256, 4
     x, w_true, y = make_data(np.random.default_rng(0), args.samples, args.features)
-    with client.RemoteDevice(args.url, token=_token(args)) as dev:
-        print(f"training on {dev.url} (server {dev.server_id})", flush=True)
-        losses, w, b = train(
-            client.namespace(dev), x, y, args.steps, args.lr, max(1, args.steps // 10)
-        )
+    try:
+        with client.RemoteDevice(args.url, token=_token(args)) as dev:
+            print(f"training on {dev.url} (server {dev.server_id})", flush=True)
+            xp = client.namespace(dev)
+            losses, w, b = train(xp, x, y, args.steps, args.lr, max(1, args.steps // 10))
+    except (client.TensorwireError, ConnectionError, OSError) as exc:
+        print(f"train.py: {args.url}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2
     error = float(np.max(np.abs(w - w_true)))
     print(f"final loss {losses[-1]:.6f} (from {losses[0]:.4f}); ", end="")
     print(f"max weight error {error:.4f}; b {b:.4f}")
