@@ -6,7 +6,8 @@ everything, prints the effective settings (token hidden) and exits 0 without bin
 
 Exit status: 0 after SIGINT or SIGTERM (the first one drains: see :meth:`Server.drain`; a second
 one cuts the drain short), 2 for a bad command line, a bad setting or a device the server must
-not host (one line on stderr, no traceback, nothing bound).
+not host (one line on stderr, no traceback, nothing bound), 1 when the address cannot be bound
+(one line on stderr).
 """
 
 from __future__ import annotations
@@ -91,9 +92,16 @@ def parser(model: type[ServerConfig] = ServerConfig) -> argparse.ArgumentParser:
     return p
 
 
-def _fail(message: str) -> NoReturn:
+def _fail(message: str, status: int = 2) -> NoReturn:
     sys.stderr.write(f"{PROG}: error: {message}\n")
-    raise SystemExit(2)
+    raise SystemExit(status)
+
+
+def _os_error(exc: BaseException) -> OSError | None:
+    """The OSError (a failed bind) inside ``exc``, unwrapping single-exception groups."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc if isinstance(exc, OSError) else None
 
 
 def _describe(exc: ValidationError) -> str:
@@ -169,7 +177,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     logs.configure(server.config.log_level, server.config.log_format)
     prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]  # *_created: noise
-    anyio.run(_main, server, backend="asyncio")
+    try:
+        anyio.run(_main, server, backend="asyncio")
+    except (OSError, BaseExceptionGroup) as exc:
+        error = _os_error(exc)
+        if error is None:
+            raise
+        _fail(str(error), status=1)  # e.g. the port is in use: one line, no traceback
     return 0
 
 

@@ -147,6 +147,15 @@ class ServerConfig(BaseSettings):
             data["token"] = read_token_file(Path(data["token_file"]))
         return data
 
+    @model_validator(mode="after")
+    def _ports_differ(self) -> ServerConfig:
+        if self.metrics_port is not None and self.metrics_port == self.port != 0:
+            raise ValueError(
+                f"--metrics-port ({ENV_PREFIX}METRICS_PORT) must differ from --port "
+                f"({ENV_PREFIX}PORT); leave it unset to serve /metrics on the main port"
+            )
+        return self
+
 
 def read_token_file(path: Path) -> str:
     """The token in ``path``, without surrounding whitespace.

@@ -104,6 +104,7 @@ def test_token_file_is_read_and_hidden(tmp_path: Path) -> None:
         (["--token", "a"], {"TENSOR_SERVER_TOKEN_FILE": __file__}, "not both"),
         (["--device", "gpu"], {}, "unknown device spec 'gpu'; valid kinds:"),
         (["--bogus"], {}, "unrecognized arguments: --bogus"),
+        (["--port", "9000", "--metrics-port", "9000"], {}, "must differ from --port"),
     ],
 )
 def test_bad_settings_exit_2_with_one_line(
@@ -175,3 +176,13 @@ def test_a_new_field_is_a_new_flag_and_variable(monkeypatch: pytest.MonkeyPatch)
     args = vars(p.parse_args(["--no-insecure"]))
     args.pop("check_config")
     assert Extended(**args).insecure is False  # the flag beats the variable
+
+
+def test_port_in_use_is_one_line_and_exit_1() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        result = _server("--port", str(taken.getsockname()[1]))
+    assert result.returncode == 1 and result.stdout == ""
+    assert result.stderr.startswith("python -m server: error: ") and "in use" in result.stderr
+    assert result.stderr.count("\n") == 1
