@@ -232,15 +232,21 @@ class Server:
         self._all_closed = anyio.Event()
         grace = self.config.shutdown_grace
         log.info("draining", extra=fields(sessions=len(self.sessions), grace_s=grace))
-        with anyio.move_on_after(grace):
-            async with anyio.create_task_group() as tg:
-                for session_id, ws in list(self._sockets.items()):
-                    if self._in_flight.get(session_id) == 0:
-                        tg.start_soon(ws.close, 1001, "server shutting down")
-            if self.sessions:
-                await self._all_closed.wait()
-        left = len(self.sessions)
-        log.info("drained" if not left else "grace expired", extra=fields(sessions_left=left))
+        reason = "signal"  # unless the grace runs out first: cancelled from outside
+        try:
+            with anyio.move_on_after(grace) as scope:
+                async with anyio.create_task_group() as tg:
+                    for session_id, ws in list(self._sockets.items()):
+                        if self._in_flight.get(session_id) == 0:
+                            tg.start_soon(ws.close, 1001, "server shutting down")
+                if self.sessions:
+                    await self._all_closed.wait()
+            reason = "grace" if scope.cancelled_caught else reason
+        finally:
+            if left := len(self.sessions):
+                log.info("drain cut short", extra=fields(sessions_left=left, reason=reason))
+            else:
+                log.info("drained")
 
     async def _handle(self, ws: ServerConnection) -> None:
         try:

@@ -179,7 +179,7 @@ def test_drain_gives_up_after_the_grace_period() -> None:
             proc.process.send_signal(signal.SIGTERM)
             assert proc.process.wait(60) == 0
         assert proc.process.stderr is not None
-        assert "grace expired sessions_left=1" in proc.process.stderr.read()
+        assert "drain cut short sessions_left=1 reason=grace" in proc.process.stderr.read()
 
 
 def test_idle_sessions_close_at_once_on_sigterm() -> None:
@@ -241,3 +241,24 @@ def test_silent_connection_is_counted_as_a_refusal() -> None:
         samples = metrics(proc.port)
         assert value(samples, "tensorwire_refusals_total", limit="handshake_timeout") == 1
         assert value(samples, "tensorwire_sessions_opened_total") == 0
+
+
+def test_a_second_signal_ends_the_drain() -> None:
+    with run_server("--shutdown-grace", "600", "--log-level", "info") as proc:
+        with ws_client.connect(
+            proc.url, compression=None, max_size=None, max_queue=1, close_timeout=1
+        ) as ws:
+            _hello(ws)
+            batch = Batch(ops=[Full(out=1, shape=(4096, 4096), dtype="float32", value=0.0)],
+                          requests=[Read(request_id=1, tensor=1)])  # fmt: skip
+            ws.send(to_frames(encode(batch)))
+            wait_until(
+                lambda: value(metrics(proc.port), "tensorwire_messages_in_flight") == 1,
+                "the server to hold the read",
+            )
+            proc.process.send_signal(signal.SIGTERM)
+            wait_until(lambda: health(proc.port)[0] == 503, "/healthz to say 503")
+            proc.process.send_signal(signal.SIGINT)
+            assert proc.process.wait(60) == 0  # long before the 600 s grace
+        assert proc.process.stderr is not None
+        assert "drain cut short sessions_left=1 reason=signal" in proc.process.stderr.read()
