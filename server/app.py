@@ -13,6 +13,11 @@ Per connection: one task receives and decodes messages into a bounded queue (a f
 reading the socket, so TCP pushes back on a client that sends faster than the server runs);
 one task takes batches off the queue in order, runs them (cheap ops on the loop, heavy ones in a
 bounded worker-thread pool) and sends the replies.
+
+Plain HTTP requests on the same port get ``/healthz`` and ``/metrics`` (``server.endpoints``)
+from websockets' ``process_request`` hook, before any upgrade. Drain (``Server.drain``, on
+SIGTERM): upgrades get 503, each session keeps a count of messages received but not yet
+answered and is closed (1001) when that count is zero; past the grace, the rest are closed.
 """
 
 from __future__ import annotations
@@ -53,7 +58,7 @@ from protocol.messages import Message
 from . import endpoints
 from .config import ServerConfig, validate_host_device
 from .logs import fields
-from .metrics import Metrics
+from .metrics import REFUSAL_LIMIT, Metrics
 from .session import Session
 
 log = logging.getLogger("tensorwire.server")
@@ -128,6 +133,9 @@ class Server:
             lambda: self.draining,
             config.memory_budget,
         )
+        self._endpoints = endpoints.Endpoints(
+            str(self.device), self.metrics, config.token, config.metrics_auth
+        )
 
     async def serve(
         self, *, task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED
@@ -197,27 +205,16 @@ class Server:
     def _http(self, ws: ServerConnection, request: Request) -> Response | None:
         """Answer ``/healthz`` and ``/metrics``; refuse upgrades while draining; else None (go
         on with the websocket handshake)."""
-        path = endpoints.path_of(request)
-        if path == endpoints.HEALTH_PATH:
-            return endpoints.health(self.draining, str(self.device))
-        if path == endpoints.METRICS_PATH and self.config.metrics_port is None:
-            return endpoints.metrics(
-                request, self.metrics, self.config.token, self.config.metrics_auth
-            )
-        if self.draining:
+        with_metrics = self.config.metrics_port is None
+        answer = self._endpoints.answer(request, draining=self.draining, with_metrics=with_metrics)
+        if answer is None and self.draining:
             self._refused("draining", ws, "server is shutting down")
             return endpoints.plain(503, "server is shutting down")
-        return None
+        return answer
 
     def _http_metrics(self, ws: ServerConnection, request: Request) -> Response:
-        path = endpoints.path_of(request)
-        if path == endpoints.HEALTH_PATH:
-            return endpoints.health(self.draining, str(self.device))
-        if path == endpoints.METRICS_PATH:
-            return endpoints.metrics(
-                request, self.metrics, self.config.token, self.config.metrics_auth
-            )
-        return endpoints.plain(404, "this port serves GET /metrics and GET /healthz only")
+        answer = self._endpoints.answer(request, draining=self.draining, with_metrics=True)
+        return answer or endpoints.plain(404, "this port serves GET /metrics and /healthz only")
 
     def _refused(self, limit: str, ws: ServerConnection, reason: str) -> None:
         self.metrics.refused(limit)
@@ -294,7 +291,7 @@ class Server:
             error = self._check_hello(hello)
         if error is not None or not isinstance(hello, Hello):
             assert error is not None
-            self._refused(_REFUSAL_LIMIT.get(error.code, error.code.value), ws, error.message)
+            self._refused(REFUSAL_LIMIT.get(error.code, error.code.value), ws, error.message)
             await _send(ws, Refused(protocol=PROTOCOL_VERSION, error=error))
             await ws.close(1000, "handshake refused")
             return None
@@ -384,13 +381,6 @@ class Server:
         self._in_flight[session.session_id] -= 1
         if self.draining and self._in_flight[session.session_id] == 0:
             await ws.close(1001, "server shutting down")
-
-
-_REFUSAL_LIMIT = {
-    ErrorCode.AUTH_FAILED: "auth",
-    ErrorCode.VERSION_MISMATCH: "version",
-    ErrorCode.BAD_DEVICE_INDEX: "device_index",
-}
 
 
 def _peer(ws: ServerConnection) -> str:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hmac
 import json
+from dataclasses import dataclass
 from http import HTTPStatus
 
 from websockets.datastructures import Headers
@@ -76,3 +77,22 @@ def metrics(request: Request, registry: Metrics, token: str | None, auth: str) -
 def plain(status: int, text: str) -> Response:
     """A short text answer (404 on the metrics port, 503 to upgrades while draining)."""
     return respond(status, text.encode() + b"\n", "text/plain; charset=utf-8")
+
+
+@dataclass(frozen=True)
+class Endpoints:
+    """What the HTTP answers need from the server."""
+
+    device: str
+    registry: Metrics
+    token: str | None
+    auth: str
+
+    def answer(self, request: Request, *, draining: bool, with_metrics: bool) -> Response | None:
+        """The answer to ``/healthz`` (and ``/metrics`` when ``with_metrics``), else None."""
+        path = path_of(request)
+        if path == HEALTH_PATH:
+            return health(draining, self.device)
+        if path == METRICS_PATH and with_metrics:
+            return metrics(request, self.registry, self.token, self.auth)
+        return None

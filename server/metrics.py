@@ -1,8 +1,8 @@
 """Prometheus metrics of one server, exposed at ``GET /metrics``.
 
-Rule: imports prometheus_client and ``server.session`` only; no I/O (the transport serves
-:meth:`Metrics.exposition`). Each :class:`~server.app.Server` owns its own registry, so several
-servers in one process never share counts.
+Rule: imports prometheus_client, ``protocol`` and ``server.session`` only; no I/O (the
+transport serves :meth:`Metrics.exposition`). Each :class:`~server.app.Server` owns its own
+registry, so several servers in one process never share counts.
 
 Two kinds of numbers. Counters the transport bumps as things happen (sessions opened, bytes,
 read latency, refusals) are prometheus_client objects. Numbers the sessions already keep (ops
@@ -38,6 +38,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 
+from protocol import ErrorCode
+
 from .session import Session
 
 PREFIX = "tensorwire"
@@ -46,6 +48,11 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 # Labels of refusals_total today; the limits of issue 4 add theirs ("message_size", "memory", ...).
 REFUSAL_LIMITS = ("auth", "version", "device_index", "handshake_timeout", "draining")
+REFUSAL_LIMIT = {  # handshake refusals: the limit label of each error code
+    ErrorCode.AUTH_FAILED: "auth",
+    ErrorCode.VERSION_MISMATCH: "version",
+    ErrorCode.BAD_DEVICE_INDEX: "device_index",
+}
 
 
 class _SessionCollector(Collector):
