@@ -262,3 +262,12 @@ def test_image_refuses_to_start_without_its_secret(tmp_path: Path) -> None:
 @pytest.mark.parametrize("path", ["docker/README.md", "docker/Dockerfile.dockerignore"])
 def test_docker_docs_exist(path: str) -> None:
     assert (ROOT / path).is_file()
+
+
+def test_health_check_stays_light() -> None:
+    """The check runs every few seconds in the container: no numpy, websockets or pydantic."""
+    heavy = "{'numpy', 'websockets', 'pydantic'}"
+    code = f"import sys, server.healthcheck; print(sorted({heavy} & set(sys.modules)))"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            cwd=ROOT, timeout=60)  # fmt: skip
+    assert result.returncode == 0 and result.stdout.strip() == "[]", result.stderr

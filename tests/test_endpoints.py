@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -144,6 +147,11 @@ def test_sigterm_drains_in_flight_reads_then_exits_0() -> None:
             proc.process.send_signal(signal.SIGTERM)
             wait_until(lambda: health(proc.port)[0] == 503, "/healthz to say 503")
             assert health(proc.port)[1]["status"] == "draining"
+            check = subprocess.run(  # the container health check fails while draining
+                [sys.executable, "-m", "server.healthcheck"], capture_output=True, text=True,
+                env={**os.environ, "TENSOR_SERVER_PORT": str(proc.port)}, timeout=60,
+            )  # fmt: skip
+            assert check.returncode == 1 and check.stdout.startswith("HTTP 503: ")
             with pytest.raises(InvalidStatus) as refused:
                 ws_client.connect(proc.url, open_timeout=10).close()
             assert refused.value.response.status_code == 503
