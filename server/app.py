@@ -14,14 +14,20 @@ reading the socket, so TCP pushes back on a client that sends faster than the se
 one task takes batches off the queue in order, runs them (cheap ops on the loop, heavy ones in a
 bounded worker-thread pool) and sends the replies.
 
-Guards (README, "Security"): the token, Origin and connection count are checked on the HTTP
-upgrade by :class:`server.guard.Gate`, before a session exists. Each decoder refuses declared
-buffers over the message size or the session's quota before allocating them. A batch that
-leaves the event loop is watched against the per-op deadline; past it the session is closed
-(close code 1008, reason ``deadline_exceeded: ...``) while the worker thread runs on to the end
-of its numpy call and its result is discarded. A reply the client does not take within the
-send timeout drops the connection; so does a client that sends nothing for the idle timeout
-while the server owes it nothing. Close reasons start with the :class:`~protocol.ErrorCode`.
+Plain HTTP requests on the same port get ``/healthz`` and ``/metrics`` (``server.endpoints``)
+from websockets' ``process_request`` hook, before any upgrade. Drain (``Server.drain``, on
+SIGTERM): upgrades get 503, each session keeps a count of messages received but not yet
+answered and is closed (1001) when that count is zero; past the grace, the rest are closed.
+
+Guards (README, "Security"): the Origin, the token and the connection count are checked on the
+HTTP upgrade by :class:`server.guard.Gate`, before a session exists. Each decoder refuses
+declared buffers over the message size or the session's quota before allocating them. A batch
+that leaves the event loop is watched against the per-op deadline; past it the session is
+closed (close code 1008, reason ``deadline_exceeded: ...``) while the worker thread runs on to
+the end of its numpy call and its result is discarded. A reply the client does not take within
+the send timeout drops the connection; so does a client that sends nothing for the idle
+timeout while the server owes it nothing. Close reasons start with the
+:class:`~protocol.ErrorCode`.
 """
 
 from __future__ import annotations
@@ -34,9 +40,11 @@ from dataclasses import dataclass, field
 import anyio
 import anyio.abc
 from anyio.streams.memory import MemoryObjectReceiveStream
+from websockets.asyncio.server import Server as WsServer
 from websockets.asyncio.server import ServerConnection
 from websockets.asyncio.server import serve as ws_serve
 from websockets.exceptions import ConnectionClosed
+from websockets.http11 import Request, Response
 
 from protocol import (
     CLIENT_ADAPTER,
@@ -48,6 +56,7 @@ from protocol import (
     Hello,
     MessageDecoder,
     MessageLimitError,
+    Read,
     Refused,
     SessionError,
     Welcome,
@@ -56,13 +65,23 @@ from protocol import (
 from protocol.codec import Buffer, to_frames
 from protocol.messages import Message
 
+from . import endpoints
 from .config import ServerConfig, validate_host_device, validate_security
 from .guard import Gate, tls_context
+from .logs import fields
+from .metrics import REFUSAL_LIMIT, Metrics
 from .session import Job, Limits, Session
 from .store import MemoryBudget, TensorStore
 
 log = logging.getLogger("tensorwire.server")
 
+_DROP_LIMIT = {  # refusals_total label of each reason a session is dropped
+    ErrorCode.IDLE_TIMEOUT: "idle",
+    ErrorCode.SEND_TIMEOUT: "send_timeout",
+    ErrorCode.DEADLINE_EXCEEDED: "deadline",
+}
+
+CLOSE_AFTER_DRAIN = 2.0  # seconds for close handshakes once a drain has run its grace
 QUEUE_DEPTH = 8  # default of ServerConfig.max_queued: decoded messages waiting per session
 
 
@@ -71,14 +90,15 @@ class _Received:
     message: Hello | Batch | None
     buffers: list[Buffer]
     error: ErrorInfo | None = None
+    nbytes: int = 0
+    at: float = field(default_factory=time.perf_counter)  # when it arrived whole
 
 
 @dataclass
 class _Progress:
-    """Per connection: whether a message is half received, and how much work is owed."""
+    """Whether a message is half received on a connection."""
 
     partial: bool = False
-    pending: int = 0  # messages received whose replies are not sent yet
 
 
 @dataclass
@@ -106,9 +126,11 @@ async def _receive(
     the stream stays intact; a limit error keeps the (valid) header so its ops can be failed.
     """
     error: DecodeError | None = None
+    nbytes = 0
     progress.partial = False
     async for fragment in ws.recv_streaming(decode=False):
         progress.partial = True
+        nbytes += len(fragment)
         if error is None:
             try:
                 decoder.feed(fragment)
@@ -120,10 +142,21 @@ async def _receive(
             raise error
         message, buffers = decoder.finish()
     except MessageLimitError as exc:
-        return _Received(decoder.message, [], ErrorInfo(code=exc.code, message=str(exc)))
+        error_info = ErrorInfo(code=exc.code, message=str(exc))
+        return _Received(decoder.message, [], error_info, nbytes)
     except DecodeError as exc:
-        return _Received(None, [], ErrorInfo(code=ErrorCode.BAD_MESSAGE, message=str(exc)))
-    return _Received(message, buffers)
+        error_info = ErrorInfo(code=ErrorCode.BAD_MESSAGE, message=str(exc))
+        return _Received(None, [], error_info, nbytes)
+    return _Received(message, buffers, nbytes=nbytes)
+
+
+async def _send(
+    ws: ServerConnection, message: Message, buffers: tuple[memoryview, ...] = ()
+) -> int:
+    """Send one message; returns its size in bytes."""
+    chunks = encode(message, buffers)
+    await ws.send(to_frames(chunks))
+    return sum(memoryview(c).nbytes for c in chunks)
 
 
 class Server:
@@ -141,11 +174,26 @@ class Server:
         self.server_id = secrets.token_hex(8)
         self.sessions: dict[str, Session] = {}
         self.port: int | None = None
-        self.budget = MemoryBudget(config.memory_budget)
+        self.metrics_port: int | None = None
+        self.draining = False
+        self._limiter = anyio.CapacityLimiter(config.worker_threads)
+        self.budget = MemoryBudget(config.effective_memory_budget)
         self._ssl = tls_context(config)
         self._limits = Limits(max_op_bytes=config.max_op_bytes, max_ndim=config.max_ndim)
-        self._limiter = anyio.CapacityLimiter(config.worker_threads)
+        self._gate = Gate(config, lambda: self._open)
         self._open = 0  # upgraded connections being handled
+        self._sockets: dict[str, ServerConnection] = {}  # by session id
+        self._in_flight: dict[str, int] = {}  # by session id: received, not yet answered
+        self._all_closed: anyio.Event | None = None  # made by drain(); set when none are left
+        self.metrics = Metrics(
+            lambda: self.sessions.values(),
+            lambda: sum(self._in_flight.values()),
+            lambda: self.draining,
+            config.effective_memory_budget,
+        )
+        self._endpoints = endpoints.Endpoints(
+            str(self.device), self.metrics, config.token, config.metrics_auth
+        )
 
     @property
     def scheme(self) -> str:
@@ -162,28 +210,111 @@ class Server:
             self._handle,
             config.host,
             config.port,
+            process_request=self._http,
             compression=None,  # tensor bytes do not compress; deflate costs 13x throughput
             max_size=config.max_message_size,
             max_queue=4,
             write_limit=config.write_limit,
             ssl=self._ssl,
-            process_request=Gate(config, lambda: self._open),
             open_timeout=config.handshake_timeout,
             ping_interval=config.ping_interval,
             ping_timeout=config.ping_timeout,
         )
+        servers = [ws_server]
         try:
+            if config.metrics_port is not None:
+                servers.append(await self._serve_metrics())
+            self.port = ws_server.sockets[0].getsockname()[1]
+            log.info(
+                "listening",
+                extra=fields(
+                    host=config.host,
+                    port=self.port,
+                    metrics_port=self.metrics_port or self.port,
+                    device=str(self.device),
+                    server_id=self.server_id,
+                ),
+            )
             async with anyio.create_task_group() as self._tasks:  # worker-thread runners
-                self.port = ws_server.sockets[0].getsockname()[1]
-                log.info(
-                    "listening host=%s port=%s server_id=%s", config.host, self.port, self.server_id
-                )
                 task_status.started(self.port)
                 await anyio.sleep_forever()
         finally:
-            with anyio.CancelScope(shield=True), anyio.move_on_after(config.shutdown_grace):
-                ws_server.close()
-                await ws_server.wait_closed()
+            with anyio.CancelScope(shield=True):
+                await self._close(servers)
+
+    async def _close(self, servers: list[WsServer]) -> None:
+        """Close every session (1001) and listener; after a drain, or past the shutdown grace,
+        abort the connections still open (a client that does not read cannot hold us)."""
+        bound = CLOSE_AFTER_DRAIN if self.draining else self.config.shutdown_grace
+        with anyio.move_on_after(bound):
+            for each in servers:
+                each.close()
+            for each in servers:
+                await each.wait_closed()
+        for ws in list(self._sockets.values()):
+            ws.transport.abort()
+
+    async def _serve_metrics(self) -> WsServer:
+        """The ``--metrics-port`` listener: HTTP only, never a websocket."""
+
+        async def no_sessions(ws: ServerConnection) -> None:  # unreachable: _http_metrics answers
+            await ws.close(1008, "this port serves /metrics only")
+
+        metrics_server = await ws_serve(
+            no_sessions,
+            self.config.host,
+            self.config.metrics_port,
+            process_request=self._http_metrics,
+        )
+        self.metrics_port = metrics_server.sockets[0].getsockname()[1]
+        return metrics_server
+
+    def _http(self, ws: ServerConnection, request: Request) -> Response | None:
+        """Answer ``/healthz`` and ``/metrics``; refuse upgrades while draining; else None (go
+        on with the websocket handshake)."""
+        with_metrics = self.config.metrics_port is None
+        answer = self._endpoints.answer(request, draining=self.draining, with_metrics=with_metrics)
+        if answer is None and self.draining:
+            self._refused("draining", ws, "server is shutting down")
+            return endpoints.plain(503, "server is shutting down")
+        if answer is None and (refusal := self._gate(ws, request)) is not None:
+            limit, response = refusal
+            self._refused(limit, ws, response.body.decode(errors="replace"))
+            return response
+        return answer
+
+    def _http_metrics(self, ws: ServerConnection, request: Request) -> Response:
+        answer = self._endpoints.answer(request, draining=self.draining, with_metrics=True)
+        return answer or endpoints.plain(404, "this port serves GET /metrics and /healthz only")
+
+    def _refused(self, limit: str, ws: ServerConnection, reason: str) -> None:
+        self.metrics.refused(limit)
+        log.info("refused", extra=fields(limit=limit, peer=_peer(ws), reason=reason))
+
+    async def drain(self) -> None:
+        """Stop taking sessions (``/healthz`` answers 503, upgrades get 503), let each session
+        finish the messages it has received, close it (1001) as soon as it has none, and return
+        when every session is closed or ``shutdown_grace`` has passed. Then cancel :meth:`serve`.
+        """
+        self.draining = True
+        self._all_closed = anyio.Event()
+        grace = self.config.shutdown_grace
+        log.info("draining", extra=fields(sessions=len(self.sessions), grace_s=grace))
+        reason = "signal"  # unless the grace runs out first: cancelled from outside
+        try:
+            with anyio.move_on_after(grace) as scope:
+                async with anyio.create_task_group() as tg:
+                    for session_id, ws in list(self._sockets.items()):
+                        if self._in_flight.get(session_id) == 0:
+                            tg.start_soon(ws.close, 1001, "server shutting down")
+                if self.sessions:
+                    await self._all_closed.wait()
+            reason = "grace" if scope.cancelled_caught else reason
+        finally:
+            if left := len(self.sessions):
+                log.info("drain cut short", extra=fields(sessions_left=left, reason=reason))
+            else:
+                log.info("drained")
 
     async def _handle(self, ws: ServerConnection) -> None:
         self._open += 1
@@ -197,24 +328,37 @@ class Server:
         try:
             with anyio.fail_after(timeout):
                 session = await self._handshake(ws)
-        except (TimeoutError, ConnectionClosed):
+        except TimeoutError:
+            self._refused("handshake_timeout", ws, "no hello in time")
             await ws.close(1008, f"{ErrorCode.IDLE_TIMEOUT}: no hello within {timeout} s")
             return
+        except ConnectionClosed:
+            return  # the peer left before its hello
         if session is None:
             return
-        self.sessions[session.session_id] = session
+        sid = session.session_id
+        self.sessions[sid], self._sockets[sid], self._in_flight[sid] = session, ws, 0
+        self.metrics.sessions_opened.inc()
+        peer = _peer(ws)
         log.info(
-            "session opened id=%s peer=%s device=%s",
-            session.session_id,
-            ws.remote_address,
-            session.device_index,
+            "session opened", extra=fields(session=sid, peer=peer, device=session.device_index)
         )
         try:
+            if self.draining:
+                await ws.close(1001, "server shutting down")
             await self._run(ws, session)
+        except* ConnectionClosed:
+            pass  # the peer went away, or was cut off, while a reply was being sent
         finally:
-            del self.sessions[session.session_id]
+            del self.sessions[sid], self._sockets[sid], self._in_flight[sid]
+            self.metrics.retire(session)
             session.close()
-            log.info("session closed id=%s", session.session_id)
+            log.info(
+                "session closed",
+                extra=fields(session=sid, peer=peer, ops=session.ops_run, code=ws.close_code),
+            )
+            if self._all_closed is not None and not self.sessions:
+                self._all_closed.set()
 
     async def _handshake(self, ws: ServerConnection) -> Session | None:
         decoder = MessageDecoder(CLIENT_ADAPTER, self.config.max_header_size, max_buffer_bytes=0)
@@ -227,6 +371,7 @@ class Server:
             error = self._check_hello(hello)
         if error is not None or not isinstance(hello, Hello):
             assert error is not None
+            self._refused(REFUSAL_LIMIT.get(error.code, error.code.value), ws, error.message)
             await self._send(ws, Refused(protocol=PROTOCOL_VERSION, error=error))
             await ws.close(1000, "handshake refused")
             return None
@@ -266,10 +411,14 @@ class Server:
     async def _send(
         self, ws: ServerConnection, message: Message, buffers: tuple[memoryview, ...] = ()
     ) -> None:
-        """Send one message. Raises :class:`_Drop` if the client does not take it in time."""
+        """Send one message and count its bytes.
+
+        Raises:
+            _Drop: ``send_timeout``, the client did not take it within ``send_timeout``.
+        """
         try:
             with anyio.fail_after(self.config.send_timeout):
-                await ws.send(to_frames(encode(message, buffers)))
+                self.metrics.sent_bytes.inc(await _send(ws, message, buffers))
         except TimeoutError:
             raise _Drop(
                 ErrorCode.SEND_TIMEOUT,
@@ -277,16 +426,16 @@ class Server:
             ) from None
 
     async def _run(self, ws: ServerConnection, session: Session) -> None:
-        progress = _Progress()
         send, receive = anyio.create_memory_object_stream[_Received](self.config.max_queued)
         try:
             async with anyio.create_task_group() as tg:
-                tg.start_soon(self._work, ws, session, receive, progress)
+                tg.start_soon(self._work, ws, session, receive)
                 try:
                     async with send:
                         while True:
-                            item = await self._receive_idle(ws, session, progress)
-                            progress.pending += 1
+                            item = await self._receive_idle(ws, session)
+                            self._in_flight[session.session_id] += 1
+                            self.metrics.received_bytes.inc(item.nbytes)
                             await send.send(item)
                 except (ConnectionClosed, anyio.BrokenResourceError):
                     pass
@@ -295,17 +444,15 @@ class Server:
         except* _Drop as group:
             drop = group.exceptions[0]
             assert isinstance(drop, _Drop)
-            log.info("session dropped id=%s reason=%s", session.session_id, drop.reason)
+            self._refused(_DROP_LIMIT.get(drop.code, drop.code.value), ws, drop.reason)
             if drop.code is ErrorCode.SEND_TIMEOUT:
                 ws.transport.abort()  # the client does not read: a close frame would not pass
             else:
                 await ws.close(1008, drop.reason)
 
-    async def _receive_idle(
-        self, ws: ServerConnection, session: Session, progress: _Progress
-    ) -> _Received:
+    async def _receive_idle(self, ws: ServerConnection, session: Session) -> _Received:
         """The next message; raises :class:`_Drop` after the idle timeout with nothing owed."""
-        idle = self.config.idle_timeout
+        idle, progress = self.config.idle_timeout, _Progress()
         while True:
             decoder = MessageDecoder(
                 CLIENT_ADAPTER,
@@ -313,24 +460,23 @@ class Server:
                 max_buffer_bytes=self.config.max_message_size,
                 check=lambda m: session.check_upload(m) if isinstance(m, Batch) else None,
             )
-            with anyio.move_on_after(idle) as scope:
+            with anyio.move_on_after(idle):
                 return await _receive(ws, decoder, progress)
-            if progress.partial or not progress.pending:  # cancelling mid-message breaks ws
+            owed = self._in_flight[session.session_id]
+            if progress.partial or not owed:  # cancelling mid-message breaks the websocket
                 raise _Drop(ErrorCode.IDLE_TIMEOUT, f"nothing received for {idle} s")
-            assert scope.cancelled_caught
 
     async def _work(
         self,
         ws: ServerConnection,
         session: Session,
         queue: MemoryObjectReceiveStream[_Received],
-        progress: _Progress,
     ) -> None:
         async with queue:
             try:
                 async for item in queue:
                     await self._answer(ws, session, item)
-                    progress.pending -= 1
+                    await self._settled(ws, session)
             except ConnectionClosed:
                 pass  # the receive side sees it too and ends the session
 
@@ -338,11 +484,14 @@ class Server:
         """Run one received message and send its replies.
 
         Raises:
-            _Drop: the op deadline passed, or a worker step failed.
+            _Drop: the op deadline passed, a worker step failed, or a reply was not taken.
         """
         if not isinstance(item.message, Batch):
             error = item.error or ErrorInfo(
                 code=ErrorCode.BAD_MESSAGE, message="hello is only valid as the first message"
+            )
+            log.warning(
+                "bad message", extra=fields(session=session.session_id, error=error.message)
             )
             await self._send(ws, SessionError(error=error))
             return
@@ -353,6 +502,8 @@ class Server:
             raise _Drop(ErrorCode.INTERNAL, "a worker step failed; see the server log")
         for reply, buffers in session.finish(job):
             await self._send(ws, reply, tuple(buffers))
+        reads = sum(isinstance(r, Read) for r in item.message.requests)
+        self.metrics.read_done(reads, time.perf_counter() - item.at)
 
     async def _step_in_thread(self, session: Session, job: Job) -> None:
         """Run the rest of ``job`` in a worker thread, watching the per-op deadline.
@@ -397,6 +548,20 @@ class Server:
         finally:
             run.started.set()
             run.done.set()
+
+    async def _settled(self, ws: ServerConnection, session: Session) -> None:
+        """One received message is answered; while draining, close the idle session."""
+        self._in_flight[session.session_id] -= 1
+        if self.draining and self._in_flight[session.session_id] == 0:
+            await ws.close(1001, "server shutting down")
+
+
+def _peer(ws: ServerConnection) -> str:
+    address = ws.remote_address
+    if isinstance(address, tuple) and len(address) >= 2:
+        host = address[0]
+        return f"[{host}]:{address[1]}" if ":" in str(host) else f"{host}:{address[1]}"
+    return str(address)
 
 
 async def serve(

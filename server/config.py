@@ -1,6 +1,14 @@
-"""Server configuration and the startup validator.
+"""Server configuration, read from flags and ``TENSOR_SERVER_*`` variables, and the startup
+validator.
 
-Rule: imports ``protocol`` and pydantic only; nothing here binds, spawns or starts a loop.
+Rule: imports ``protocol``, pydantic and pydantic-settings only; nothing here binds, spawns or
+starts a loop. (Reading ``--token-file`` and the cgroup memory limit are the only file reads;
+the TLS files are read by ``server.guard`` when the server is built.)
+
+Every field of :class:`ServerConfig` is one setting: ``python -m server`` makes a flag of it
+(``max_message_size`` -> ``--max-message-size``) and pydantic-settings reads the same setting
+from the environment (``TENSOR_SERVER_MAX_MESSAGE_SIZE``); a flag beats the variable, the
+variable beats the default. Adding a setting is adding a field with a ``description``.
 
 The validator is the seed of this project (from Burn's remote backend): a server must never host
 a *remote* device (it would forward ops to another server, forever) nor a *capture* device (it
@@ -11,11 +19,17 @@ from __future__ import annotations
 
 import ipaddress
 import os
-from typing import Annotated
+from pathlib import Path
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BeforeValidator, ByteSize, Field, TypeAdapter, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from protocol import CaptureSpec, DeviceSpec, NdArraySpec, RemoteSpec
+from protocol import CaptureSpec, DeviceSpec, NdArraySpec, RemoteSpec, parse_device_spec
+
+ENV_PREFIX = "TENSOR_SERVER_"
+CGROUP_MEMORY_MAX = Path("/sys/fs/cgroup/memory.max")  # cgroup v2: the container's memory limit
+AUTO_BUDGET_FRACTION = 0.75  # of the container's limit; the rest is Python, buffers, replies
 
 
 class UnsupportedDeviceError(ValueError):
@@ -26,51 +40,232 @@ class InsecureConfigError(ValueError):
     """A configuration that would expose the server unsafely (see :func:`validate_security`)."""
 
 
-def _physical_memory() -> int:
+def _device(value: object) -> object:
+    """A device spec string (flag or variable) becomes a typed spec; models pass through.
+    Raises ``DeviceSpecError`` (a ``ValueError``) for a string that names no device."""
+    return parse_device_spec(value) if isinstance(value, str) else value
+
+
+def cgroup_memory_limit(path: Path = CGROUP_MEMORY_MAX) -> int | None:
+    """The memory limit of the cgroup this process runs in, or None when there is none."""
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None  # "max" means unlimited
+
+
+_BYTES: TypeAdapter[ByteSize] = TypeAdapter(ByteSize)
+
+
+def physical_memory() -> int:
+    """This machine's memory in bytes (8 GiB where the OS does not say)."""
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):  # pragma: no cover - not on Linux/macOS
+    except (ValueError, OSError, AttributeError):  # pragma: no cover - not Linux or macOS
         return 8 * 2**30
 
 
-MIB = 2**20
-GIB = 2**30
+def _size(value: object) -> object:
+    """``64MiB``, ``2GiB``, ``1048576`` -> int bytes; ``none`` or empty -> None."""
+    if isinstance(value, str) and value.strip().lower() in ("", "none"):
+        return None
+    return value if value is None or isinstance(value, int) else int(_BYTES.validate_python(value))
 
 
-class ServerConfig(BaseModel):
-    """Everything ``python -m server`` takes. Validated as a whole before anything binds."""
+def _origins(value: object) -> object:
+    """A comma-separated string (flag or variable) becomes a tuple of origins."""
+    if isinstance(value, str):
+        return tuple(v.strip() for v in value.split(",") if v.strip())
+    return value
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
-    device: DeviceSpec = NdArraySpec()
-    host: str = "127.0.0.1"
-    port: Annotated[int, Field(ge=0, le=65535)] = 8765
-    token: str | None = None
-    max_message_size: Annotated[int, Field(ge=1024)] = 2**31
-    worker_threads: Annotated[int, Field(ge=1)] = max(1, os.cpu_count() or 1)
-    handshake_timeout: Annotated[float, Field(gt=0)] = 10.0
-    shutdown_grace: Annotated[float, Field(ge=0)] = 5.0
-    # --- security (README "Security"; every limit below is in the README's limits table) ---
-    insecure: bool = False  # allow a non-loopback bind without a token
-    tls_cert: str | None = None
-    tls_key: str | None = None
-    allowed_origins: tuple[str, ...] = ()  # browser Origin values allowed; none by default
-    max_connections: Annotated[int, Field(ge=1)] = 256
-    idle_timeout: Annotated[float, Field(gt=0)] = 600.0
-    ping_interval: Annotated[float, Field(gt=0)] = 20.0
-    ping_timeout: Annotated[float, Field(gt=0)] = 20.0
-    send_timeout: Annotated[float, Field(gt=0)] = 300.0
-    write_limit: Annotated[int, Field(ge=1024)] = MIB
-    max_queued: Annotated[int, Field(ge=1)] = 8
-    max_header_size: Annotated[int, Field(ge=1024, le=64 * MIB)] = 16 * MIB
-    max_op_bytes: Annotated[int, Field(ge=0)] = 2 * GIB
-    max_ndim: Annotated[int, Field(ge=0, le=64)] = 64
-    memory_budget: Annotated[int, Field(ge=0)] = _physical_memory() // 2
-    session_quota: Annotated[int, Field(ge=0)] | None = None  # None: a quarter of the budget
-    op_deadline: Annotated[float, Field(gt=0)] = 600.0
+
+Size = Annotated[Annotated[int, Field(ge=0)], BeforeValidator(_size)]
+
+
+def _budget(value: object) -> object:
+    """``auto`` -> a fraction of the cgroup memory limit (None without one); ``3GiB`` -> int."""
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        limit = cgroup_memory_limit()
+        return None if limit is None else int(limit * AUTO_BUDGET_FRACTION)
+    if isinstance(value, str) and value.strip().lower() in ("", "none"):
+        return None
+    return value if value is None or isinstance(value, int) else int(_BYTES.validate_python(value))
+
+
+class ServerConfig(BaseSettings):
+    """Everything ``python -m server`` takes. Validated as a whole before anything binds.
+
+    Constructing one reads ``TENSOR_SERVER_*`` variables for the fields not given.
+
+    Raises:
+        pydantic.ValidationError: a value is out of range, malformed, or ``token_file`` cannot
+            be read.
+    """
+
+    model_config = SettingsConfigDict(
+        frozen=True,
+        extra="forbid",
+        env_prefix=ENV_PREFIX,
+        env_ignore_empty=True,  # TENSOR_SERVER_TOKEN= (empty) means unset, not an empty token
+        validate_default=True,
+    )
+    device: Annotated[DeviceSpec, NoDecode, BeforeValidator(_device)] = Field(
+        default=NdArraySpec(),
+        description="device to host: ndarray or ndarray:N (N devices, indices 0..N-1); "
+        "remote:URL and capture:SPEC are refused",
+    )
+    host: str = Field(default="127.0.0.1", description="address to bind")
+    port: Annotated[int, Field(ge=0, le=65535)] = Field(
+        default=8765, description="port to bind; 0 picks a free one"
+    )
+    token: str | None = Field(default=None, description="token clients must present")
+    token_file: Path | None = Field(
+        default=None,
+        description="read the token from this file (a docker/compose secret); "
+        "surrounding whitespace is ignored",
+    )
+    max_message_size: Annotated[Size, Field(ge=1024)] = Field(
+        default=2**31, description="largest websocket message accepted, in bytes"
+    )
+    worker_threads: Annotated[int, Field(ge=1)] = Field(
+        default=max(1, os.cpu_count() or 1), description="threads running heavy ops"
+    )
+    handshake_timeout: Annotated[float, Field(gt=0)] = Field(
+        default=10.0, description="seconds a new connection has to send its hello"
+    )
+    shutdown_grace: Annotated[float, Field(ge=0)] = Field(
+        default=5.0,
+        description="seconds in-flight work may take to finish after SIGTERM before every "
+        "session is closed",
+    )
+    memory_budget: Annotated[Annotated[int, Field(ge=0)] | None, BeforeValidator(_budget)] = Field(
+        default=None,
+        description="server-wide budget for tensor bytes (e.g. 3GiB); 'auto' = 75% of the "
+        "container's cgroup memory limit; unset = half the machine's memory; new work beyond "
+        "it fails with server_memory_exhausted",
+    )
+    # --- security and limits (README "Security": each is a row of the limits table) -----------
+    insecure: bool = Field(
+        default=False, description="allow a non-loopback bind without a token (warns loudly)"
+    )
+    tls_cert: Path | None = Field(default=None, description="PEM certificate chain: serve wss://")
+    tls_key: Path | None = Field(default=None, description="PEM private key of --tls-cert")
+    allowed_origins: Annotated[tuple[str, ...], NoDecode, BeforeValidator(_origins)] = Field(
+        default=(),
+        description="browser Origin values allowed, comma-separated; a connection with any "
+        "other Origin header is refused",
+    )
+    max_connections: Annotated[int, Field(ge=1)] = Field(
+        default=256, description="open websocket connections; more are refused with 503"
+    )
+    idle_timeout: Annotated[float, Field(gt=0)] = Field(
+        default=600.0,
+        description="seconds a session may send nothing while the server owes it nothing",
+    )
+    ping_interval: Annotated[float, Field(gt=0)] = Field(
+        default=20.0, description="seconds between keepalive pings"
+    )
+    ping_timeout: Annotated[float, Field(gt=0)] = Field(
+        default=20.0, description="seconds a ping's pong may take before the connection drops"
+    )
+    send_timeout: Annotated[float, Field(gt=0)] = Field(
+        default=300.0, description="seconds a client may take to receive one reply"
+    )
+    write_limit: Annotated[Size, Field(ge=1024)] = Field(
+        default=2**20, description="outgoing bytes buffered per connection before sends wait"
+    )
+    max_queued: Annotated[int, Field(ge=1)] = Field(
+        default=8, description="received messages queued per session before reading stops"
+    )
+    max_header_size: Annotated[Size, Field(ge=1024, le=64 * 2**20)] = Field(
+        default=16 * 2**20, description="largest message header (JSON), in bytes"
+    )
+    max_op_bytes: Size = Field(
+        default=2 * 2**30, description="largest output of one op, in bytes, checked before numpy"
+    )
+    max_ndim: Annotated[int, Field(ge=0, le=64)] = Field(
+        default=64, description="most dimensions of any tensor"
+    )
+    session_quota: Annotated[Size | None, BeforeValidator(_size)] = Field(
+        default=None,
+        description="tensor bytes one session may hold (e.g. 1GiB); unset = a quarter of the "
+        "memory budget",
+    )
+    op_deadline: Annotated[float, Field(gt=0)] = Field(
+        default=600.0,
+        description="seconds one op may run; past it the session is closed (numpy is not "
+        "interrupted: its result is discarded)",
+    )
+    metrics_port: Annotated[int, Field(ge=0, le=65535)] | None = Field(
+        default=None,
+        description="serve GET /metrics on this port (same host) instead of the main port",
+    )
+    metrics_auth: Literal["token", "none"] = Field(
+        default="token",
+        description="token: GET /metrics needs 'Authorization: Bearer TOKEN' when a token is "
+        "set; none: open",
+    )
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
+        default="WARNING", description="least severe log event written (INFO: every session)"
+    )
+    log_format: Literal["text", "json"] = Field(
+        default="text", description="one event per line on stderr: key=value text or JSON"
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _prepare(cls, data: Any) -> Any:
+        """Upper-case ``log_level``; read ``token_file`` into ``token``."""
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        if isinstance(data.get("log_level"), str):
+            data["log_level"] = data["log_level"].upper()
+        if data.get("token_file") not in (None, ""):
+            if data.get("token") is not None:
+                raise ValueError(
+                    f"give --token ({ENV_PREFIX}TOKEN) or --token-file ({ENV_PREFIX}TOKEN_FILE), "
+                    "not both"
+                )
+            data["token"] = read_token_file(Path(data["token_file"]))
+        return data
+
+    @property
+    def effective_memory_budget(self) -> int:
+        return physical_memory() // 2 if self.memory_budget is None else self.memory_budget
 
     @property
     def effective_session_quota(self) -> int:
-        return self.memory_budget // 4 if self.session_quota is None else self.session_quota
+        if self.session_quota is None:
+            return self.effective_memory_budget // 4
+        return self.session_quota
+
+    @model_validator(mode="after")
+    def _ports_differ(self) -> ServerConfig:
+        if self.metrics_port is not None and self.metrics_port == self.port != 0:
+            raise ValueError(
+                f"--metrics-port ({ENV_PREFIX}METRICS_PORT) must differ from --port "
+                f"({ENV_PREFIX}PORT); leave it unset to serve /metrics on the main port"
+            )
+        return self
+
+
+def read_token_file(path: Path) -> str:
+    """The token in ``path``, without surrounding whitespace.
+
+    Raises:
+        ValueError: the file cannot be read or holds only whitespace (one line, for stderr).
+    """
+    where = f"--token-file ({ENV_PREFIX}TOKEN_FILE)"
+    try:
+        token = path.read_text().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+        raise ValueError(f"{where}: cannot read {path}: {reason}") from None
+    if not token:
+        raise ValueError(f"{where}: {path} is empty")
+    return token
 
 
 def validate_host_device(device: NdArraySpec | RemoteSpec | CaptureSpec) -> NdArraySpec:
@@ -117,15 +312,17 @@ def validate_security(config: ServerConfig) -> list[str]:
             of ``tls_cert``/``tls_key``. The message is one line, fit for stderr.
     """
     if (config.tls_cert is None) != (config.tls_key is None):
-        raise InsecureConfigError("--tls-cert and --tls-key must be given together")
+        raise InsecureConfigError(
+            f"--tls-cert ({ENV_PREFIX}TLS_CERT) and --tls-key ({ENV_PREFIX}TLS_KEY) go together"
+        )
     warnings: list[str] = []
     if is_loopback(config.host):
         return warnings
     if config.token is None and not config.insecure:
         raise InsecureConfigError(
             f"refusing to bind {config.host} without a token: anyone who can reach it could run "
-            "ops and read every tensor; set --token or TENSOR_SERVER_TOKEN (or bind 127.0.0.1, "
-            "or pass --insecure to accept the risk)"
+            f"ops and read every tensor; set --token or {ENV_PREFIX}TOKEN (or --token-file), "
+            "bind 127.0.0.1, or pass --insecure to accept the risk"
         )
     if config.token is None:
         warnings.append(

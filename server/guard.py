@@ -50,7 +50,9 @@ def token_matches(request: Request, expected: str) -> bool:
 
 
 class Gate:
-    """``process_request`` for websockets' ``serve``: origin, token, then connection count.
+    """The upgrade checks, in order: origin, token, connection count. Called from the server's
+    ``process_request`` hook; returns None to go on, or ``(limit, response)``: the
+    ``refusals_total`` label and the refusal to send.
 
     ``open_connections`` returns how many connections are already upgraded and open.
     """
@@ -59,18 +61,20 @@ class Gate:
         self._config = config
         self._open_connections = open_connections
 
-    def __call__(self, connection: ServerConnection, request: Request) -> Response | None:
+    def __call__(
+        self, connection: ServerConnection, request: Request
+    ) -> tuple[str, Response] | None:
         config = self._config
         origin = request.headers.get("Origin")
         if origin is not None and origin not in config.allowed_origins:
-            return refusal(
+            return "origin", refusal(
                 connection,
                 http.HTTPStatus.FORBIDDEN,
                 ErrorCode.ORIGIN_REFUSED,
                 f"Origin {origin!r} is not allowed; start the server with --allow-origin {origin}",
             )
         if config.token is not None and not token_matches(request, config.token):
-            return refusal(
+            return "auth", refusal(
                 connection,
                 http.HTTPStatus.UNAUTHORIZED,
                 ErrorCode.AUTH_FAILED,
@@ -78,7 +82,7 @@ class Gate:
                 "TENSOR_SERVER_TOKEN",
             )
         if self._open_connections() >= config.max_connections:
-            return refusal(
+            return "connections", refusal(
                 connection,
                 http.HTTPStatus.SERVICE_UNAVAILABLE,
                 ErrorCode.TOO_MANY_CONNECTIONS,

@@ -1,6 +1,6 @@
 """One client session: its tensor store and the rules for running a batch. No I/O here.
 
-Rule: imports numpy, ``protocol`` and ``server.store``/``server.executor`` only.
+Rule: imports numpy, ``protocol`` and ``server.store``/``server.executor``/``server.logs`` only.
 
 Theory of operation: the transport hands each decoded :class:`~protocol.Batch` to
 :meth:`Session.start`, then calls :meth:`Session.step` until it returns True — on the event loop
@@ -23,7 +23,9 @@ interrupted, so its result is discarded when numpy returns.
 
 from __future__ import annotations
 
+import logging
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -52,7 +54,10 @@ from protocol.messages import Request
 from protocol.ops import AnyOp, numel
 
 from . import executor
+from .logs import fields
 from .store import Failure, Stored, StoreError, TensorStore, root_of
+
+log = logging.getLogger("tensorwire.session")
 
 INLINE_COST = 1 << 16  # element operations an op may cost and still run on the event loop
 
@@ -94,6 +99,8 @@ class Session:
         self.store = store if store is not None else TensorStore()
         self.limits = limits if limits is not None else Limits()
         self.ops_run = 0
+        self.op_counts: Counter[str] = Counter()  # by op name; read by server.metrics
+        self.error_counts: Counter[str] = Counter()  # failed ops by error code
         self.store.budget.sessions += 1
 
     @property
@@ -221,6 +228,7 @@ class Session:
         else:
             self.store.put(op.out, Stored(array, meta), reserved=nbytes)
             self.ops_run += 1
+            self.op_counts[getattr(op, "op", None) or op.kind] += 1
 
     def _owned(
         self, array: np.ndarray[Any, Any], args: list[np.ndarray[Any, Any]]
@@ -238,13 +246,12 @@ class Session:
         if root.base is None and root.nbytes == array.nbytes and alone:
             return array
         return array.copy(order="C")
-        shared = any(np.may_share_memory(array, a) for a in args)
-        if array.base is not None or shared or not array.flags.c_contiguous:
-            return array.copy(order="C")
-        return array
 
     def _fail(self, op: AnyOp, code: ErrorCode, message: str, job: Job) -> None:
         error = ErrorInfo(code=code, message=message, op=op.describe())
+        self.error_counts[code.value] += 1
+        level = logging.ERROR if code is ErrorCode.INTERNAL else logging.INFO
+        log.log(level, "op failed", extra=fields(session=self.session_id, op=error.op, code=code))
         if code is ErrorCode.DUPLICATE_TENSOR:
             job.errors.append(error)  # the id belongs to another tensor: leave it alone
         else:

@@ -173,7 +173,7 @@ def test_foreign_origin_is_refused_by_default(secured: ServerProcess, witness: W
 
 
 def test_allowed_origin_is_accepted() -> None:
-    with run_server("--token", TOKEN, "--allow-origin", "https://app.example") as proc:
+    with run_server("--token", TOKEN, "--allowed-origins", "https://app.example") as proc:
         Raw(proc.url, origin="https://app.example").close()
         with pytest.raises(InvalidStatus):
             Raw(proc.url, origin="https://other.example")
