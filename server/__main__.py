@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import signal
 import sys
@@ -179,9 +180,11 @@ def main(argv: list[str] | None = None) -> int:
     if check:
         print(f"config ok: {describe_config(server.config)}", flush=True)
         return 0
-    for warning in server.warnings:
-        sys.stderr.write(f"{PROG}: {warning}\n")
     logs.configure(server.config.log_level, server.config.log_format)
+    for warning in server.warnings:  # one WARNING event each, in the chosen log format
+        logging.getLogger("tensorwire.server").warning(
+            "insecure", extra=logs.fields(reason=warning)
+        )
     prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]  # *_created: noise
     try:
         anyio.run(_main, server, backend="asyncio")

@@ -326,12 +326,12 @@ def validate_security(config: ServerConfig) -> list[str]:
         )
     if config.token is None:
         warnings.append(
-            f"WARNING: --insecure: serving {config.host} with no token; anyone who can reach "
+            f"--insecure: serving {config.host} with no token; anyone who can reach "
             "this port can run ops and read every tensor"
         )
     elif config.tls_cert is None:
         warnings.append(
-            f"WARNING: serving {config.host} without TLS: the token and tensors travel in clear; "
+            f"serving {config.host} without TLS: the token and tensors travel in clear; "
             "use --tls-cert/--tls-key"
         )
     return warnings

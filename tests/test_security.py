@@ -113,11 +113,11 @@ def test_exposed_hosts_need_a_token(host: str, capsys: pytest.CaptureFixture[str
     assert info.value.code == 2
     assert capsys.readouterr().err.count("\n") == 1
     assert build_server(["--host", host, "--token", "t"]).warnings == [
-        f"WARNING: serving {host} without TLS: the token and tensors travel in clear; "
+        f"serving {host} without TLS: the token and tensors travel in clear; "
         "use --tls-cert/--tls-key"
     ]
     (warning,) = build_server(["--host", host, "--insecure"]).warnings
-    assert warning.startswith("WARNING: --insecure")
+    assert warning.startswith("--insecure: serving")
 
 
 @pytest.mark.parametrize("host", ["127.0.0.1", "localhost", "::1", "127.8.9.10"])
