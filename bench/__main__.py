@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.metadata
 import os
 import platform
 import sys
@@ -17,7 +18,6 @@ from typing import Any
 
 import numpy as np
 import pydantic
-import websockets
 
 import client
 
@@ -43,13 +43,14 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def _plan(p: Params, url: str, pid: int, tcp: int, ws: int, dev: client.RemoteDevice) -> dict[
+def _plan(p: Params, url: str, tcp: int, ws: int, dev: client.RemoteDevice) -> dict[
     str, tuple[int, Callable[[Tick], list[Figure]]]
 ]:  # fmt: skip
     """Each workload's tick count and how to run it."""
     n = p.matmul_n
     return {
-        "transfer": (sum(r for _, r in p.sizes), lambda t: transfer.throughput(dev, tcp, p.sizes, t)),
+        "transfer": (sum(r for _, r in p.sizes), lambda t: transfer.throughput(
+            dev, tcp, p.sizes, t)),
         "upload-memory": (1, lambda t: [transfer.peak_upload_memory(p.peak_upload, t)]),
         "latency": (2, lambda t: transfer.latency(dev, ws, p.pings, t)),
         "pipelined": (p.ops_reps, lambda t: [compute.pipelined(dev, p.ops, p.ops_reps, t)]),
@@ -59,8 +60,8 @@ def _plan(p: Params, url: str, pid: int, tcp: int, ws: int, dev: client.RemoteDe
             compute.many_clients(url, p.clients, p.client_ops, p.client_reps, t)]),
         "idle-load": (1, lambda t: [
             compute.idle_under_load(dev, url, p.heavy_clients, n, p.idle_pings, t)]),
-        "cycles": (2, lambda t: [memory.create_free(dev, pid, p.cycles, t)]),
-        "sessions": (1, lambda t: [memory.idle_sessions(url, pid, p.sessions, t)]),
+        "cycles": (2, lambda t: [memory.create_free(p.cycles, t)]),
+        "sessions": (1, lambda t: [memory.idle_sessions(p.sessions, t)]),
     }  # fmt: skip
 
 
@@ -72,7 +73,7 @@ def _meta(quick: bool) -> dict[str, Any]:
         "cpus": os.cpu_count(),
         "python": platform.python_version(),
         "numpy": np.__version__,
-        "websockets": websockets.__version__,
+        "websockets": importlib.metadata.version("websockets"),
         "pydantic": pydantic.VERSION,
         "platform": platform.platform(),
     }
@@ -84,13 +85,13 @@ def run(quick: bool, only: list[str] | None) -> tuple[dict[str, Any], list[Figur
     meta = _meta(quick)
     figures: list[Figure] = []
     with (
-        _procs.server() as (url, server),
+        _procs.server() as (url, _),
         _procs.child(["-m", "bench._peer"]) as peer,
         client.RemoteDevice(url) as dev,
         Progress() as progress,
     ):
         _, tcp, _, ws = peer.line.split()
-        plan = _plan(params, url, server.pid, int(tcp), int(ws), dev)
+        plan = _plan(params, url, int(tcp), int(ws), dev)
         for name in only or WORKLOADS:
             ticks, work = plan[name]
             with progress.step(name, ticks) as tick:
@@ -102,7 +103,8 @@ def run(quick: bool, only: list[str] | None) -> tuple[dict[str, Any], list[Figur
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     meta, figures = run(args.quick, args.only)
-    title = f"Tensorwire benchmarks ({'quick' if args.quick else 'full'}; load {meta['load_after']})"
+    mode = "quick" if args.quick else "full"
+    title = f"Tensorwire benchmarks ({mode}; load average {meta['load_after']})"
     print_table(figures, title)
     write_json(args.json, meta, figures)
     print(f"wrote {args.json}", file=sys.stderr)

@@ -24,8 +24,16 @@ def _cycles(xp: client.Namespace, count: int) -> None:
         del x, y  # both ids travel as frees with the next flush
 
 
-def create_free(dev: client.RemoteDevice, pid: int, cycles: int, tick: Tick) -> Figure:
-    """Server RSS growth over ``cycles`` upload/op/free cycles, after as many to warm up."""
+def create_free(cycles: int, tick: Tick) -> Figure:
+    """Server RSS growth over ``cycles`` upload/op/free cycles, after as many to warm up.
+
+    Runs on a fresh server of its own, so no earlier workload's memory moves the figure.
+    """
+    with _procs.server() as (url, proc), client.RemoteDevice(url) as dev:
+        return _create_free(dev, proc.pid, cycles, tick)
+
+
+def _create_free(dev: client.RemoteDevice, pid: int, cycles: int, tick: Tick) -> Figure:
     xp = client.namespace(dev)
     held = dev.stats().tensors
     _cycles(xp, cycles)
@@ -45,8 +53,16 @@ def create_free(dev: client.RemoteDevice, pid: int, cycles: int, tick: Tick) -> 
                   Stat.of([before / KIB], "KiB"), "before")  # fmt: skip
 
 
-def idle_sessions(url: str, pid: int, sessions: int, tick: Tick) -> Figure:
-    """Server memory per idle session: RSS with ``sessions`` open, minus before, over count."""
+def idle_sessions(sessions: int, tick: Tick) -> Figure:
+    """Server memory per idle session: RSS with ``sessions`` open, minus before, over count.
+
+    Runs on a fresh server of its own, so no earlier workload's memory moves the figure.
+    """
+    with _procs.server() as (url, proc):
+        return _idle_sessions(url, proc.pid, sessions, tick)
+
+
+def _idle_sessions(url: str, pid: int, sessions: int, tick: Tick) -> Figure:
     with client.RemoteDevice(url) as warm:  # the first session's one-off costs
         warm.sync()
     before = _procs.rss(pid)
