@@ -50,7 +50,7 @@ def _plan(p: Params, url: str, tcp: int, ws: int, dev: client.RemoteDevice) -> d
     n = p.matmul_n
     return {
         "transfer": (sum(r for _, r in p.sizes), lambda t: transfer.throughput(
-            dev, tcp, p.sizes, t)),
+            dev, (tcp, ws), p.sizes, t)),
         "upload-memory": (1, lambda t: [transfer.peak_upload_memory(p.peak_upload, t)]),
         "latency": (2, lambda t: transfer.latency(dev, ws, p.pings, t)),
         "pipelined": (p.ops_reps, lambda t: [compute.pipelined(dev, p.ops, p.ops_reps, t)]),

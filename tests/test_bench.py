@@ -31,7 +31,7 @@ def test_quick_run_writes_every_workload(tmp_path: Path) -> None:
     assert data["meta"]["quick"] is True
     figures = data["figures"]
     # one figure per throughput direction and size, then one or two per other workload
-    assert len(figures) == 4 + 1 + 2 + 1 + 1 + 1 + 1 + 1 + 1
+    assert len(figures) == 8 + 1 + 3 + 1 + 1 + 1 + 1 + 1 + 1
     for figure in figures:
         assert math.isfinite(figure["value"])
         measured = figure["measured"]
@@ -47,7 +47,7 @@ def test_quick_run_writes_every_workload(tmp_path: Path) -> None:
 def test_ratio_figures_divide_medians_measured_in_the_same_run(tmp_path: Path) -> None:
     out = tmp_path / "r.json"
     assert bench_main.main(["--quick", "--only", "transfer", "--json", str(out)]) == 0
-    for figure in json.loads(out.read_text())["figures"]:
+    for figure in json.loads(out.read_text())["figures"]:  # ours and websockets alone
         expected = figure["measured"]["median"] / figure["reference"]["median"]
         assert figure["value"] == expected
         assert figure["reference_name"] == "TCP loopback"
