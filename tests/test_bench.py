@@ -58,3 +58,27 @@ def test_stat_summarises_median_extremes_and_tail() -> None:
     assert (stat.median, stat.min, stat.max, stat.n, stat.p99) == (50.5, 1.0, 100.0, 100, 100.0)
     assert not Goal("<=", 1.5).met(1.6)
     assert Goal(">=", 0.6).met(0.6)
+
+
+def test_cpu_microbenchmark_reports_each_side() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.cpu"], cwd=ROOT, capture_output=True, text=True, timeout=110
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert [line.split("  ")[0] for line in lines] == [
+        "client: build op",
+        "client: batch + encode",
+        "server: decode + check + run",
+    ]
+    assert all(float(line.split()[-2]) > 0 for line in lines)
+
+
+def test_profile_summary_counts_own_and_total_samples() -> None:
+    from bench.profile import summarize
+
+    text = summarize("main (a.py:1);f (a.py:2) 3\nmain (a.py:1);g (a.py:3) 1\n")
+    assert text.startswith("4 samples")
+    own, total = text.split("total samples")
+    assert "3  75.0%  f (a.py:2)" in own and "1  25.0%  g (a.py:3)" in own
+    assert "4 100.0%  main (a.py:1)" in total
