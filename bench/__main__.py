@@ -1,4 +1,4 @@
-"""``python -m bench [--quick] [--json PATH] [--only NAME ...]``: run the suite.
+"""``python -m bench [--quick] [--json PATH] [--only NAME ...] [--markdown]``: run the suite.
 
 Starts a server (``python -m server --port 0``) and the ceiling peer (``bench._peer``), runs
 every workload, prints one table and writes the figures as JSON.
@@ -24,7 +24,7 @@ import client
 from . import _procs, compute, memory, transfer
 from ._params import FULL, QUICK, Params
 from ._progress import Progress
-from ._report import Figure, print_table, write_json
+from ._report import Figure, markdown, print_table, write_json
 
 WORKLOADS = (
     "transfer", "upload-memory", "latency", "pipelined", "matmul", "clients", "idle-load",
@@ -40,6 +40,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         "--json", type=Path, default=Path(__file__).parent / "results.json", help="output path"
     )
     parser.add_argument("--only", action="append", choices=WORKLOADS, help="run just these")
+    parser.add_argument("--markdown", action="store_true", help="print the table as Markdown")
     return parser.parse_args(argv)
 
 
@@ -105,7 +106,10 @@ def main(argv: list[str] | None = None) -> int:
     meta, figures = run(args.quick, args.only)
     mode = "quick" if args.quick else "full"
     title = f"Tensorwire benchmarks ({mode}; load average {meta['load_after']})"
-    print_table(figures, title)
+    if args.markdown:
+        print(f"{title}\n\n{markdown(figures)}")
+    else:
+        print_table(figures, title)
     write_json(args.json, meta, figures)
     print(f"wrote {args.json}", file=sys.stderr)
     return 0

@@ -16,7 +16,7 @@ Array = np.ndarray[Any, Any]
 
 
 def _call(name: str, args: Sequence[Array]) -> Array:
-    _, compute = elementwise_rule(name, tuple(_wire(a) for a in args))
+    _, compute = elementwise_rule(name, tuple([_NAMES[a.dtype] for a in args]))  # hot path
     fn: Callable[..., Array] = getattr(np, name)
     if compute is not None:
         args = [a.astype(to_numpy(compute)) for a in args]
