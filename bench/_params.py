@@ -28,7 +28,7 @@ class Params:
 
 
 FULL = Params(
-    sizes=((1 * MIB, 15), (64 * MIB, 5), (512 * MIB, 3)),
+    sizes=((1 * MIB, 15), (64 * MIB, 6), (512 * MIB, 3)),  # multiples of 3: see transfer._measure
     peak_upload=512 * MIB,
     pings=2000,
     ops=100_000,
@@ -46,7 +46,7 @@ FULL = Params(
 )
 
 QUICK = Params(
-    sizes=((1 * MIB, 3), (4 * MIB, 2)),
+    sizes=((1 * MIB, 3), (4 * MIB, 3)),
     peak_upload=16 * MIB,
     pings=50,
     ops=2000,
