@@ -15,12 +15,13 @@ class Progress:
     def __init__(self) -> None:
         self._rich: Any = None
         try:
+            from rich.console import Console
             from rich.progress import Progress as RichProgress
             from rich.progress import TimeElapsedColumn
         except ImportError:
             return
         columns = (*RichProgress.get_default_columns()[:-1], TimeElapsedColumn())
-        self._rich = RichProgress(*columns, transient=False)
+        self._rich = RichProgress(*columns, console=Console(stderr=True))  # stdout: the table
 
     def __enter__(self) -> Progress:
         if self._rich is not None:
