@@ -25,6 +25,7 @@ from ._report import Figure, Goal, Stat
 
 Tick = Callable[[], None]
 PING = b"E" + bytes(63)
+BLOCKS = 10  # latency samples are taken in this many interleaved blocks
 
 
 def _timed(fn: Callable[[], object]) -> float:
@@ -248,15 +249,20 @@ def latency(dev: client.RemoteDevice, ws_port: int, count: int, tick: Tick) -> l
     x = client.namespace(dev).asarray(np.ones(1, dtype=np.float32))
     for _ in range(count // 10):
         x.numpy()  # warm up
-    ours = [_timed(x.numpy) * 1e6 for _ in range(count)]
-    tick()
+    ours: list[float] = []
+    bare: list[float] = []
+    hopped: list[float] = []
     peer = WsCeiling(ws_port)
     try:
-        bare = [t * 1e6 for t in peer.pings(count)]
-        hopped = [t * 1e6 for t in peer.pings_via_thread(count)]
+        block = max(1, count // BLOCKS)
+        for i in range(BLOCKS):  # interleaved, so that a change of load hits all three alike
+            ours += [_timed(x.numpy) * 1e6 for _ in range(block)]
+            bare += [t * 1e6 for t in peer.pings(block)]
+            hopped += [t * 1e6 for t in peer.pings_via_thread(block)]
+            if i % (BLOCKS // 2) == 0:
+                tick()
     finally:
         peer.close()
-    tick()
     rtt, ref = Stat.of(ours, "us", p99=True), Stat.of(bare, "us", p99=True)
     via = Stat.of(hopped, "us", p99=True)
     assert rtt.p99 is not None and ref.p99 is not None
