@@ -23,7 +23,7 @@ def _call(name: str, args: Sequence[Array]) -> Array:
     return fn(*args)
 
 
-_NAMES = {to_numpy(name): name for name in DTYPES}
+_NAMES = {dt: name for name in DTYPES for dt in (to_numpy(name), to_numpy(name).newbyteorder("="))}
 
 
 def _wire(a: Array) -> Any:
