@@ -82,3 +82,16 @@ def test_profile_summary_counts_own_and_total_samples() -> None:
     own, total = text.split("total samples")
     assert "3  75.0%  f (a.py:2)" in own and "1  25.0%  g (a.py:3)" in own
     assert "4 100.0%  main (a.py:1)" in total
+
+
+def test_summary_puts_runs_side_by_side_and_marks_missed_goals() -> None:
+    from bench.summary import table
+
+    def run(value: float, met: bool) -> dict[str, object]:
+        figure = {"workload": "100 idle sessions", "figure": "KiB each", "value": value,
+                  "goal": {"op": "<=", "value": 200}, "met": met}  # fmt: skip
+        return {"meta": {"load_before": "1.0 1 1", "load_after": "2.0 2 2"}, "figures": [figure]}
+
+    lines = table([run(25, True), run(250, False)], ["a", "b"]).splitlines()
+    assert lines[0] == "| figure (goal) | a<br>load 1.0-2.0 | b<br>load 1.0-2.0 |"
+    assert lines[2] == "| idle sessions: KiB each (<= 200) | 25 | 250 * |"
