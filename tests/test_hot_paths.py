@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from typing import Any
 
 import numpy as np
@@ -10,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
+import client
 from protocol import DTYPES, TensorMeta, to_numpy
 from protocol.ops import Binary, OpShapeError, Unary, broadcast_shapes
 from server import executor
@@ -42,3 +44,10 @@ def test_cost_counts_elements_and_matmul_work() -> None:
     exp = Unary(op="exp", out=2, x=1)
     assert executor.cost(exp, TensorMeta((), "float64"), [np.zeros(())]) == 1
     assert executor.cost(exp, TensorMeta((5,), "float64"), [np.zeros(5)]) == 5
+
+
+def test_connection_has_nodelay_and_no_compression(dev: client.RemoteDevice) -> None:
+    ws = dev._conn._ws
+    sock = ws.transport.get_extra_info("socket")
+    assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1  # asyncio sets it
+    assert ws.protocol.extensions == []  # no permessage-deflate: negotiated by neither side
