@@ -28,7 +28,7 @@ class Params:
 
 
 FULL = Params(
-    sizes=((1 * MIB, 15), (64 * MIB, 6), (512 * MIB, 3)),  # multiples of 3: see transfer._measure
+    sizes=((1 * MIB, 30), (64 * MIB, 12), (512 * MIB, 6)),  # multiples of 3: see transfer._measure
     peak_upload=512 * MIB,
     pings=2000,
     ops=100_000,
