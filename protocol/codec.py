@@ -154,7 +154,7 @@ def decode(adapter: TypeAdapter[M], data: bytes | bytearray | memoryview) -> tup
 
 
 def to_frames(
-    chunks: Sequence[bytes | memoryview], fragment_size: int = 2**20
+    chunks: Sequence[bytes | memoryview], fragment_size: int = 2**18
 ) -> bytes | list[bytes | memoryview]:
     """What to hand the websocket: one bytes object for a small message, or the fragments of a
     large one (the header alone first, then slices of the buffers, none copied).
