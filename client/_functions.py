@@ -69,7 +69,7 @@ def apply(
     dev = device if device is not None else common_device(inputs)
     out = dev._conn.new_id()
     op = make(out)
-    meta = op.infer(*(a.meta for a in inputs))
+    meta = op.infer(*[a.meta for a in inputs])
     dev._conn.submit(op)
     return RemoteArray(dev, out, meta)
 

@@ -186,7 +186,7 @@ def decode(
 
 
 def to_frames(
-    chunks: Sequence[bytes | memoryview], fragment_size: int = 2**20
+    chunks: Sequence[bytes | memoryview], fragment_size: int = 2**18
 ) -> bytes | list[bytes | memoryview]:
     """What to hand the websocket: one bytes object for a small message, or the fragments of a
     large one (the header alone first, then slices of the buffers, none copied).

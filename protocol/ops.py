@@ -157,6 +157,8 @@ def _check_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
 
 def broadcast_shapes(*shapes: tuple[int, ...]) -> tuple[int, ...]:
     """numpy broadcasting, computed with Python ints."""
+    if len(shapes) == 2 and shapes[0] == shapes[1]:
+        return shapes[0]  # the common case, and the pipelined hot path: equal shapes
     ndim = max((len(s) for s in shapes), default=0)
     out: list[int] = []
     for i in range(-ndim, 0):

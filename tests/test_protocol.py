@@ -155,7 +155,7 @@ def test_to_frames_keeps_small_messages_whole_and_fragments_large_ones() -> None
     big = np.zeros(3 * 2**20 + 5, np.uint8)
     chunks = encode(ReadReply(request_id=1, shape=big.shape, dtype="uint8", nbytes=big.nbytes),
                     [byte_view(big)])  # fmt: skip
-    frames = to_frames(chunks)
+    frames = to_frames(chunks, fragment_size=2**20)
     assert isinstance(frames, list) and len(frames) == 5
     assert frames[0] is chunks[0] and sum(len(f) for f in frames[1:]) == big.nbytes
 

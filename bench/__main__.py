@@ -1,0 +1,119 @@
+"""``python -m bench [--quick] [--json PATH] [--only NAME ...] [--markdown]``: run the suite.
+
+Starts a server (``python -m server --port 0``) and the ceiling peer (``bench._peer``), runs
+every workload, prints one table and writes the figures as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.metadata
+import os
+import platform
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pydantic
+
+import client
+
+from . import _procs, compute, memory, transfer
+from ._params import FULL, QUICK, Params
+from ._progress import Progress
+from ._report import Figure, markdown, print_table, write_json
+
+WORKLOADS = (
+    "transfer", "upload-memory", "latency", "pipelined", "matmul", "clients", "idle-load",
+    "cycles", "sessions",
+)  # fmt: skip
+Tick = Callable[[], None]
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="a seconds-long smoke version")
+    parser.add_argument(
+        "--json", type=Path, default=Path(__file__).parent / "results.json", help="output path"
+    )
+    parser.add_argument("--only", action="append", choices=WORKLOADS, help="run just these")
+    parser.add_argument("--markdown", action="store_true", help="print the table as Markdown")
+    return parser.parse_args(argv)
+
+
+def _plan(p: Params, url: str, tcp: int, ws: int, dev: client.RemoteDevice) -> dict[
+    str, tuple[int, Callable[[Tick], list[Figure]]]
+]:  # fmt: skip
+    """Each workload's tick count and how to run it."""
+    n = p.matmul_n
+    return {
+        "transfer": (sum(r for _, r in p.sizes), lambda t: transfer.throughput(
+            dev, (tcp, ws), p.sizes, t)),
+        "upload-memory": (1, lambda t: [transfer.peak_upload_memory(p.peak_upload, t)]),
+        "latency": (2, lambda t: transfer.latency(dev, ws, p.pings, t)),
+        "pipelined": (p.ops_reps, lambda t: [compute.pipelined(dev, p.ops, p.ops_reps, t)]),
+        "matmul": (p.matmul_reps, lambda t: [
+            compute.matmul_chain(dev, n, p.matmul_chain, p.matmul_reps, t)]),
+        "clients": (2 * p.client_reps, lambda t: [
+            compute.many_clients(url, p.clients, p.client_ops, p.client_reps, t)]),
+        "idle-load": (1, lambda t: [
+            compute.idle_under_load(dev, url, p.heavy_clients, n, p.idle_pings, t)]),
+        "cycles": (2, lambda t: [memory.create_free(p.cycles, t)]),
+        "sessions": (1, lambda t: [memory.idle_sessions(p.sessions, t)]),
+    }  # fmt: skip
+
+
+def _meta(quick: bool) -> dict[str, Any]:
+    return {
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "quick": quick,
+        "load_before": _procs.cpu_load(),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "websockets": importlib.metadata.version("websockets"),
+        "pydantic": pydantic.VERSION,
+        "platform": platform.platform(),
+    }
+
+
+def run(quick: bool, only: list[str] | None) -> tuple[dict[str, Any], list[Figure]]:
+    """Run the chosen workloads against a fresh server and peer; return meta and figures."""
+    params = QUICK if quick else FULL
+    meta = _meta(quick)
+    figures: list[Figure] = []
+    with (
+        _procs.server() as (url, _),
+        _procs.child(["-m", "bench._peer"]) as peer,
+        client.RemoteDevice(url) as dev,
+        Progress() as progress,
+    ):
+        _, tcp, _, ws = peer.line.split()
+        plan = _plan(params, url, int(tcp), int(ws), dev)
+        for name in only or WORKLOADS:
+            ticks, work = plan[name]
+            with progress.step(name, ticks) as tick:
+                figures.extend(work(tick))
+    meta["load_after"] = _procs.cpu_load()
+    return meta, figures
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(argv)
+    meta, figures = run(args.quick, args.only)
+    mode = "quick" if args.quick else "full"
+    title = f"Tensorwire benchmarks ({mode}; load average {meta['load_after']})"
+    if args.markdown:
+        print(f"{title}\n\n{markdown(figures)}")
+    else:
+        print_table(figures, title)
+    write_json(args.json, meta, figures)
+    print(f"wrote {args.json}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

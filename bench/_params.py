@@ -1,0 +1,64 @@
+"""How big and how often: the full suite, and the seconds-long ``--quick`` smoke version."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+MIB = 1 << 20
+
+
+@dataclass(frozen=True)
+class Params:
+    sizes: tuple[tuple[int, int], ...]  # (bytes, repetitions) per transfer size
+    peak_upload: int  # bytes of the upload whose peak server memory is measured
+    pings: int  # round trips per latency sample set
+    ops: int  # pipelined elementwise ops per chain
+    ops_reps: int
+    matmul_n: int
+    matmul_chain: int
+    matmul_reps: int
+    clients: int
+    client_ops: int  # pipelined ops per client per repetition
+    client_reps: int
+    heavy_clients: int  # clients running large matmuls while an idle one reads
+    idle_pings: int
+    cycles: int  # create/free cycles
+    sessions: int  # idle sessions
+
+
+FULL = Params(
+    sizes=((1 * MIB, 30), (64 * MIB, 12), (512 * MIB, 6)),  # multiples of 3: see transfer._measure
+    peak_upload=512 * MIB,
+    pings=2000,
+    ops=100_000,
+    ops_reps=3,
+    matmul_n=1024,
+    matmul_chain=8,
+    matmul_reps=3,
+    clients=16,
+    client_ops=10_000,
+    client_reps=3,
+    heavy_clients=2 * (os.cpu_count() or 1),
+    idle_pings=300,
+    cycles=10_000,
+    sessions=100,
+)
+
+QUICK = Params(
+    sizes=((1 * MIB, 3), (4 * MIB, 3)),
+    peak_upload=16 * MIB,
+    pings=50,
+    ops=2000,
+    ops_reps=2,
+    matmul_n=128,
+    matmul_chain=4,
+    matmul_reps=2,
+    clients=2,
+    client_ops=500,
+    client_reps=1,
+    heavy_clients=1,
+    idle_pings=20,
+    cycles=200,
+    sessions=4,
+)

@@ -1,0 +1,46 @@
+"""Progress while the suite runs: a rich progress bar when installed, lines on stderr if not."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+
+class Progress:
+    """One bar per workload: ``with progress.step(name, ticks) as tick: ... tick() ...``."""
+
+    def __init__(self) -> None:
+        self._rich: Any = None
+        try:
+            from rich.console import Console
+            from rich.progress import Progress as RichProgress
+            from rich.progress import TimeElapsedColumn
+        except ImportError:
+            return
+        columns = (*RichProgress.get_default_columns()[:-1], TimeElapsedColumn())
+        self._rich = RichProgress(*columns, console=Console(stderr=True))  # stdout: the table
+
+    def __enter__(self) -> Progress:
+        if self._rich is not None:
+            self._rich.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._rich is not None:
+            self._rich.stop()
+
+    @contextmanager
+    def step(self, name: str, ticks: int) -> Iterator[Callable[[], None]]:
+        """A bar of ``ticks`` steps named ``name``; call the yielded function once per step."""
+        start = time.perf_counter()
+        if self._rich is not None:
+            task = self._rich.add_task(name, total=ticks)
+            yield lambda: self._rich.advance(task)
+            self._rich.update(task, completed=ticks)
+            return
+        print(f"{name} ...", file=sys.stderr, flush=True)
+        yield lambda: None
+        print(f"{name}: {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)

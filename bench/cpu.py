@@ -1,0 +1,95 @@
+"""``python -m bench.cpu``: CPU microseconds per pipelined op on each side, in one process.
+
+Thread CPU time (``time.thread_time``), best of several repetitions, so that a loaded machine
+moves it far less than wall-clock figures. No sockets: the client side builds ops against a
+stub connection; the server side decodes a 2048-op batch and runs it through a session. This is
+how the before/after figures of the pipelined hot path in ``bench/README.md`` were taken.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from client.array import RemoteArray
+from protocol import CLIENT_ADAPTER, Batch, TensorMeta, decode, encode
+from protocol.codec import byte_view
+from protocol.ops import Binary, FromBuffer
+from server.session import Session
+
+OPS = 2048
+
+
+def _best(fn: Callable[[], object], reps: int = 7) -> float:
+    best = float("inf")
+    for _ in range(reps):
+        start = time.thread_time()
+        fn()
+        best = min(best, time.thread_time() - start)
+    return best
+
+
+class _StubConnection:
+    """What ``client._functions.apply`` needs of a connection, doing nothing."""
+
+    def __init__(self) -> None:
+        self.last = 0
+
+    def new_id(self) -> int:
+        self.last += 1
+        return self.last
+
+    def submit(self, op: Any) -> None:
+        pass
+
+    def release(self, tensor_id: int) -> None:
+        pass
+
+
+class _StubDevice:
+    def __init__(self) -> None:
+        self._conn = _StubConnection()
+
+
+def _batch() -> tuple[Batch, list[bytes | memoryview]]:
+    data = np.ones(16, dtype=np.float32)
+    ops: list[Any] = [FromBuffer(out=1, shape=(16,), dtype="float32", buffer=0)]
+    ops += [Binary(op="add", out=i + 2, x1=i + 1, x2=1) for i in range(OPS)]
+    batch = Batch(ops=ops, buffers=[data.nbytes])
+    return batch, encode(batch, [byte_view(data)])
+
+
+def main() -> int:
+    a = RemoteArray(_StubDevice(), 0, TensorMeta((16,), "float32"))  # type: ignore[arg-type]
+
+    def build() -> None:
+        x = a
+        for _ in range(OPS):
+            x = x + a
+
+    batch, chunks = _batch()
+    message = b"".join(chunks)
+
+    def serialize() -> None:
+        Batch(ops=list(batch.ops), buffers=list(batch.buffers))
+        encode(batch, [memoryview(bytes(64))])
+
+    def run() -> None:
+        session = Session("bench", 0)
+        decoded, buffers = decode(CLIENT_ADAPTER, message)
+        job = session.start(decoded, buffers)  # type: ignore[arg-type]
+        while not session.step(job, True):
+            session.step(job, False)
+        session.finish(job)
+
+    for name, fn in (("client: build op", build), ("client: batch + encode", serialize),
+                     ("server: decode + check + run", run)):  # fmt: skip
+        print(f"{name:30} {_best(fn) / OPS * 1e6:6.2f} us/op")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,275 @@
+"""Transfer workloads: upload/download throughput, one-element read latency, upload memory.
+
+Ceilings: a plain TCP transfer of the same bytes to and from the peer process
+(:mod:`bench._peer`), received into a fresh array as the server does; and a bare websockets
+ping-pong with the peer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+from collections.abc import Callable
+
+import numpy as np
+from websockets.asyncio.client import connect
+
+import client
+
+from . import _procs
+from ._params import MIB
+from ._peer import COMMAND, FRAGMENT, recv_exactly
+from ._report import Figure, Goal, Stat
+
+Tick = Callable[[], None]
+PING = b"E" + bytes(63)
+BLOCKS = 10  # latency samples are taken in this many interleaved blocks
+
+
+def _timed(fn: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+class TcpCeiling:
+    """Plain TCP transfers to and from the peer over loopback."""
+
+    def __init__(self, port: int) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port))
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def upload(self, data: np.ndarray) -> float:
+        def run() -> None:
+            self.sock.sendall(COMMAND.pack(b"U", data.nbytes))
+            self.sock.sendall(data.data)
+            recv_exactly(self.sock, memoryview(bytearray(1)))
+
+        return _timed(run)
+
+    def download(self, nbytes: int) -> float:
+        self.sock.sendall(COMMAND.pack(b"P", nbytes))
+        recv_exactly(self.sock, memoryview(bytearray(1)))
+
+        def run() -> None:
+            self.sock.sendall(COMMAND.pack(b"D", 0))
+            recv_exactly(self.sock, np.empty(nbytes, dtype=np.uint8).data)
+
+        return _timed(run)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+class WsCeiling:
+    """The websocket library alone: transfers and ping-pongs with the peer's websocket server.
+
+    Runs its own event loop in the calling thread, except :meth:`pings_via_thread`.
+    """
+
+    def __init__(self, port: int) -> None:
+        self.loop = asyncio.new_event_loop()
+        url = f"ws://127.0.0.1:{port}"
+        self.ws = self.loop.run_until_complete(
+            connect(url, compression=None, proxy=None, max_size=None, write_limit=1 << 20)
+        )
+
+    async def _upload(self, data: np.ndarray) -> float:
+        view = data.reshape(-1).view(np.uint8).data
+        start = time.perf_counter()
+        header = COMMAND.pack(b"U", data.nbytes)
+        await self.ws.send(
+            [header, *(view[i : i + FRAGMENT] for i in range(0, len(view), FRAGMENT))]
+        )
+        await self.ws.recv()
+        return time.perf_counter() - start
+
+    async def _download(self, nbytes: int) -> float:
+        await self.ws.send(COMMAND.pack(b"P", nbytes))
+        await self.ws.recv()
+        start = time.perf_counter()
+        await self.ws.send(COMMAND.pack(b"D", 0))
+        target, offset = np.empty(nbytes, dtype=np.uint8), 0
+        async for fragment in self.ws.recv_streaming(decode=False):
+            target[offset : offset + len(fragment)] = np.frombuffer(fragment, np.uint8)
+            offset += len(fragment)
+        return time.perf_counter() - start
+
+    async def _ping(self) -> float:
+        start = time.perf_counter()
+        await self.ws.send(PING)
+        await self.ws.recv()
+        return time.perf_counter() - start
+
+    def upload(self, data: np.ndarray) -> float:
+        return self.loop.run_until_complete(self._upload(data))
+
+    def download(self, nbytes: int) -> float:
+        return self.loop.run_until_complete(self._download(nbytes))
+
+    def pings(self, count: int) -> list[float]:
+        """``count`` round trips (after ``count // 10`` to warm up), in seconds."""
+        samples = [self.loop.run_until_complete(self._ping()) for _ in range(count + count // 10)]
+        return samples[count // 10 :]
+
+    def pings_via_thread(self, count: int) -> list[float]:
+        """The same round trips run on a loop thread while this thread waits on a future for
+        each: the two thread hops of Tensorwire's client, and nothing else.
+        """
+        thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        thread.start()
+        samples = []
+        try:
+            for _ in range(count + count // 10):
+                start = time.perf_counter()
+                asyncio.run_coroutine_threadsafe(self._ping(), self.loop).result()
+                samples.append(time.perf_counter() - start)
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            thread.join()
+        return samples[count // 10 :]
+
+    def close(self) -> None:
+        self.loop.run_until_complete(self.ws.close())
+        self.loop.close()
+
+
+def _size_name(nbytes: int) -> str:
+    return f"{nbytes // MIB} MiB"
+
+
+def throughput(
+    dev: client.RemoteDevice,
+    ports: tuple[int, int],
+    sizes: tuple[tuple[int, int], ...],
+    tick: Tick,
+) -> list[Figure]:
+    """Upload and download float32 tensors of each size, interleaved with the TCP ceiling and
+    with the websocket library alone (an explanatory row, without a goal).
+    """
+    ceiling, bare = TcpCeiling(ports[0]), WsCeiling(ports[1])
+    figures = []
+    try:
+        for nbytes, reps in sizes:
+            times = _measure(dev, ceiling, bare, nbytes, reps, tick)
+            for name, index in (("upload", 0), ("download", 1)):
+                ours, tcp, ws = (t[index] for t in times)
+                figures += _throughput_figures(
+                    f"{name} {_size_name(nbytes)}", nbytes, ours, tcp, ws
+                )
+    finally:
+        ceiling.close()
+        bare.close()
+    return figures
+
+
+Times = tuple[list[float], list[float]]  # upload and download seconds
+
+
+def _measure(
+    dev: client.RemoteDevice, ceiling: TcpCeiling, bare: WsCeiling, nbytes: int, reps: int,
+    tick: Tick,
+) -> tuple[Times, Times, Times]:  # fmt: skip
+    """Seconds per repetition for Tensorwire, plain TCP and websockets alone."""
+    data = np.random.default_rng(0).random(nbytes // 4, dtype=np.float32)
+    times: tuple[Times, Times, Times] = (([], []), ([], []), ([], []))
+    xp = client.namespace(dev)
+    contenders: list[Callable[[], tuple[float, float]]] = [
+        lambda: _ours(dev, xp, data),
+        lambda: (ceiling.upload(data), ceiling.download(nbytes)),
+        lambda: (bare.upload(data), bare.download(nbytes)),
+    ]
+    for rep in range(reps):
+        # Whoever goes first touches fresh memory first, which costs far more than a copy on
+        # a VM: rotate the order, so that no contender always pays it.
+        for i in range(len(contenders)):
+            index = (rep + i) % len(contenders)
+            up, down = contenders[index]()
+            times[index][0].append(up)
+            times[index][1].append(down)
+        tick()
+    return times
+
+
+def _ours(dev: client.RemoteDevice, xp: client.Namespace, data: np.ndarray) -> tuple[float, float]:
+    start = time.perf_counter()
+    x = xp.asarray(data)
+    dev.sync()
+    up = time.perf_counter() - start
+    down = _timed(x.numpy)
+    del x
+    dev.sync()  # the free travels; nothing of this size stays on the server
+    return up, down
+
+
+def _throughput_figures(
+    name: str, nbytes: int, ours: list[float], tcp: list[float], ws: list[float]
+) -> list[Figure]:
+    rate, tcp_rate, ws_rate = (
+        Stat.of([nbytes / t / 1e9 for t in s], "GB/s") for s in (ours, tcp, ws)
+    )
+    return [
+        Figure(f"{name} float32", "throughput / plain TCP", rate.median / tcp_rate.median,
+               Goal(">=", 0.6), rate, tcp_rate, "TCP loopback"),
+        Figure(f"{name}, websockets alone", "throughput / plain TCP",
+               ws_rate.median / tcp_rate.median, None, ws_rate, tcp_rate, "TCP loopback"),
+    ]  # fmt: skip
+
+
+def peak_upload_memory(nbytes: int, tick: Tick) -> Figure:
+    """Peak server memory above its resting size during one upload, over the tensor's size.
+
+    Runs on a fresh server of its own, so nothing else has raised its peak.
+    """
+    data = np.ones(nbytes // 4, dtype=np.float32)
+    with _procs.server() as (url, proc), client.RemoteDevice(url) as dev:
+        dev.sync()
+        _procs.reset_peak(proc.pid)
+        resting = _procs.rss(proc.pid)
+        x = client.namespace(dev).asarray(data)
+        dev.sync()
+        peak = _procs.peak_rss(proc.pid) - resting
+        del x
+    tick()
+    return Figure(
+        f"one {_size_name(nbytes)} upload",
+        "peak server memory / tensor",
+        peak / nbytes,
+        Goal("<=", 1.5),
+        Stat.of([peak / MIB], "MiB"),
+        Stat.of([nbytes / MIB], "MiB"),
+        "tensor",
+    )
+
+
+def latency(dev: client.RemoteDevice, ws_port: int, count: int, tick: Tick) -> list[Figure]:
+    """Round trips of reading a one-element tensor, against a bare websockets ping-pong."""
+    x = client.namespace(dev).asarray(np.ones(1, dtype=np.float32))
+    for _ in range(count // 10):
+        x.numpy()  # warm up
+    ours: list[float] = []
+    bare: list[float] = []
+    hopped: list[float] = []
+    peer = WsCeiling(ws_port)
+    try:
+        block = max(1, count // BLOCKS)
+        for i in range(BLOCKS):  # interleaved, so that a change of load hits all three alike
+            ours += [_timed(x.numpy) * 1e6 for _ in range(block)]
+            bare += [t * 1e6 for t in peer.pings(block)]
+            hopped += [t * 1e6 for t in peer.pings_via_thread(block)]
+            if i % (BLOCKS // 2) == 0:
+                tick()
+    finally:
+        peer.close()
+    rtt, ref = Stat.of(ours, "us", p99=True), Stat.of(bare, "us", p99=True)
+    via = Stat.of(hopped, "us", p99=True)
+    assert rtt.p99 is not None and ref.p99 is not None
+    name, median = "read one-element tensor", "median round trip / ping-pong"
+    p99 = "p99 round trip / ping-pong"
+    judged = Figure(name, median, rtt.median / ref.median, Goal("<=", 1.5), rtt, ref, "websockets")
+    tail = Figure(name, p99, rtt.p99 / ref.p99, None, rtt, ref, "websockets")
+    hops = Figure("ping-pong via a loop thread", median, via.median / ref.median, None, via, ref,
+                  "websockets")  # fmt: skip
+    return [judged, tail, hops]

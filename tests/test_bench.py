@@ -1,0 +1,97 @@
+"""The benchmark suite works: ``python -m bench --quick`` runs every workload and writes JSON.
+
+Never that anything is fast: figures and goals are checked for shape and consistency only.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+from bench import __main__ as bench_main
+from bench._report import Goal, Stat
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_quick_run_writes_every_workload(tmp_path: Path) -> None:
+    out = tmp_path / "results.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "bench", "--quick", "--json", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=110,
+    )
+    assert done.returncode == 0, done.stderr
+    data = json.loads(out.read_text())
+    assert data["meta"]["quick"] is True
+    figures = data["figures"]
+    # one figure per throughput direction and size, then one or two per other workload
+    assert len(figures) == 8 + 1 + 3 + 1 + 1 + 1 + 1 + 1 + 1
+    for figure in figures:
+        assert math.isfinite(figure["value"])
+        measured = figure["measured"]
+        assert measured["min"] <= measured["median"] <= measured["max"]
+        if figure["goal"] is not None:
+            goal = Goal(figure["goal"]["op"], figure["goal"]["value"])
+            assert figure["met"] is goal.met(figure["value"])
+    judged = {f["workload"].split()[0] for f in figures if f["goal"] is not None}
+    assert {"upload", "download", "read", "idle"} <= judged
+    assert "Tensorwire benchmarks" in done.stdout
+
+
+def test_ratio_figures_divide_medians_measured_in_the_same_run(tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    assert bench_main.main(["--quick", "--only", "transfer", "--json", str(out)]) == 0
+    for figure in json.loads(out.read_text())["figures"]:  # ours and websockets alone
+        expected = figure["measured"]["median"] / figure["reference"]["median"]
+        assert figure["value"] == expected
+        assert figure["reference_name"] == "TCP loopback"
+
+
+def test_stat_summarises_median_extremes_and_tail() -> None:
+    stat = Stat.of([float(i) for i in range(1, 101)], "us", p99=True)
+    assert (stat.median, stat.min, stat.max, stat.n, stat.p99) == (50.5, 1.0, 100.0, 100, 100.0)
+    assert not Goal("<=", 1.5).met(1.6)
+    assert Goal(">=", 0.6).met(0.6)
+
+
+def test_cpu_microbenchmark_reports_each_side() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.cpu"], cwd=ROOT, capture_output=True, text=True, timeout=110
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert [line.split("  ")[0] for line in lines] == [
+        "client: build op",
+        "client: batch + encode",
+        "server: decode + check + run",
+    ]
+    assert all(float(line.split()[-2]) > 0 for line in lines)
+
+
+def test_profile_summary_counts_own_and_total_samples() -> None:
+    from bench.profile import summarize
+
+    text = summarize("main (a.py:1);f (a.py:2) 3\nmain (a.py:1);g (a.py:3) 1\n")
+    assert text.startswith("4 samples")
+    own, total = text.split("total samples")
+    assert "3  75.0%  f (a.py:2)" in own and "1  25.0%  g (a.py:3)" in own
+    assert "4 100.0%  main (a.py:1)" in total
+
+
+def test_summary_puts_runs_side_by_side_and_marks_missed_goals() -> None:
+    from bench.summary import table
+
+    def run(value: float, met: bool) -> dict[str, object]:
+        figure = {"workload": "100 idle sessions", "figure": "KiB each", "value": value,
+                  "goal": {"op": "<=", "value": 200}, "met": met}  # fmt: skip
+        return {"meta": {"load_before": "1.0 1 1", "load_after": "2.0 2 2"}, "figures": [figure]}
+
+    lines = table([run(25, True), run(250, False)], ["a", "b"]).splitlines()
+    assert lines[0] == "| figure (goal) | a<br>load 1.0-2.0 | b<br>load 1.0-2.0 |"
+    assert lines[2] == "| idle sessions: KiB each (<= 200) | 25 | 250 * |"

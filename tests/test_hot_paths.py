@@ -1,0 +1,53 @@
+"""The per-op fast paths made for the benchmarks give what the slow paths gave."""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+import client
+from protocol import DTYPES, TensorMeta, to_numpy
+from protocol.ops import Binary, OpShapeError, Unary, broadcast_shapes
+from server import executor
+from server.executor import elementwise
+
+
+@given(hnp.mutually_broadcastable_shapes(num_shapes=2, max_dims=4))
+def test_broadcast_shapes_matches_numpy(shapes: Any) -> None:
+    a, b = shapes.input_shapes
+    assert broadcast_shapes(a, b) == np.broadcast_shapes(a, b)
+    assert broadcast_shapes(a, a) == a
+
+
+def test_broadcast_shapes_still_refuses_mismatches() -> None:
+    with pytest.raises(OpShapeError):
+        broadcast_shapes((2, 3), (3, 2))
+
+
+@given(st.sampled_from(DTYPES))
+def test_dtype_names_of_arrays_in_either_byte_order_notation(name: Any) -> None:
+    dtype = to_numpy(name)
+    for array in (np.zeros(2, dtype=dtype), np.zeros(2, dtype=dtype.newbyteorder("="))):
+        assert elementwise._wire(array) == array.dtype.name == name
+
+
+def test_cost_counts_elements_and_matmul_work() -> None:
+    x, y = np.zeros((4, 8)), np.zeros((8, 2))
+    matmul = Binary(op="matmul", out=3, x1=1, x2=2)
+    assert executor.cost(matmul, TensorMeta((4, 2), "float64"), [x, y]) == 32 * 8
+    exp = Unary(op="exp", out=2, x=1)
+    assert executor.cost(exp, TensorMeta((), "float64"), [np.zeros(())]) == 1
+    assert executor.cost(exp, TensorMeta((5,), "float64"), [np.zeros(5)]) == 5
+
+
+def test_connection_has_nodelay_and_no_compression(dev: client.RemoteDevice) -> None:
+    ws = dev._conn._ws
+    sock = ws.transport.get_extra_info("socket")
+    assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1  # asyncio sets it
+    assert ws.protocol.extensions == []  # no permessage-deflate: negotiated by neither side
