@@ -539,8 +539,12 @@ class Server:
             async with self._limiter:
                 job.op_started = time.monotonic()
                 run.started.set()
-                await anyio.to_thread.run_sync(session.step, job, False, abandon_on_cancel=True)
-                run.returned = True
+                session.enter_thread()
+                try:
+                    await anyio.to_thread.run_sync(session.step, job, False, abandon_on_cancel=True)
+                    run.returned = True
+                finally:
+                    session.leave_thread()  # abandoned at shutdown: the process is ending
         except Exception:
             log.exception("worker step failed session=%s", session.session_id)
             session.close()

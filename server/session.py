@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from protocol import (
+    DTYPES,
     Batch,
     ErrorCode,
     ErrorInfo,
@@ -59,6 +60,7 @@ from .store import Failure, Stored, StoreError, TensorStore, root_of
 
 log = logging.getLogger("tensorwire.session")
 
+_ITEMSIZE = {name: to_numpy(name).itemsize for name in DTYPES}
 INLINE_COST = 1 << 16  # element operations an op may cost and still run on the event loop
 
 Reply = tuple[
@@ -102,10 +104,18 @@ class Session:
         self.op_counts: Counter[str] = Counter()  # by op name; read by server.metrics
         self.error_counts: Counter[str] = Counter()  # failed ops by error code
         self.store.budget.sessions += 1
+        self.closed = False  # set by close(); the ops loop stops at the next op
+        self._in_thread = False  # a worker thread runs this session's ops now
 
-    @property
-    def closed(self) -> bool:
-        return self.store.closed
+    def enter_thread(self) -> None:
+        """The transport is about to run :meth:`step` in a worker thread (call on the loop)."""
+        self._in_thread = True
+
+    def leave_thread(self) -> None:
+        """The worker thread returned (call on the loop); a deferred :meth:`close` happens."""
+        self._in_thread = False
+        if self.closed:
+            self.store.close()
 
     def start(
         self, batch: Batch, buffers: Sequence[Buffer], rejected: ErrorInfo | None = None
@@ -152,15 +162,18 @@ class Session:
             job.op_started = time.monotonic()
             checked = self._check(op, job)
             if checked is not None:
-                args, meta = checked
+                args, meta, nbytes = checked
                 if inline and executor.cost(op, meta, args) > INLINE_COST:
                     return False
-                self._execute(op, args, meta, job)
+                self._execute(op, args, meta, nbytes, job)
             job.next += 1
         return True
 
-    def _check(self, op: AnyOp, job: Job) -> tuple[list[np.ndarray[Any, Any]], TensorMeta] | None:
-        """Inputs and inferred output of ``op``, or None when its output is already settled."""
+    def _check(
+        self, op: AnyOp, job: Job
+    ) -> tuple[list[np.ndarray[Any, Any]], TensorMeta, int] | None:
+        """Inputs, inferred output and output bytes of ``op``, or None when its output is
+        already settled (failed, refused, or inherited a failure)."""
         try:
             if op.out in self.store:
                 raise StoreError(ErrorCode.DUPLICATE_TENSOR, f"tensor id #{op.out} is in use")
@@ -175,25 +188,30 @@ class Session:
                     return None
                 args.append(value.array)
                 metas.append(value.meta)
-            return args, self._within_limits(op.infer(*metas))
+            meta = op.infer(*metas)
+            return args, meta, self._output_bytes(meta)
         except StoreError as exc:
             self._fail(op, exc.code, str(exc), job)
         except InvalidOpError as exc:
             self._fail(op, ErrorCode.INVALID_OP, str(exc), job)
         return None
 
-    def _within_limits(self, meta: TensorMeta) -> TensorMeta:
-        """Raises :class:`StoreError` (``limit_exceeded``) for an output over a per-op cap."""
+    def _output_bytes(self, meta: TensorMeta) -> int:
+        """The output's bytes (Python ints: no overflow).
+
+        Raises:
+            StoreError: ``limit_exceeded``, for an output over a per-op cap.
+        """
         limits = self.limits
         if len(meta.shape) > limits.max_ndim:
             raise StoreError(
                 ErrorCode.LIMIT_EXCEEDED,
                 f"the output has {len(meta.shape)} dimensions; the limit is {limits.max_ndim}",
             )
-        itemsize = to_numpy(meta.dtype).itemsize
-        nbytes = numel(meta.shape) * itemsize  # Python ints: no overflow
-        if numel(tuple(d for d in meta.shape if d)) * itemsize >= 2**63:  # numpy's intp
-            raise StoreError(
+        itemsize = _ITEMSIZE[meta.dtype]
+        nbytes = numel(meta.shape) * itemsize
+        if not nbytes and numel(tuple(d for d in meta.shape if d)) * itemsize >= 2**63:
+            raise StoreError(  # an empty array whose other dims overflow numpy's intp
                 ErrorCode.LIMIT_EXCEEDED,
                 f"the dimensions {list(meta.shape)} overflow numpy's index type, even if empty",
             )
@@ -203,19 +221,23 @@ class Session:
                 f"the output {meta.dtype}{list(meta.shape)} needs {nbytes} bytes; the per-op "
                 f"limit is {limits.max_op_bytes}",
             )
-        return meta
+        return nbytes
 
     def _execute(
-        self, op: AnyOp, args: list[np.ndarray[Any, Any]], meta: TensorMeta, job: Job
+        self,
+        op: AnyOp,
+        args: list[np.ndarray[Any, Any]],
+        meta: TensorMeta,
+        nbytes: int,
+        job: Job,
     ) -> None:
-        nbytes = numel(meta.shape) * to_numpy(meta.dtype).itemsize
         try:
             self.store.reserve(nbytes)
         except StoreError as exc:
             self._fail(op, exc.code, str(exc), job)
             return
         try:
-            array = self._owned(executor.run(op, args, job.buffers, meta), args)
+            array = self._owned(executor.run(op, args, job.buffers, meta))
         except InvalidOpError as exc:
             self.store.cancel(nbytes)
             self._fail(op, ErrorCode.INVALID_OP, str(exc), job)
@@ -230,20 +252,19 @@ class Session:
             self.ops_run += 1
             self.op_counts[getattr(op, "op", None) or op.kind] += 1
 
-    def _owned(
-        self, array: np.ndarray[Any, Any], args: list[np.ndarray[Any, Any]]
-    ) -> np.ndarray[Any, Any]:
+    def _owned(self, array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
         """``array`` if the store can count it exactly, else a C-contiguous copy.
 
         Kept: a view of (or the same array as) a tensor this session holds, and an array that
         owns its memory alone — a fresh result, or the buffer the decoder allocated for a
         fragmented upload (zero-copy). Copied: a view of a received message or of a temporary.
+        (An array whose root is not held cannot overlap a held tensor: every held array lies
+        inside its own held root.)
         """
         root = root_of(array)
         if self.store.holds(root):
             return array
-        alone = not any(np.may_share_memory(array, a) for a in args)
-        if root.base is None and root.nbytes == array.nbytes and alone:
+        if root.base is None and root.nbytes == array.nbytes:
             return array
         return array.copy(order="C")
 
@@ -299,7 +320,11 @@ class Session:
         return reply, (view,)
 
     def close(self) -> None:
-        """Drop every tensor; a result still being computed is discarded when it arrives."""
-        if not self.store.closed:
+        """Drop every tensor and stop running ops. Idempotent. While a worker thread runs this
+        session's ops the store is left to it until :meth:`leave_thread` (so the store is never
+        changed by two threads at once); its current op's result is then discarded."""
+        if not self.closed:
+            self.closed = True
             self.store.budget.sessions -= 1
-        self.store.close()
+        if not self._in_thread:
+            self.store.close()

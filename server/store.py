@@ -14,9 +14,11 @@ becomes the new root, is given back when the result is a view of a held root, or
 if the op fails. When full, new work is refused (``quota_exceeded`` /
 ``server_memory_exhausted``); stored tensors are never dropped.
 
-Threads: a session's ops may run in a worker thread while the event loop closes the session
-(deadline, disconnect), so every change to the counters holds the store's lock; a result that
-arrives after :meth:`TensorStore.close` is discarded and its reservation given back.
+Threads: a store is changed by one thread at a time — the event loop, or the worker thread
+running its session's ops (the session defers :meth:`TensorStore.close` until that thread has
+returned), so it takes no lock. The server-wide :class:`MemoryBudget` is shared by every
+session's threads and locks. A result that arrives after :meth:`TensorStore.close` (only when
+the server abandons a worker thread at shutdown) is discarded and its reservation given back.
 """
 
 from __future__ import annotations
@@ -93,14 +95,13 @@ class TensorStore:
 
     def __init__(self, quota: int | None = None, budget: MemoryBudget | None = None) -> None:
         self._items: dict[int, Stored | Failure] = {}
-        self._roots: dict[int, tuple[np.ndarray[Any, Any], int]] = {}  # id -> (root, users)
+        self._roots: dict[int, list[Any]] = {}  # id(root) -> [root, tensors using it]
         self.quota = quota
         self.budget = budget if budget is not None else MemoryBudget(2**63)
         self.nbytes = 0  # bytes of the roots the stored arrays use
         self.reserved = 0  # bytes reserved for ops that are running
         self.failed = 0
         self.closed = False
-        self._lock = threading.Lock()
 
     def __len__(self) -> int:
         return len(self._items)
@@ -135,21 +136,20 @@ class TensorStore:
             StoreError: ``quota_exceeded`` (this session's quota) or ``server_memory_exhausted``
                 (the budget); nothing is reserved then.
         """
-        with self._lock:
-            if nbytes > self.free_quota():
-                raise StoreError(
-                    ErrorCode.QUOTA_EXCEEDED,
-                    f"the session's memory quota is full ({self.nbytes + self.reserved} of "
-                    f"{self.quota} bytes in use, {nbytes} more needed); free tensors first",
-                )
-            self.budget.reserve(nbytes)
-            self.reserved += nbytes
+        # No store lock: only the thread running this session's ops changes ``reserved``.
+        if nbytes > self.free_quota():
+            raise StoreError(
+                ErrorCode.QUOTA_EXCEEDED,
+                f"the session's memory quota is full ({self.nbytes + self.reserved} of "
+                f"{self.quota} bytes in use, {nbytes} more needed); free tensors first",
+            )
+        self.budget.reserve(nbytes)
+        self.reserved += nbytes
 
     def cancel(self, nbytes: int) -> None:
         """Give back a reservation whose op did not store a result."""
-        with self._lock:
-            self.reserved -= nbytes
-            self.budget.release(nbytes)
+        self.reserved -= nbytes
+        self.budget.release(nbytes)
 
     def put(self, tensor_id: int, value: Stored | Failure, reserved: int = 0) -> None:
         """Store ``value``, turning the ``reserved`` bytes (from :meth:`reserve`) into its root:
@@ -160,50 +160,48 @@ class TensorStore:
         Raises:
             StoreError: ``duplicate_tensor`` if the id is taken (the reservation is kept).
         """
-        with self._lock:
-            if self.closed:
-                self.reserved -= reserved
-                self.budget.release(reserved)
-                return
-            if tensor_id in self._items:
-                raise StoreError(ErrorCode.DUPLICATE_TENSOR, f"tensor id #{tensor_id} is in use")
-            self._items[tensor_id] = value
-            if isinstance(value, Failure):
-                self.failed += 1
-                return
+        if self.closed:
             self.reserved -= reserved
-            root = root_of(value.array)
-            if self.holds(root):
-                self._roots[id(root)] = (root, self._roots[id(root)][1] + 1)
-                self.budget.release(reserved)  # already counted
-                return
-            assert root.base is None and root.nbytes == reserved, (root.nbytes, reserved)
-            self._roots[id(root)] = (root, 1)
-            self.nbytes += reserved
+            self.budget.release(reserved)
+            return
+        if tensor_id in self._items:
+            raise StoreError(ErrorCode.DUPLICATE_TENSOR, f"tensor id #{tensor_id} is in use")
+        self._items[tensor_id] = value
+        if isinstance(value, Failure):
+            self.failed += 1
+            return
+        self.reserved -= reserved
+        root = root_of(value.array)
+        entry = self._roots.get(id(root))
+        if entry is not None and entry[0] is root:
+            entry[1] += 1
+            self.budget.release(reserved)  # already counted
+            return
+        assert root.base is None and root.nbytes == reserved, (root.nbytes, reserved)
+        self._roots[id(root)] = [root, 1]
+        self.nbytes += reserved
 
     def free(self, tensor_id: int) -> None:
         """Forget an id. Freeing an unknown id does nothing (frees are idempotent)."""
-        with self._lock:
-            value = self._items.pop(tensor_id, None)
-            if isinstance(value, Failure):
-                self.failed -= 1
-            elif value is not None:
-                root = root_of(value.array)
-                _, users = self._roots.pop(id(root))
-                if users > 1:
-                    self._roots[id(root)] = (root, users - 1)
-                else:
-                    self.nbytes -= root.nbytes
-                    self.budget.release(root.nbytes)
+        value = self._items.pop(tensor_id, None)
+        if isinstance(value, Failure):
+            self.failed -= 1
+        elif value is not None:
+            root = root_of(value.array)
+            entry = self._roots[id(root)]
+            entry[1] -= 1
+            if not entry[1]:
+                del self._roots[id(root)]
+                self.nbytes -= root.nbytes
+                self.budget.release(root.nbytes)
 
     def close(self) -> None:
         """Drop every tensor and give its bytes back; later results are discarded."""
-        with self._lock:
-            self.closed = True
-            self._items.clear()
-            self._roots.clear()
-            self.budget.release(self.nbytes)
-            self.nbytes = 0
-            self.failed = 0
+        self.closed = True
+        self._items.clear()
+        self._roots.clear()
+        self.budget.release(self.nbytes)
+        self.nbytes = 0
+        self.failed = 0
 
     clear = close
