@@ -22,11 +22,10 @@ answered and is closed (1001) when that count is zero; past the grace, the rest 
 Guards (README, "Security"): the Origin, the token and the connection count are checked on the
 HTTP upgrade by :class:`server.guard.Gate`, before a session exists. Each decoder refuses
 declared buffers over the message size or the session's quota before allocating them. A batch
-that leaves the event loop is watched against the per-op deadline; past it the session is
-closed (close code 1008, reason ``deadline_exceeded: ...``) while the worker thread runs on to
-the end of its numpy call and its result is discarded. A reply the client does not take within
-the send timeout drops the connection; so does a client that sends nothing for the idle
-timeout while the server owes it nothing. Close reasons start with the
+that leaves the event loop is watched against the per-op deadline (``server.workers``); past
+it the session is closed (close code 1008, reason ``deadline_exceeded: ...``). A reply the
+client does not take within the send timeout drops the connection; so does a client that sends
+nothing for the idle timeout while the server owes it nothing. Close reasons start with the
 :class:`~protocol.ErrorCode`.
 """
 
@@ -70,8 +69,9 @@ from .config import ServerConfig, validate_host_device, validate_security
 from .guard import Gate, tls_context
 from .logs import fields
 from .metrics import REFUSAL_LIMIT, Metrics
-from .session import Job, Limits, Session
+from .session import Limits, Session
 from .store import MemoryBudget, TensorStore
+from .workers import Drop, Workers
 
 log = logging.getLogger("tensorwire.server")
 
@@ -99,24 +99,6 @@ class _Progress:
     """Whether a message is half received on a connection."""
 
     partial: bool = False
-
-
-@dataclass
-class _ThreadRun:
-    """One worker-thread step of a job, as its session watches it."""
-
-    started: anyio.Event = field(default_factory=anyio.Event)
-    done: anyio.Event = field(default_factory=anyio.Event)
-    returned: bool = False  # False when cancelled (server shutdown): the thread was abandoned
-
-
-class _Drop(Exception):
-    """Close this connection with ``reason`` (a close reason starting with an ErrorCode)."""
-
-    def __init__(self, code: ErrorCode, message: str) -> None:
-        super().__init__(f"{code}: {message}"[:120])  # a close reason holds 123 bytes
-        self.code = code
-        self.reason = str(self)
 
 
 async def _receive(
@@ -176,7 +158,7 @@ class Server:
         self.port: int | None = None
         self.metrics_port: int | None = None
         self.draining = False
-        self._limiter = anyio.CapacityLimiter(config.worker_threads)
+        self._workers = Workers(config.worker_threads, config.op_deadline)
         self.budget = MemoryBudget(config.effective_memory_budget)
         self._ssl = tls_context(config)
         self._limits = Limits(max_op_bytes=config.max_op_bytes, max_ndim=config.max_ndim)
@@ -235,7 +217,8 @@ class Server:
                     server_id=self.server_id,
                 ),
             )
-            async with anyio.create_task_group() as self._tasks:  # worker-thread runners
+            async with anyio.create_task_group() as tasks:  # worker threads outlive sessions
+                self._workers.serve_in(tasks)
                 task_status.started(self.port)
                 await anyio.sleep_forever()
         finally:
@@ -414,13 +397,13 @@ class Server:
         """Send one message and count its bytes.
 
         Raises:
-            _Drop: ``send_timeout``, the client did not take it within ``send_timeout``.
+            Drop: ``send_timeout``, the client did not take it within ``send_timeout``.
         """
         try:
             with anyio.fail_after(self.config.send_timeout):
                 self.metrics.sent_bytes.inc(await _send(ws, message, buffers))
         except TimeoutError:
-            raise _Drop(
+            raise Drop(
                 ErrorCode.SEND_TIMEOUT,
                 f"the client took no reply for {self.config.send_timeout} s",
             ) from None
@@ -441,9 +424,9 @@ class Server:
                     pass
                 finally:
                     tg.cancel_scope.cancel()
-        except* _Drop as group:
+        except* Drop as group:
             drop = group.exceptions[0]
-            assert isinstance(drop, _Drop)
+            assert isinstance(drop, Drop)
             self._refused(_DROP_LIMIT.get(drop.code, drop.code.value), ws, drop.reason)
             if drop.code is ErrorCode.SEND_TIMEOUT:
                 ws.transport.abort()  # the client does not read: a close frame would not pass
@@ -451,7 +434,7 @@ class Server:
                 await ws.close(1008, drop.reason)
 
     async def _receive_idle(self, ws: ServerConnection, session: Session) -> _Received:
-        """The next message; raises :class:`_Drop` after the idle timeout with nothing owed."""
+        """The next message; raises :class:`Drop` after the idle timeout with nothing owed."""
         idle, progress = self.config.idle_timeout, _Progress()
         while True:
             decoder = MessageDecoder(
@@ -464,7 +447,7 @@ class Server:
                 return await _receive(ws, decoder, progress)
             owed = self._in_flight[session.session_id]
             if progress.partial or not owed:  # cancelling mid-message breaks the websocket
-                raise _Drop(ErrorCode.IDLE_TIMEOUT, f"nothing received for {idle} s")
+                raise Drop(ErrorCode.IDLE_TIMEOUT, f"nothing received for {idle} s")
 
     async def _work(
         self,
@@ -484,7 +467,7 @@ class Server:
         """Run one received message and send its replies.
 
         Raises:
-            _Drop: the op deadline passed, a worker step failed, or a reply was not taken.
+            Drop: the op deadline passed, a worker step failed, or a reply was not taken.
         """
         if not isinstance(item.message, Batch):
             error = item.error or ErrorInfo(
@@ -497,61 +480,13 @@ class Server:
             return
         job = session.start(item.message, item.buffers, rejected=item.error)
         while not session.step(job, inline=True):
-            await self._step_in_thread(session, job)
+            await self._workers.run(session, job)
         if session.closed:
-            raise _Drop(ErrorCode.INTERNAL, "a worker step failed; see the server log")
+            raise Drop(ErrorCode.INTERNAL, "a worker step failed; see the server log")
         for reply, buffers in session.finish(job):
             await self._send(ws, reply, tuple(buffers))
         reads = sum(isinstance(r, Read) for r in item.message.requests)
         self.metrics.read_done(reads, time.perf_counter() - item.at)
-
-    async def _step_in_thread(self, session: Session, job: Job) -> None:
-        """Run the rest of ``job`` in a worker thread, watching the per-op deadline.
-
-        The thread runs in the server's task group, so a session that gives up on it (deadline,
-        disconnect) neither waits for it nor frees its worker slot before numpy returns.
-
-        Raises:
-            _Drop: ``deadline_exceeded`` when one op ran past ``op_deadline``;
-                ``internal`` when the server is shutting down and abandoned the thread.
-        """
-        run = _ThreadRun()
-        self._tasks.start_soon(self._thread_runner, session, job, run)
-        await run.started.wait()
-        deadline = self.config.op_deadline
-        while not run.done.is_set():
-            op_started = job.op_started or time.monotonic()
-            with anyio.move_on_after(op_started + deadline - time.monotonic()):
-                await run.done.wait()
-            if not run.done.is_set() and job.op_started == op_started:
-                op = job.batch.ops[min(job.next, len(job.batch.ops) - 1)]
-                session.close()
-                raise _Drop(
-                    ErrorCode.DEADLINE_EXCEEDED,
-                    f"{op.describe()} ran past the {deadline} s per-op deadline",
-                )
-        if not run.returned:  # cancelled: the server is shutting down
-            session.close()
-            raise _Drop(ErrorCode.INTERNAL, "the server is shutting down")
-
-    async def _thread_runner(self, session: Session, job: Job, run: _ThreadRun) -> None:
-        try:
-            async with self._limiter:
-                job.op_started = time.monotonic()
-                run.started.set()
-                session.enter_thread()
-                try:
-                    await anyio.to_thread.run_sync(session.step, job, False, abandon_on_cancel=True)
-                    run.returned = True
-                finally:
-                    session.leave_thread()  # abandoned at shutdown: the process is ending
-        except Exception:
-            log.exception("worker step failed session=%s", session.session_id)
-            session.close()
-            run.returned = True
-        finally:
-            run.started.set()
-            run.done.set()
 
     async def _settled(self, ws: ServerConnection, session: Session) -> None:
         """One received message is answered; while draining, close the idle session."""
