@@ -385,3 +385,19 @@ def test_limit_ops_named_in_errors(raw: Raw, witness: Witness) -> None:
     raw.request(Batch(frees=[1, 2, 3, 4, 5], requests=[Sync(request_id=9)]))
     assert_kept(raw)
     witness.assert_intact()
+
+
+def test_too_many_buffers_in_one_message(raw: Raw, witness: Witness) -> None:
+    from protocol.codec import MAX_BUFFERS
+
+    header = Batch(
+        ops=[Full(out=1, shape=(2,), dtype="int8", value=0)],
+        buffers=[0] * (MAX_BUFFERS + 1),
+        requests=[Read(request_id=1, tensor=1)],
+    )
+    raw.send_raw(frame(header.model_dump_json().encode()))
+    reply = raw.recv()  # the batch's op fails with the limit; its read is answered
+    assert reply.type == "request_failed" and reply.error.code == ErrorCode.LIMIT_EXCEEDED
+    assert f"limit of {MAX_BUFFERS}" in reply.error.message
+    assert_kept(raw)
+    witness.assert_intact()
