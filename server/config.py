@@ -189,7 +189,7 @@ class ServerConfig(BaseSettings):
     )
     session_quota: Annotated[Size | None, BeforeValidator(_size)] = Field(
         default=None,
-        description="tensor bytes one session may hold (e.g. 1GiB); unset = a quarter of the "
+        description="tensor bytes one session may hold (e.g. 1GiB); unset = half of the "
         "memory budget",
     )
     op_deadline: Annotated[float, Field(gt=0)] = Field(
@@ -238,7 +238,7 @@ class ServerConfig(BaseSettings):
     @property
     def effective_session_quota(self) -> int:
         if self.session_quota is None:
-            return self.effective_memory_budget // 4
+            return self.effective_memory_budget // 2
         return self.session_quota
 
     @model_validator(mode="after")

@@ -78,7 +78,8 @@ class MemoryBudget:
                 raise StoreError(
                     ErrorCode.SERVER_MEMORY_EXHAUSTED,
                     f"the server's memory budget is full ({self.used} of {self.limit} bytes in "
-                    f"use, {nbytes} more needed); retry after tensors are freed",
+                    f"use, {nbytes} more needed); retry after tensors are freed, or raise "
+                    "--memory-budget",
                 )
             self.used += nbytes
 
@@ -141,7 +142,8 @@ class TensorStore:
             raise StoreError(
                 ErrorCode.QUOTA_EXCEEDED,
                 f"the session's memory quota is full ({self.nbytes + self.reserved} of "
-                f"{self.quota} bytes in use, {nbytes} more needed); free tensors first",
+                f"{self.quota} bytes in use, {nbytes} more needed); free tensors first, or "
+                "raise --session-quota",
             )
         self.budget.reserve(nbytes)
         self.reserved += nbytes
