@@ -27,8 +27,6 @@ from protocol import ErrorCode, ErrorInfo
 
 from .config import InsecureConfigError, ServerConfig
 
-BEARER = "bearer "
-
 
 def refusal(
     connection: ServerConnection, status: http.HTTPStatus, code: ErrorCode, message: str
@@ -43,10 +41,11 @@ def refusal(
 
 
 def token_matches(request: Request, expected: str) -> bool:
-    """True when the request carries ``Authorization: Bearer <expected>`` (constant time)."""
-    header = request.headers.get("Authorization", "")
-    presented = header[len(BEARER) :] if header.lower().startswith(BEARER) else ""
-    return hmac.compare_digest(presented.encode(), expected.encode())
+    """True when the request carries ``Authorization: Bearer <expected>``, compared in constant
+    time. The one token check of the server (the upgrade and ``GET /metrics`` use it)."""
+    scheme, _, presented = request.headers.get("Authorization", "").partition(" ")
+    matches = hmac.compare_digest(presented.strip().encode(), expected.encode())
+    return scheme.lower() == "bearer" and matches
 
 
 class Gate:

@@ -159,3 +159,29 @@ def test_error_codes_are_only_appended() -> None:
         "internal",
     ]
     assert [c.value for c in ErrorCode][: len(first)] == first
+
+
+def test_the_token_is_compared_in_constant_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    import hmac
+
+    from websockets.datastructures import Headers
+    from websockets.http11 import Request
+
+    from server import guard
+
+    calls: list[tuple[bytes, bytes]] = []
+    original = hmac.compare_digest
+
+    def spy(a: bytes, b: bytes) -> bool:
+        calls.append((a, b))
+        return original(a, b)
+
+    monkeypatch.setattr(guard.hmac, "compare_digest", spy)
+    request = Request("/", Headers({"Authorization": "Bearer nope"}))
+    assert not guard.token_matches(request, "s3cret")
+    assert guard.token_matches(Request("/", Headers({"Authorization": "bearer s3cret"})), "s3cret")
+    assert not guard.token_matches(
+        Request("/", Headers({"Authorization": "Basic s3cret"})), "s3cret"
+    )
+    assert not guard.token_matches(Request("/", Headers()), "s3cret")
+    assert len(calls) == 4  # every check went through hmac.compare_digest, even a wrong scheme
