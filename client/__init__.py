@@ -21,6 +21,7 @@ from .errors import ConnectionLost as ConnectionLost
 from .errors import DeviceIndexError as DeviceIndexError
 from .errors import HandshakeError as HandshakeError
 from .errors import RemoteError as RemoteError
+from .errors import ServerBusyError as ServerBusyError
 from .errors import ServerProtocolError as ServerProtocolError
 from .errors import TensorwireError as TensorwireError
 from .errors import VersionMismatchError as VersionMismatchError

@@ -24,20 +24,24 @@ from __future__ import annotations
 import asyncio
 import collections
 import itertools
+import ssl
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
 import numpy as np
+from pydantic import ValidationError
 from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
+from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
 
 from protocol import (
     PROTOCOL_VERSION,
     SERVER_ADAPTER,
     Batch,
     DecodeError,
+    ErrorCode,
+    ErrorInfo,
     Hello,
     MessageDecoder,
     ReadReply,
@@ -54,7 +58,13 @@ from protocol.codec import Buffer, to_frames
 from protocol.messages import Request
 from protocol.ops import AnyOp
 
-from .errors import ConnectionLost, RemoteError, ServerProtocolError, handshake_error
+from .errors import (
+    ConnectionLost,
+    HandshakeError,
+    RemoteError,
+    ServerProtocolError,
+    handshake_error,
+)
 
 FLUSH_OPS = 2048
 FLUSH_BYTES = 1 << 20
@@ -64,6 +74,37 @@ MAX_MESSAGE = 2**31
 CLOSE_TIMEOUT = 10.0
 
 _Outgoing = tuple[bytes | list[bytes | memoryview], "Future[None] | None", int]
+
+
+def _refusal(exc: InvalidStatus) -> HandshakeError | None:
+    """The typed error in an HTTP refusal of the upgrade (a JSON ErrorInfo body), if any."""
+    response = exc.response
+    try:
+        info = ErrorInfo.model_validate_json(response.body or b"")
+    except ValidationError:
+        if response.status_code != 401:
+            return None
+        info = ErrorInfo(code=ErrorCode.AUTH_FAILED, message="the server refused the token")
+    return handshake_error(info)
+
+
+def _close_code(exc: BaseException) -> ErrorCode | None:
+    """The ErrorCode a server put at the start of its close reason (or 1009: too big)."""
+    if not isinstance(exc, ConnectionClosed) or exc.rcvd is None:
+        return None
+    if exc.rcvd.code == 1009:
+        return ErrorCode.LIMIT_EXCEEDED
+    try:
+        return ErrorCode(exc.rcvd.reason.partition(":")[0])
+    except ValueError:
+        return None
+
+
+def _tls(url: str, ca_file: str | None) -> ssl.SSLContext | None:
+    """Certificates are verified for ``wss://``, against ``ca_file`` or the system's CAs."""
+    if not url.startswith("wss://"):
+        return None
+    return ssl.create_default_context(cafile=ca_file)
 
 
 async def _receive(ws: ClientConnection) -> tuple[Any, list[Buffer]]:
@@ -82,7 +123,12 @@ class Connection:
     """
 
     def __init__(
-        self, url: str, index: int = 0, token: str | None = None, open_timeout: float = 10.0
+        self,
+        url: str,
+        index: int = 0,
+        token: str | None = None,
+        open_timeout: float = 10.0,
+        ca_file: str | None = None,
     ) -> None:
         self.url = url
         self._lock = threading.Lock()
@@ -104,7 +150,7 @@ class Connection:
         )
         self._thread.start()
         try:
-            self.welcome: Welcome = self._call(self._open(url, index, token, open_timeout))
+            self.welcome: Welcome = self._call(self._open(url, index, token, open_timeout, ca_file))
         except BaseException:
             self._stop_loop()
             raise
@@ -114,20 +160,30 @@ class Connection:
     def _call(self, coro: Any) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
-    async def _open(self, url: str, index: int, token: str | None, open_timeout: float) -> Welcome:
+    async def _open(
+        self, url: str, index: int, token: str | None, open_timeout: float, ca_file: str | None
+    ) -> Welcome:
+        headers = {"Authorization": f"Bearer {token}"} if token is not None else None
         try:
             self._ws = await connect(
                 url,
+                additional_headers=headers,
+                ssl=_tls(url, ca_file),
                 compression=None,
                 max_size=MAX_MESSAGE,
                 open_timeout=open_timeout,
                 proxy=None,
                 write_limit=2**20,
             )
+        except InvalidStatus as exc:
+            refused = _refusal(exc)
+            if refused is not None:
+                raise refused from None
+            raise ConnectionLost(f"cannot connect to {url}: {exc}") from exc
         except (OSError, InvalidHandshake, InvalidURI, TimeoutError) as exc:
             raise ConnectionLost(f"cannot connect to {url}: {exc}") from exc
         try:
-            hello = Hello(protocol=PROTOCOL_VERSION, device_index=index, token=token)
+            hello = Hello(protocol=PROTOCOL_VERSION, device_index=index)
             await self._ws.send(to_frames(encode(hello)))
             reply, _ = await _receive(self._ws)
         except (ConnectionClosed, DecodeError) as exc:
@@ -195,7 +251,8 @@ class Connection:
         with self._lock:
             if self._error is None:
                 reason = "closed" if self._closing else f"lost ({exc})"
-                self._error = ConnectionLost(f"connection to {self.url} {reason}")
+                code = None if self._closing else _close_code(exc)
+                self._error = ConnectionLost(f"connection to {self.url} {reason}", code=code)
             waiters, self._waiters = self._waiters, {}
             self._drained.notify_all()
         for future in waiters.values():

@@ -34,20 +34,28 @@ class SessionStats:
     tensors: int
     tensor_bytes: int
     failed: int
+    server_tensor_bytes: int = 0  # every session's tensor bytes (the memory budget in use)
+    connections: int = 0  # open sessions on the server
 
 
 class Device:
     """What both device kinds share: the connection, ids, and op submission."""
 
     def __init__(
-        self, url: str, index: int = 0, token: str | None = None, *, open_timeout: float = 10.0
+        self,
+        url: str,
+        index: int = 0,
+        token: str | None = None,
+        *,
+        open_timeout: float = 10.0,
+        ca_file: str | None = None,
     ) -> None:
         if token is None:
             token = os.environ.get(TOKEN_ENV) or None
         url = _url_of(url)
         self.url = url
         self.index = index
-        self._conn = Connection(url, index, token, open_timeout)
+        self._conn = Connection(url, index, token, open_timeout, ca_file)
         self._close = weakref.finalize(self, self._conn.close)  # also runs at exit
 
     @property
@@ -106,7 +114,13 @@ def _url_of(target: str) -> str:
 
 
 def _stats(reply: StatsReply) -> SessionStats:
-    return SessionStats(reply.tensors, reply.tensor_bytes, reply.failed)
+    return SessionStats(
+        reply.tensors,
+        reply.tensor_bytes,
+        reply.failed,
+        reply.server_tensor_bytes,
+        reply.connections,
+    )
 
 
 class RemoteDevice(Device):
@@ -117,11 +131,15 @@ class RemoteDevice(Device):
 
     ``url`` is ``ws://HOST:PORT`` (or ``wss://``), or the same as a device spec,
     ``remote:ws://HOST:PORT``. ``index`` picks one of the server's devices. ``token`` defaults
-    to the ``TENSOR_SERVER_TOKEN`` environment variable.
+    to the ``TENSOR_SERVER_TOKEN`` environment variable; it travels as
+    ``Authorization: Bearer TOKEN`` on the upgrade request. For ``wss://`` the server's
+    certificate is verified against ``ca_file`` (a PEM file) or the system's CAs.
 
     Raises:
-        HandshakeError: (a subclass of) the server refused the session.
-        ConnectionLost: the server cannot be reached.
+        AuthenticationError: the token is missing or wrong.
+        ServerBusyError: the server's connection limit is reached.
+        HandshakeError: (another subclass of) the server refused the session.
+        ConnectionLost: the server cannot be reached, or TLS verification failed.
     """
 
     def sync(self) -> None:
@@ -168,10 +186,18 @@ class AsyncRemoteDevice(Device):
 
     @classmethod
     async def connect(
-        cls, url: str, index: int = 0, token: str | None = None, *, open_timeout: float = 10.0
+        cls,
+        url: str,
+        index: int = 0,
+        token: str | None = None,
+        *,
+        open_timeout: float = 10.0,
+        ca_file: str | None = None,
     ) -> AsyncRemoteDevice:
         """Connect without blocking the running loop. Raises as :class:`RemoteDevice` does."""
-        return await asyncio.to_thread(cls, url, index, token, open_timeout=open_timeout)
+        return await asyncio.to_thread(
+            cls, url, index, token, open_timeout=open_timeout, ca_file=ca_file
+        )
 
     async def read(self, array: RemoteArray) -> np.ndarray[Any, Any]:
         """The array's values as a writable numpy array."""

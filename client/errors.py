@@ -7,9 +7,11 @@ Exception tree::
     ├── HandshakeError                      the server refused the session
     │   ├── VersionMismatchError            protocol versions differ
     │   ├── DeviceIndexError (IndexError)   no such device index on the server
-    │   └── AuthenticationError             missing or wrong token
+    │   ├── AuthenticationError             missing or wrong token (HTTP 401 on the upgrade)
+    │   └── ServerBusyError                 the server's connection limit is reached (503)
     ├── ServerProtocolError                 the server said a message of ours was malformed
-    └── ConnectionLost (ConnectionError)    the connection closed or broke; pending work fails
+    └── ConnectionLost (ConnectionError)    the connection closed or broke; pending work fails;
+                                            ``code`` says why when the server said so
 
 Shape and dtype errors of ops are raised locally, before anything is sent, as the protocol's
 ``OpShapeError`` (a ``ValueError``) and ``OpDTypeError`` (a ``TypeError``).
@@ -56,6 +58,10 @@ class AuthenticationError(HandshakeError):
     pass
 
 
+class ServerBusyError(HandshakeError):
+    pass
+
+
 class ServerProtocolError(TensorwireError):
     """The server reported a message of ours as malformed."""
 
@@ -66,7 +72,15 @@ class ServerProtocolError(TensorwireError):
 
 
 class ConnectionLost(TensorwireError, ConnectionError):
-    """The connection to the server is closed or broken."""
+    """The connection to the server is closed or broken.
+
+    ``code`` is the :class:`~protocol.ErrorCode` the server gave for closing it (for example
+    ``deadline_exceeded``, ``idle_timeout``, ``limit_exceeded``), or None.
+    """
+
+    def __init__(self, message: str, code: ErrorCode | None = None) -> None:
+        super().__init__(f"[{code}] {message}" if code is not None else message)
+        self.code = code
 
 
 def handshake_error(error: ErrorInfo) -> HandshakeError:
@@ -74,5 +88,6 @@ def handshake_error(error: ErrorInfo) -> HandshakeError:
         ErrorCode.VERSION_MISMATCH: VersionMismatchError,
         ErrorCode.BAD_DEVICE_INDEX: DeviceIndexError,
         ErrorCode.AUTH_FAILED: AuthenticationError,
+        ErrorCode.TOO_MANY_CONNECTIONS: ServerBusyError,
     }
     return kinds.get(error.code, HandshakeError)(error)

@@ -23,6 +23,7 @@ from .errors import DecodeError as DecodeError
 from .errors import DeviceSpecError as DeviceSpecError
 from .errors import ErrorCode as ErrorCode
 from .errors import ErrorInfo as ErrorInfo
+from .errors import MessageLimitError as MessageLimitError
 from .errors import ProtocolError as ProtocolError
 from .messages import CLIENT_ADAPTER as CLIENT_ADAPTER
 from .messages import PROTOCOL_VERSION as PROTOCOL_VERSION

@@ -16,16 +16,17 @@ the fragments one by one and copies buffer bytes straight into preallocated arra
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
 import numpy as np
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from .errors import DecodeError
+from .errors import DecodeError, MessageLimitError
 from .messages import Message
 
 MAX_HEADER = 64 * 2**20
+MAX_BUFFERS = 2**16  # raw buffers one message may declare
 _LEN = struct.Struct("<I")
 
 M = TypeVar("M", bound=BaseModel)
@@ -70,14 +71,29 @@ class MessageDecoder(Generic[M]):
     holds the whole message, buffers are zero-copy (read-only) views of it; otherwise each
     buffer is a fresh writable ``np.uint8`` array that fragments are copied into.
 
+    Limits are checked when the header has been validated and before any buffer is allocated:
+    ``max_buffer_bytes`` caps the declared buffer bytes (the sum), and ``check``, if given, is
+    called with the message and may raise :class:`MessageLimitError` to refuse it (the server
+    uses it for its memory quota). After any error the caller must stop feeding this decoder
+    (and drain the rest of the websocket message to keep the stream intact).
+
     Raises:
         DecodeError: from ``feed`` or ``finish``, for a bad header, more bytes than declared,
             or fewer (truncated).
+        MessageLimitError: from ``feed``, when the declared buffers exceed a limit.
     """
 
-    def __init__(self, adapter: TypeAdapter[M], max_header: int = MAX_HEADER) -> None:
+    def __init__(
+        self,
+        adapter: TypeAdapter[M],
+        max_header: int = MAX_HEADER,
+        max_buffer_bytes: int | None = None,
+        check: Callable[[M], None] | None = None,
+    ) -> None:
         self._adapter = adapter
         self._max_header = max_header
+        self._max_buffer_bytes = max_buffer_bytes
+        self._check = check
         self.message: M | None = None
         self._sizes: tuple[int, ...] = ()
         self._buffers: list[Buffer] = []
@@ -105,6 +121,7 @@ class MessageDecoder(Generic[M]):
         except ValidationError as exc:
             raise DecodeError(f"invalid message: {_describe(exc)}") from None
         self._sizes = tuple(getattr(self.message, "buffer_sizes", tuple)())
+        self._check_limits(self.message)
         rest = view[_LEN.size + length :]
         if len(rest) == sum(self._sizes):  # the whole message in one chunk: zero-copy views
             offsets = np.cumsum((0, *self._sizes)).tolist()
@@ -115,6 +132,17 @@ class MessageDecoder(Generic[M]):
         self._buffers = list(self._arrays)
         self._skip_full()
         return rest
+
+    def _check_limits(self, message: M) -> None:
+        if len(self._sizes) > MAX_BUFFERS:
+            raise MessageLimitError(f"{len(self._sizes)} buffers exceed the limit of {MAX_BUFFERS}")
+        total = sum(self._sizes)
+        if self._max_buffer_bytes is not None and total > self._max_buffer_bytes:
+            raise MessageLimitError(
+                f"the message declares {total} buffer bytes; the limit is {self._max_buffer_bytes}"
+            )
+        if self._check is not None:
+            self._check(message)
 
     def _fill(self, view: memoryview) -> None:
         while len(view):
@@ -146,9 +174,13 @@ class MessageDecoder(Generic[M]):
         return self.message, self._buffers
 
 
-def decode(adapter: TypeAdapter[M], data: bytes | bytearray | memoryview) -> tuple[M, list[Buffer]]:
+def decode(
+    adapter: TypeAdapter[M],
+    data: bytes | bytearray | memoryview,
+    max_buffer_bytes: int | None = None,
+) -> tuple[M, list[Buffer]]:
     """Decode a message that arrived whole. Raises :class:`DecodeError`."""
-    decoder = MessageDecoder(adapter)
+    decoder = MessageDecoder(adapter, max_buffer_bytes=max_buffer_bytes)
     decoder.feed(data)
     return decoder.finish()
 

@@ -3,7 +3,8 @@
 Exception tree::
 
     ProtocolError (ValueError)          bytes or a message that breaks protocol v1
-    └── DecodeError                     malformed bytes, truncated buffers, unknown message
+    ├── DecodeError                     malformed bytes, truncated buffers, unknown message
+    │   └── MessageLimitError           a message declares more buffer bytes than allowed
     DeviceSpecError (ValueError)        a device spec string that names no valid device
 
 Every error that crosses the wire is an :class:`ErrorInfo` with a stable :class:`ErrorCode`;
@@ -29,6 +30,14 @@ class ErrorCode(StrEnum):
     INVALID_OP = "invalid_op"  # shape/dtype checks refused the op before it ran
     EXECUTION_FAILED = "execution_failed"  # numpy raised while running a checked op
     INTERNAL = "internal"  # a server bug; the message says what
+    LIMIT_EXCEEDED = "limit_exceeded"  # a size limit (message, op output, ndim) refused it
+    QUOTA_EXCEEDED = "quota_exceeded"  # the session's memory quota is full; free tensors
+    SERVER_MEMORY_EXHAUSTED = "server_memory_exhausted"  # the server-wide budget is full
+    DEADLINE_EXCEEDED = "deadline_exceeded"  # an op ran past the per-op deadline
+    TOO_MANY_CONNECTIONS = "too_many_connections"  # handshake: the connection limit is reached
+    IDLE_TIMEOUT = "idle_timeout"  # the session sent nothing for too long
+    SEND_TIMEOUT = "send_timeout"  # the client did not take a reply in time
+    ORIGIN_REFUSED = "origin_refused"  # handshake: a browser Origin that is not allowed
 
 
 class ErrorInfo(BaseModel):
@@ -48,6 +57,14 @@ class ProtocolError(ValueError):
 
 class DecodeError(ProtocolError):
     """Bytes that do not decode: bad header, truncated or extra buffer bytes, bad JSON."""
+
+
+class MessageLimitError(DecodeError):
+    """A well-formed header whose declared buffers exceed a limit; refused before allocation."""
+
+    def __init__(self, message: str, code: ErrorCode = ErrorCode.LIMIT_EXCEEDED) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 class DeviceSpecError(ValueError):

@@ -38,12 +38,15 @@ class Message(BaseModel):
 
 
 class Hello(Message):
-    """The first client message: protocol version, device index and optional token."""
+    """The first client message: protocol version and device index.
+
+    The token is not here: it travels as ``Authorization: Bearer TOKEN`` in the websocket
+    upgrade request and is checked before any message is read (protocol/README.md, "Upgrade").
+    """
 
     type: Literal["hello"] = "hello"
     protocol: int
     device_index: Annotated[int, Field(ge=0)] = 0
-    token: str | None = None
 
 
 class Read(BaseModel):
@@ -139,6 +142,8 @@ class StatsReply(Message):
     tensors: int  # ids held by this session, failed ones included
     tensor_bytes: int  # bytes of the arrays this session holds
     failed: int  # ids marked failed
+    server_tensor_bytes: int = 0  # bytes held by all sessions together (the budget in use)
+    connections: int = 0  # open sessions on the server
 
 
 class RequestFailed(Message):

@@ -29,6 +29,7 @@ from .dtypes import DTYPES, DType, from_numpy, is_integer, to_numpy
 MAX_NDIM = 64  # numpy's own limit
 TensorId = Annotated[int, Field(ge=0, lt=2**63)]
 Dim = Annotated[int, Field(ge=0, lt=2**63)]
+I64 = Annotated[int, Field(ge=-(2**63), lt=2**63)]  # any other integer on the wire: no bignums
 
 
 class TensorMeta(NamedTuple):
@@ -204,6 +205,13 @@ class Full(_Op):
             info = np.iinfo(to_numpy(self.dtype))  # type: ignore[type-var]
             if not info.min <= value <= info.max:
                 raise OpOverflowError(f"Python integer {value} out of bounds for {self.dtype}")
+        if isinstance(value, int) and not is_integer(self.dtype):
+            try:
+                float(value)
+            except OverflowError:
+                raise OpOverflowError(
+                    f"Python integer {value} out of range for {self.dtype}"
+                ) from None
         if isinstance(value, complex) and not self.dtype.startswith("complex"):
             raise OpDTypeError(f"a complex fill value cannot fill a {self.dtype} array")
         return TensorMeta(_check_shape(self.shape), self.dtype)
@@ -211,9 +219,9 @@ class Full(_Op):
 
 class Arange(_Op):
     kind: Literal["arange"] = "arange"
-    start: int | float
-    stop: int | float
-    step: int | float = 1
+    start: I64 | float
+    stop: I64 | float
+    step: I64 | float = 1
     dtype: DType
 
     def length(self) -> int:
@@ -236,7 +244,7 @@ class Eye(_Op):
     kind: Literal["eye"] = "eye"
     n_rows: Dim
     n_cols: Dim
-    k: int = 0
+    k: I64 = 0
     dtype: DType
 
     def infer(self, *args: TensorMeta) -> TensorMeta:
@@ -363,7 +371,7 @@ class Reduce(_Op):
     kind: Literal["reduce"] = "reduce"
     op: ReduceName
     x: TensorId
-    axis: tuple[int, ...] | None = None
+    axis: tuple[I64, ...] | None = None
     keepdims: bool = False
 
     def inputs(self) -> tuple[int, ...]:
@@ -391,7 +399,7 @@ class Reduce(_Op):
 class Reshape(_Op):
     kind: Literal["reshape"] = "reshape"
     x: TensorId
-    shape: tuple[Annotated[int, Field(ge=-1)], ...]
+    shape: tuple[Annotated[int, Field(ge=-1, lt=2**63)], ...]
 
     def inputs(self) -> tuple[int, ...]:
         return (self.x,)
@@ -416,7 +424,7 @@ class Reshape(_Op):
 class PermuteDims(_Op):
     kind: Literal["permute_dims"] = "permute_dims"
     x: TensorId
-    axes: tuple[int, ...]
+    axes: tuple[I64, ...]
 
     def inputs(self) -> tuple[int, ...]:
         return (self.x,)
@@ -433,15 +441,15 @@ class SliceSpec(BaseModel):
     """``start:stop:step`` of a basic index; ``None`` means the default."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
-    start: int | None = None
-    stop: int | None = None
-    step: int | None = None
+    start: I64 | None = None
+    stop: I64 | None = None
+    step: I64 | None = None
 
     def to_slice(self) -> slice:
         return slice(self.start, self.stop, self.step)
 
 
-IndexItem = int | SliceSpec | None | Literal["..."]  # None is newaxis
+IndexItem = I64 | SliceSpec | None | Literal["..."]  # None is newaxis
 
 
 def expand_key(key: tuple[IndexItem, ...], ndim: int) -> tuple[IndexItem, ...]:

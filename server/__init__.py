@@ -4,6 +4,7 @@ Programmatic use::
 
     config = server.ServerConfig(device=protocol.parse_device_spec("ndarray"), port=0)
     await server.serve(config)          # raises UnsupportedDeviceError before binding
+                                        # (InsecureConfigError: exposed without a token)
 
 The names below load their modules on first use (PEP 562), so ``python -m server.healthcheck``
 (the container health check, run every few seconds) does not import numpy and websockets.
@@ -17,9 +18,11 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .app import Server as Server
     from .app import serve as serve
+    from .config import InsecureConfigError as InsecureConfigError
     from .config import ServerConfig as ServerConfig
     from .config import UnsupportedDeviceError as UnsupportedDeviceError
     from .config import validate_host_device as validate_host_device
+    from .config import validate_security as validate_security
 
 _EXPORTS = {
     "Server": ".app",
@@ -27,6 +30,8 @@ _EXPORTS = {
     "ServerConfig": ".config",
     "UnsupportedDeviceError": ".config",
     "validate_host_device": ".config",
+    "InsecureConfigError": ".config",
+    "validate_security": ".config",
 }
 __all__ = list(_EXPORTS)
 

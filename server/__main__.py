@@ -5,17 +5,22 @@ variable (``--help`` lists both); a flag beats the variable. ``--check-config`` 
 everything, prints the effective settings (token hidden) and exits 0 without binding.
 
 Exit status: 0 after SIGINT or SIGTERM (the first one drains: see :meth:`Server.drain`; a second
-one cuts the drain short), 2 for a bad command line, a bad setting or a device the server must
-not host (one line on stderr, no traceback, nothing bound), 1 when the address cannot be bound
-(one line on stderr).
+one cuts the drain short), 2 for a bad command line, a bad setting, a device the server must
+not host, or an unsafe exposure (a non-loopback bind without a token; unreadable TLS files):
+one line on stderr, no traceback, nothing bound; 1 when the address cannot be bound (one line
+on stderr). Warnings (``--insecure``, a token without TLS off loopback) go to stderr, one line
+each, before the ``listening on`` line.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
+import os
 import signal
 import sys
+import threading
 from typing import Any, NoReturn
 
 import anyio
@@ -28,7 +33,7 @@ from protocol import DeviceSpecError
 
 from . import logs
 from .app import Server
-from .config import ENV_PREFIX, ServerConfig, UnsupportedDeviceError
+from .config import ENV_PREFIX, InsecureConfigError, ServerConfig, UnsupportedDeviceError
 
 PROG = "python -m server"
 _SHOWN_DEFAULTS = {"device": "ndarray", "worker_threads": "the number of cores"}
@@ -134,7 +139,7 @@ def build_server(argv: list[str] | None = None) -> Server:
     config = _settings(values)
     try:
         return Server(config)
-    except (DeviceSpecError, UnsupportedDeviceError) as exc:
+    except (DeviceSpecError, UnsupportedDeviceError, InsecureConfigError) as exc:
         _fail(str(exc))
 
 
@@ -153,7 +158,7 @@ async def _main(server: Server) -> None:
             port = await tg.start(server.serve)
             host = server.config.host
             shown = f"[{host}]" if ":" in host else host
-            print(f"listening on ws://{shown}:{port}", flush=True)
+            print(f"listening on {server.scheme}://{shown}:{port}", flush=True)
             async for _ in signals:
                 break
             async with anyio.create_task_group() as draining:
@@ -176,6 +181,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"config ok: {describe_config(server.config)}", flush=True)
         return 0
     logs.configure(server.config.log_level, server.config.log_format)
+    for warning in server.warnings:  # one WARNING event each, in the chosen log format
+        logging.getLogger("tensorwire.server").warning(
+            "insecure", extra=logs.fields(reason=warning)
+        )
     prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]  # *_created: noise
     try:
         anyio.run(_main, server, backend="asyncio")
@@ -184,6 +193,10 @@ def main(argv: list[str] | None = None) -> int:
         if error is None:
             raise
         _fail(str(error), status=1)  # e.g. the port is in use: one line, no traceback
+    if threading.active_count() > 1:  # a worker thread still inside numpy: do not wait for it
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     return 0
 
 

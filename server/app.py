@@ -18,11 +18,19 @@ Plain HTTP requests on the same port get ``/healthz`` and ``/metrics`` (``server
 from websockets' ``process_request`` hook, before any upgrade. Drain (``Server.drain``, on
 SIGTERM): upgrades get 503, each session keeps a count of messages received but not yet
 answered and is closed (1001) when that count is zero; past the grace, the rest are closed.
+
+Guards (README, "Security"): the Origin, the token and the connection count are checked on the
+HTTP upgrade by :class:`server.guard.Gate`, before a session exists. Each decoder refuses
+declared buffers over the message size or the session's quota before allocating them. A batch
+that leaves the event loop is watched against the per-op deadline (``server.workers``); past
+it the session is closed (close code 1008, reason ``deadline_exceeded: ...``). A reply the
+client does not take within the send timeout drops the connection; so does a client that sends
+nothing for the idle timeout while the server owes it nothing. Close reasons start with the
+:class:`~protocol.ErrorCode`.
 """
 
 from __future__ import annotations
 
-import hmac
 import logging
 import secrets
 import time
@@ -46,6 +54,7 @@ from protocol import (
     ErrorInfo,
     Hello,
     MessageDecoder,
+    MessageLimitError,
     Read,
     Refused,
     SessionError,
@@ -56,15 +65,24 @@ from protocol.codec import Buffer, to_frames
 from protocol.messages import Message
 
 from . import endpoints
-from .config import ServerConfig, validate_host_device
+from .config import ServerConfig, validate_host_device, validate_security
+from .guard import Gate, tls_context
 from .logs import fields
 from .metrics import REFUSAL_LIMIT, Metrics
-from .session import Session
+from .session import Limits, Session
+from .store import MemoryBudget, TensorStore
+from .workers import Drop, Workers
 
 log = logging.getLogger("tensorwire.server")
 
+_DROP_LIMIT = {  # refusals_total label of each reason a session is dropped
+    ErrorCode.IDLE_TIMEOUT: "idle",
+    ErrorCode.SEND_TIMEOUT: "send_timeout",
+    ErrorCode.DEADLINE_EXCEEDED: "deadline",
+}
+
 CLOSE_AFTER_DRAIN = 2.0  # seconds for close handshakes once a drain has run its grace
-QUEUE_DEPTH = 8  # decoded messages waiting per session before the socket stops being read
+QUEUE_DEPTH = 8  # default of ServerConfig.max_queued: decoded messages waiting per session
 
 
 @dataclass
@@ -76,22 +94,38 @@ class _Received:
     at: float = field(default_factory=time.perf_counter)  # when it arrived whole
 
 
-async def _receive(ws: ServerConnection) -> _Received:
-    """One whole message, decoded. A decode error drains the rest of the message first."""
-    decoder = MessageDecoder(CLIENT_ADAPTER)
+@dataclass
+class _Progress:
+    """Whether a message is half received on a connection."""
+
+    partial: bool = False
+
+
+async def _receive(
+    ws: ServerConnection, decoder: MessageDecoder[Hello | Batch], progress: _Progress
+) -> _Received:
+    """One whole message, decoded. A decode error drains the rest of the message first, so
+    the stream stays intact; a limit error keeps the (valid) header so its ops can be failed.
+    """
     error: DecodeError | None = None
     nbytes = 0
+    progress.partial = False
     async for fragment in ws.recv_streaming(decode=False):
+        progress.partial = True
         nbytes += len(fragment)
         if error is None:
             try:
                 decoder.feed(fragment)
             except DecodeError as exc:
                 error = exc
+    progress.partial = False
     try:
         if error is not None:
             raise error
         message, buffers = decoder.finish()
+    except MessageLimitError as exc:
+        error_info = ErrorInfo(code=exc.code, message=str(exc))
+        return _Received(decoder.message, [], error_info, nbytes)
     except DecodeError as exc:
         error_info = ErrorInfo(code=ErrorCode.BAD_MESSAGE, message=str(exc))
         return _Received(None, [], error_info, nbytes)
@@ -117,13 +151,19 @@ class Server:
 
     def __init__(self, config: ServerConfig) -> None:
         self.device = validate_host_device(config.device)
+        self.warnings = validate_security(config)
         self.config = config
         self.server_id = secrets.token_hex(8)
         self.sessions: dict[str, Session] = {}
         self.port: int | None = None
         self.metrics_port: int | None = None
         self.draining = False
-        self._limiter = anyio.CapacityLimiter(config.worker_threads)
+        self._workers = Workers(config.worker_threads, config.op_deadline)
+        self.budget = MemoryBudget(config.effective_memory_budget)
+        self._ssl = tls_context(config)
+        self._limits = Limits(max_op_bytes=config.max_op_bytes, max_ndim=config.max_ndim)
+        self._gate = Gate(config, lambda: self._open)
+        self._open = 0  # upgraded connections being handled
         self._sockets: dict[str, ServerConnection] = {}  # by session id
         self._in_flight: dict[str, int] = {}  # by session id: received, not yet answered
         self._all_closed: anyio.Event | None = None  # made by drain(); set when none are left
@@ -131,11 +171,15 @@ class Server:
             lambda: self.sessions.values(),
             lambda: sum(self._in_flight.values()),
             lambda: self.draining,
-            config.memory_budget,
+            config.effective_memory_budget,
         )
         self._endpoints = endpoints.Endpoints(
             str(self.device), self.metrics, config.token, config.metrics_auth
         )
+
+    @property
+    def scheme(self) -> str:
+        return "ws" if self._ssl is None else "wss"
 
     async def serve(
         self, *, task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED
@@ -152,7 +196,11 @@ class Server:
             compression=None,  # tensor bytes do not compress; deflate costs 13x throughput
             max_size=config.max_message_size,
             max_queue=4,
-            write_limit=2**20,
+            write_limit=config.write_limit,
+            ssl=self._ssl,
+            open_timeout=config.handshake_timeout,
+            ping_interval=config.ping_interval,
+            ping_timeout=config.ping_timeout,
         )
         servers = [ws_server]
         try:
@@ -169,8 +217,10 @@ class Server:
                     server_id=self.server_id,
                 ),
             )
-            task_status.started(self.port)
-            await anyio.sleep_forever()
+            async with anyio.create_task_group() as tasks:  # worker threads outlive sessions
+                self._workers.serve_in(tasks)
+                task_status.started(self.port)
+                await anyio.sleep_forever()
         finally:
             with anyio.CancelScope(shield=True):
                 await self._close(servers)
@@ -210,6 +260,10 @@ class Server:
         if answer is None and self.draining:
             self._refused("draining", ws, "server is shutting down")
             return endpoints.plain(503, "server is shutting down")
+        if answer is None and (refusal := self._gate(ws, request)) is not None:
+            limit, response = refusal
+            self._refused(limit, ws, response.body.decode(errors="replace"))
+            return response
         return answer
 
     def _http_metrics(self, ws: ServerConnection, request: Request) -> Response:
@@ -246,12 +300,20 @@ class Server:
                 log.info("drained")
 
     async def _handle(self, ws: ServerConnection) -> None:
+        self._open += 1
         try:
-            with anyio.fail_after(self.config.handshake_timeout):
+            await self._handle_open(ws)
+        finally:
+            self._open -= 1
+
+    async def _handle_open(self, ws: ServerConnection) -> None:
+        timeout = self.config.handshake_timeout
+        try:
+            with anyio.fail_after(timeout):
                 session = await self._handshake(ws)
         except TimeoutError:
             self._refused("handshake_timeout", ws, "no hello in time")
-            await ws.close(1008, "handshake timed out")
+            await ws.close(1008, f"{ErrorCode.IDLE_TIMEOUT}: no hello within {timeout} s")
             return
         except ConnectionClosed:
             return  # the peer left before its hello
@@ -282,7 +344,8 @@ class Server:
                 self._all_closed.set()
 
     async def _handshake(self, ws: ServerConnection) -> Session | None:
-        received = await _receive(ws)
+        decoder = MessageDecoder(CLIENT_ADAPTER, self.config.max_header_size, max_buffer_bytes=0)
+        received = await _receive(ws, decoder, _Progress())
         hello = received.message
         error: ErrorInfo | None = received.error
         if error is None and not isinstance(hello, Hello):
@@ -292,11 +355,12 @@ class Server:
         if error is not None or not isinstance(hello, Hello):
             assert error is not None
             self._refused(REFUSAL_LIMIT.get(error.code, error.code.value), ws, error.message)
-            await _send(ws, Refused(protocol=PROTOCOL_VERSION, error=error))
+            await self._send(ws, Refused(protocol=PROTOCOL_VERSION, error=error))
             await ws.close(1000, "handshake refused")
             return None
-        session = Session(secrets.token_hex(8), hello.device_index)
-        await _send(
+        store = TensorStore(self.config.effective_session_quota, self.budget)
+        session = Session(secrets.token_hex(8), hello.device_index, store, self._limits)
+        await self._send(
             ws,
             Welcome(
                 protocol=PROTOCOL_VERSION,
@@ -325,28 +389,65 @@ class Server:
                     f"{self.device.count} device(s), indices 0..{self.device.count - 1}"
                 ),
             )
-        expected = self.config.token
-        if expected is not None and not hmac.compare_digest(
-            (hello.token or "").encode(), expected.encode()
-        ):
-            return ErrorInfo(code=ErrorCode.AUTH_FAILED, message="missing or wrong token")
-        return None
+        return None  # the token was checked on the upgrade request (server.guard)
+
+    async def _send(
+        self, ws: ServerConnection, message: Message, buffers: tuple[memoryview, ...] = ()
+    ) -> None:
+        """Send one message and count its bytes.
+
+        Raises:
+            Drop: ``send_timeout``, the client did not take it within ``send_timeout``.
+        """
+        try:
+            with anyio.fail_after(self.config.send_timeout):
+                self.metrics.sent_bytes.inc(await _send(ws, message, buffers))
+        except TimeoutError:
+            raise Drop(
+                ErrorCode.SEND_TIMEOUT,
+                f"the client took no reply for {self.config.send_timeout} s",
+            ) from None
 
     async def _run(self, ws: ServerConnection, session: Session) -> None:
-        send, receive = anyio.create_memory_object_stream[_Received](QUEUE_DEPTH)
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(self._work, ws, session, receive)
-            try:
-                async with send:
-                    while True:
-                        item = await _receive(ws)
-                        self._in_flight[session.session_id] += 1
-                        self.metrics.received_bytes.inc(item.nbytes)
-                        await send.send(item)
-            except ConnectionClosed:
-                pass
-            finally:
-                tg.cancel_scope.cancel()
+        send, receive = anyio.create_memory_object_stream[_Received](self.config.max_queued)
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._work, ws, session, receive)
+                try:
+                    async with send:
+                        while True:
+                            item = await self._receive_idle(ws, session)
+                            self._in_flight[session.session_id] += 1
+                            self.metrics.received_bytes.inc(item.nbytes)
+                            await send.send(item)
+                except (ConnectionClosed, anyio.BrokenResourceError):
+                    pass
+                finally:
+                    tg.cancel_scope.cancel()
+        except* Drop as group:
+            drop = group.exceptions[0]
+            assert isinstance(drop, Drop)
+            self._refused(_DROP_LIMIT.get(drop.code, drop.code.value), ws, drop.reason)
+            if drop.code is ErrorCode.SEND_TIMEOUT:
+                ws.transport.abort()  # the client does not read: a close frame would not pass
+            else:
+                await ws.close(1008, drop.reason)
+
+    async def _receive_idle(self, ws: ServerConnection, session: Session) -> _Received:
+        """The next message; raises :class:`Drop` after the idle timeout with nothing owed."""
+        idle, progress = self.config.idle_timeout, _Progress()
+        while True:
+            decoder = MessageDecoder(
+                CLIENT_ADAPTER,
+                self.config.max_header_size,
+                max_buffer_bytes=self.config.max_message_size,
+                check=lambda m: session.check_upload(m) if isinstance(m, Batch) else None,
+            )
+            with anyio.move_on_after(idle):
+                return await _receive(ws, decoder, progress)
+            owed = self._in_flight[session.session_id]
+            if progress.partial or not owed:  # cancelling mid-message breaks the websocket
+                raise Drop(ErrorCode.IDLE_TIMEOUT, f"nothing received for {idle} s")
 
     async def _work(
         self,
@@ -363,21 +464,27 @@ class Server:
                 pass  # the receive side sees it too and ends the session
 
     async def _answer(self, ws: ServerConnection, session: Session, item: _Received) -> None:
-        """Run one received message and send its replies."""
-        if item.error is not None or not isinstance(item.message, Batch):
+        """Run one received message and send its replies.
+
+        Raises:
+            Drop: the op deadline passed, a worker step failed, or a reply was not taken.
+        """
+        if not isinstance(item.message, Batch):
             error = item.error or ErrorInfo(
                 code=ErrorCode.BAD_MESSAGE, message="hello is only valid as the first message"
             )
             log.warning(
                 "bad message", extra=fields(session=session.session_id, error=error.message)
             )
-            self.metrics.sent_bytes.inc(await _send(ws, SessionError(error=error)))
+            await self._send(ws, SessionError(error=error))
             return
-        job = session.start(item.message, item.buffers)
+        job = session.start(item.message, item.buffers, rejected=item.error)
         while not session.step(job, inline=True):
-            await anyio.to_thread.run_sync(session.step, job, False, limiter=self._limiter)
+            await self._workers.run(session, job)
+        if session.closed:
+            raise Drop(ErrorCode.INTERNAL, "a worker step failed; see the server log")
         for reply, buffers in session.finish(job):
-            self.metrics.sent_bytes.inc(await _send(ws, reply, tuple(buffers)))
+            await self._send(ws, reply, tuple(buffers))
         reads = sum(isinstance(r, Read) for r in item.message.requests)
         self.metrics.read_done(reads, time.perf_counter() - item.at)
 

@@ -2,7 +2,8 @@
 validator.
 
 Rule: imports ``protocol``, pydantic and pydantic-settings only; nothing here binds, spawns or
-starts a loop. (Reading ``--token-file`` and the cgroup memory limit are the only file reads.)
+starts a loop. (Reading ``--token-file`` and the cgroup memory limit are the only file reads;
+the TLS files are read by ``server.guard`` when the server is built.)
 
 Every field of :class:`ServerConfig` is one setting: ``python -m server`` makes a flag of it
 (``max_message_size`` -> ``--max-message-size``) and pydantic-settings reads the same setting
@@ -16,6 +17,7 @@ records ops instead of executing them). It runs before anything binds.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -34,6 +36,10 @@ class UnsupportedDeviceError(ValueError):
     """The server was asked to host a device it must never host (remote or capture)."""
 
 
+class InsecureConfigError(ValueError):
+    """A configuration that would expose the server unsafely (see :func:`validate_security`)."""
+
+
 def _device(value: object) -> object:
     """A device spec string (flag or variable) becomes a typed spec; models pass through.
     Raises ``DeviceSpecError`` (a ``ValueError``) for a string that names no device."""
@@ -50,6 +56,31 @@ def cgroup_memory_limit(path: Path = CGROUP_MEMORY_MAX) -> int | None:
 
 
 _BYTES: TypeAdapter[ByteSize] = TypeAdapter(ByteSize)
+
+
+def physical_memory() -> int:
+    """This machine's memory in bytes (8 GiB where the OS does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # pragma: no cover - not Linux or macOS
+        return 8 * 2**30
+
+
+def _size(value: object) -> object:
+    """``64MiB``, ``2GiB``, ``1048576`` -> int bytes; ``none`` or empty -> None."""
+    if isinstance(value, str) and value.strip().lower() in ("", "none"):
+        return None
+    return value if value is None or isinstance(value, int) else int(_BYTES.validate_python(value))
+
+
+def _origins(value: object) -> object:
+    """A comma-separated string (flag or variable) becomes a tuple of origins."""
+    if isinstance(value, str):
+        return tuple(v.strip() for v in value.split(",") if v.strip())
+    return value
+
+
+Size = Annotated[Annotated[int, Field(ge=0)], BeforeValidator(_size)]
 
 
 def _budget(value: object) -> object:
@@ -94,7 +125,7 @@ class ServerConfig(BaseSettings):
         description="read the token from this file (a docker/compose secret); "
         "surrounding whitespace is ignored",
     )
-    max_message_size: Annotated[int, Field(ge=1024)] = Field(
+    max_message_size: Annotated[Size, Field(ge=1024)] = Field(
         default=2**31, description="largest websocket message accepted, in bytes"
     )
     worker_threads: Annotated[int, Field(ge=1)] = Field(
@@ -111,7 +142,60 @@ class ServerConfig(BaseSettings):
     memory_budget: Annotated[Annotated[int, Field(ge=0)] | None, BeforeValidator(_budget)] = Field(
         default=None,
         description="server-wide budget for tensor bytes (e.g. 3GiB); 'auto' = 75% of the "
-        "container's cgroup memory limit; unset = no budget",
+        "container's cgroup memory limit; unset = half the machine's memory; new work beyond "
+        "it fails with server_memory_exhausted",
+    )
+    # --- security and limits (README "Security": each is a row of the limits table) -----------
+    insecure: bool = Field(
+        default=False, description="allow a non-loopback bind without a token (warns loudly)"
+    )
+    tls_cert: Path | None = Field(default=None, description="PEM certificate chain: serve wss://")
+    tls_key: Path | None = Field(default=None, description="PEM private key of --tls-cert")
+    allowed_origins: Annotated[tuple[str, ...], NoDecode, BeforeValidator(_origins)] = Field(
+        default=(),
+        description="browser Origin values allowed, comma-separated; a connection with any "
+        "other Origin header is refused",
+    )
+    max_connections: Annotated[int, Field(ge=1)] = Field(
+        default=256, description="open websocket connections; more are refused with 503"
+    )
+    idle_timeout: Annotated[float, Field(gt=0)] = Field(
+        default=600.0,
+        description="seconds a session may send nothing while the server owes it nothing",
+    )
+    ping_interval: Annotated[float, Field(gt=0)] = Field(
+        default=20.0, description="seconds between keepalive pings"
+    )
+    ping_timeout: Annotated[float, Field(gt=0)] = Field(
+        default=20.0, description="seconds a ping's pong may take before the connection drops"
+    )
+    send_timeout: Annotated[float, Field(gt=0)] = Field(
+        default=300.0, description="seconds a client may take to receive one reply"
+    )
+    write_limit: Annotated[Size, Field(ge=1024)] = Field(
+        default=2**20, description="outgoing bytes buffered per connection before sends wait"
+    )
+    max_queued: Annotated[int, Field(ge=1)] = Field(
+        default=8, description="received messages queued per session before reading stops"
+    )
+    max_header_size: Annotated[Size, Field(ge=1024, le=64 * 2**20)] = Field(
+        default=16 * 2**20, description="largest message header (JSON), in bytes"
+    )
+    max_op_bytes: Size = Field(
+        default=2 * 2**30, description="largest output of one op, in bytes, checked before numpy"
+    )
+    max_ndim: Annotated[int, Field(ge=0, le=64)] = Field(
+        default=64, description="most dimensions of any tensor"
+    )
+    session_quota: Annotated[Size | None, BeforeValidator(_size)] = Field(
+        default=None,
+        description="tensor bytes one session may hold (e.g. 1GiB); unset = half of the "
+        "memory budget",
+    )
+    op_deadline: Annotated[float, Field(gt=0)] = Field(
+        default=600.0,
+        description="seconds one op may run; past it the session is closed (numpy is not "
+        "interrupted: its result is discarded)",
     )
     metrics_port: Annotated[int, Field(ge=0, le=65535)] | None = Field(
         default=None,
@@ -146,6 +230,16 @@ class ServerConfig(BaseSettings):
                 )
             data["token"] = read_token_file(Path(data["token_file"]))
         return data
+
+    @property
+    def effective_memory_budget(self) -> int:
+        return physical_memory() // 2 if self.memory_budget is None else self.memory_budget
+
+    @property
+    def effective_session_quota(self) -> int:
+        if self.session_quota is None:
+            return self.effective_memory_budget // 2
+        return self.session_quota
 
     @model_validator(mode="after")
     def _ports_differ(self) -> ServerConfig:
@@ -197,3 +291,47 @@ def validate_host_device(device: NdArraySpec | RemoteSpec | CaptureSpec) -> NdAr
             f"--device {inner}"
         )
     return device
+
+
+def is_loopback(host: str) -> bool:
+    """True for ``localhost`` and loopback addresses; False for anything else (names too)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def validate_security(config: ServerConfig) -> list[str]:
+    """Refuse an exposed server without a token (like Redis's protected mode); return the
+    warnings to print, one line each.
+
+    Raises:
+        InsecureConfigError: a non-loopback bind without a token or ``insecure``, or only one
+            of ``tls_cert``/``tls_key``. The message is one line, fit for stderr.
+    """
+    if (config.tls_cert is None) != (config.tls_key is None):
+        raise InsecureConfigError(
+            f"--tls-cert ({ENV_PREFIX}TLS_CERT) and --tls-key ({ENV_PREFIX}TLS_KEY) go together"
+        )
+    warnings: list[str] = []
+    if is_loopback(config.host):
+        return warnings
+    if config.token is None and not config.insecure:
+        raise InsecureConfigError(
+            f"refusing to bind {config.host} without a token: anyone who can reach it could run "
+            f"ops and read every tensor; set --token or {ENV_PREFIX}TOKEN (or --token-file), "
+            "bind 127.0.0.1, or pass --insecure to accept the risk"
+        )
+    if config.token is None:
+        warnings.append(
+            f"--insecure: serving {config.host} with no token; anyone who can reach "
+            "this port can run ops and read every tensor"
+        )
+    elif config.tls_cert is None:
+        warnings.append(
+            f"serving {config.host} without TLS: the token and tensors travel in clear; "
+            "use --tls-cert/--tls-key"
+        )
+    return warnings

@@ -16,7 +16,6 @@ otherwise). Neither endpoint reveals tensor data.
 
 from __future__ import annotations
 
-import hmac
 import json
 from dataclasses import dataclass
 from http import HTTPStatus
@@ -26,6 +25,7 @@ from websockets.http11 import Request, Response
 
 from protocol import PROTOCOL_VERSION
 
+from .guard import token_matches
 from .metrics import CONTENT_TYPE, Metrics
 
 HEALTH_PATH = "/healthz"
@@ -60,10 +60,7 @@ def health(draining: bool, device: str) -> Response:
 
 
 def _authorized(request: Request, token: str) -> bool:
-    scheme, _, given = request.headers.get("Authorization", "").partition(" ")
-    return scheme.lower() == "bearer" and hmac.compare_digest(
-        given.strip().encode(), token.encode()
-    )
+    return token_matches(request, token)  # the server's one token check (server.guard)
 
 
 def metrics(request: Request, registry: Metrics, token: str | None, auth: str) -> Response:

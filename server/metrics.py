@@ -46,8 +46,10 @@ PREFIX = "tensorwire"
 READ_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
-# Labels of refusals_total today; the limits of issue 4 add theirs ("message_size", "memory", ...).
-REFUSAL_LIMITS = ("auth", "version", "device_index", "handshake_timeout", "draining")
+# Labels of refusals_total: connections refused or dropped. Ops refused by a limit (size,
+# quota, budget) are counted by code in op_errors_total.
+REFUSAL_LIMITS = ("auth", "version", "device_index", "handshake_timeout", "draining", "origin",
+                  "connections", "idle", "send_timeout", "deadline")  # fmt: skip
 REFUSAL_LIMIT = {  # handshake refusals: the limit label of each error code
     ErrorCode.AUTH_FAILED: "auth",
     ErrorCode.VERSION_MISMATCH: "version",

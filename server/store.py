@@ -1,10 +1,29 @@
-"""A session's tensors: id -> numpy array or the failure that produced it.
+"""A session's tensors (id -> numpy array or the failure that produced it) and memory accounting.
 
-Rule: imports numpy and ``protocol`` only. Owned by one session, touched by one task at a time.
+Rule: imports numpy and ``protocol`` only.
+
+Accounting (README, "Security") counts memory, not tensors: every stored array is either the
+owner of its memory (a *root*: an ndarray whose ``base`` is None) or a view whose root is
+already held by this store (``reshape``, slicing, ``permute_dims`` stay zero-copy). Roots are
+reference-counted by the tensors that use them; a root's bytes are counted once, while any
+tensor uses it, and given back when the last one is freed. Any other result (a view of a
+received message or of a temporary) is copied by the session before it is stored, so no byte
+is held that is not counted. Bytes are *reserved* before numpy runs, from the inferred output
+size, against the session's quota and the server-wide :class:`MemoryBudget`; the reservation
+becomes the new root, is given back when the result is a view of a held root, or is cancelled
+if the op fails. When full, new work is refused (``quota_exceeded`` /
+``server_memory_exhausted``); stored tensors are never dropped.
+
+Threads: a store is changed by one thread at a time — the event loop, or the worker thread
+running its session's ops (the session defers :meth:`TensorStore.close` until that thread has
+returned), so it takes no lock. The server-wide :class:`MemoryBudget` is shared by every
+session's threads and locks. A result that arrives after :meth:`TensorStore.close` (only when
+the server abandons a worker thread at shutdown) is discarded and its reservation given back.
 """
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,19 +45,64 @@ class Stored:
     meta: TensorMeta
 
 
+def root_of(array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """The last ndarray in ``array``'s chain of bases (``array`` itself if it has none)."""
+    root = array
+    while isinstance(root.base, np.ndarray):
+        root = root.base
+    return root
+
+
 class StoreError(Exception):
     def __init__(self, code: ErrorCode, message: str) -> None:
         super().__init__(message)
         self.code = code
 
 
-class TensorStore:
-    """Tensors by client-allocated id, with byte accounting."""
+class MemoryBudget:
+    """Tensor bytes in use across all sessions (stored plus reserved), against ``limit``.
 
-    def __init__(self) -> None:
+    Thread-safe. ``sessions`` counts open sessions (for stats).
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+        self.sessions = 0
+        self._lock = threading.Lock()
+
+    def reserve(self, nbytes: int) -> None:
+        """Raises :class:`StoreError` (``server_memory_exhausted``) when ``nbytes`` do not fit."""
+        with self._lock:
+            if self.used + nbytes > self.limit:
+                raise StoreError(
+                    ErrorCode.SERVER_MEMORY_EXHAUSTED,
+                    f"the server's memory budget is full ({self.used} of {self.limit} bytes in "
+                    f"use, {nbytes} more needed); retry after tensors are freed, or raise "
+                    "--memory-budget",
+                )
+            self.used += nbytes
+
+    def release(self, nbytes: int) -> None:
+        with self._lock:
+            self.used -= nbytes
+
+    def free_bytes(self) -> int:
+        return self.limit - self.used
+
+
+class TensorStore:
+    """Tensors by client-allocated id, with byte accounting against a quota and a budget."""
+
+    def __init__(self, quota: int | None = None, budget: MemoryBudget | None = None) -> None:
         self._items: dict[int, Stored | Failure] = {}
-        self.nbytes = 0
+        self._roots: dict[int, list[Any]] = {}  # id(root) -> [root, tensors using it]
+        self.quota = quota
+        self.budget = budget if budget is not None else MemoryBudget(2**63)
+        self.nbytes = 0  # bytes of the roots the stored arrays use
+        self.reserved = 0  # bytes reserved for ops that are running
         self.failed = 0
+        self.closed = False
 
     def __len__(self) -> int:
         return len(self._items)
@@ -55,15 +119,69 @@ class TensorStore:
                 ErrorCode.UNKNOWN_TENSOR, f"tensor #{tensor_id} does not exist in this session"
             ) from None
 
-    def put(self, tensor_id: int, value: Stored | Failure) -> None:
-        """Raises :class:`StoreError` (``duplicate_tensor``) if the id is taken."""
+    def holds(self, root: np.ndarray[Any, Any]) -> bool:
+        """True if ``root`` is the memory of a tensor in this store."""
+        entry = self._roots.get(id(root))
+        return entry is not None and entry[0] is root
+
+    def free_quota(self) -> int:
+        """Bytes this session may still reserve (ignoring the server-wide budget)."""
+        if self.quota is None:
+            return 2**63
+        return self.quota - self.nbytes - self.reserved
+
+    def reserve(self, nbytes: int) -> None:
+        """Reserve ``nbytes`` for an op's output before it runs.
+
+        Raises:
+            StoreError: ``quota_exceeded`` (this session's quota) or ``server_memory_exhausted``
+                (the budget); nothing is reserved then.
+        """
+        # No store lock: only the thread running this session's ops changes ``reserved``.
+        if nbytes > self.free_quota():
+            raise StoreError(
+                ErrorCode.QUOTA_EXCEEDED,
+                f"the session's memory quota is full ({self.nbytes + self.reserved} of "
+                f"{self.quota} bytes in use, {nbytes} more needed); free tensors first, or "
+                "raise --session-quota",
+            )
+        self.budget.reserve(nbytes)
+        self.reserved += nbytes
+
+    def cancel(self, nbytes: int) -> None:
+        """Give back a reservation whose op did not store a result."""
+        self.reserved -= nbytes
+        self.budget.release(nbytes)
+
+    def put(self, tensor_id: int, value: Stored | Failure, reserved: int = 0) -> None:
+        """Store ``value``, turning the ``reserved`` bytes (from :meth:`reserve`) into its root:
+        a :class:`Stored` array must be a view of a held root (the reservation is given back) or
+        a root of exactly ``reserved`` bytes. After :meth:`close`, the value is dropped and its
+        bytes released.
+
+        Raises:
+            StoreError: ``duplicate_tensor`` if the id is taken (the reservation is kept).
+        """
+        if self.closed:
+            self.reserved -= reserved
+            self.budget.release(reserved)
+            return
         if tensor_id in self._items:
             raise StoreError(ErrorCode.DUPLICATE_TENSOR, f"tensor id #{tensor_id} is in use")
         self._items[tensor_id] = value
         if isinstance(value, Failure):
             self.failed += 1
-        else:
-            self.nbytes += value.array.nbytes
+            return
+        self.reserved -= reserved
+        root = root_of(value.array)
+        entry = self._roots.get(id(root))
+        if entry is not None and entry[0] is root:
+            entry[1] += 1
+            self.budget.release(reserved)  # already counted
+            return
+        assert root.base is None and root.nbytes == reserved, (root.nbytes, reserved)
+        self._roots[id(root)] = [root, 1]
+        self.nbytes += reserved
 
     def free(self, tensor_id: int) -> None:
         """Forget an id. Freeing an unknown id does nothing (frees are idempotent)."""
@@ -71,9 +189,21 @@ class TensorStore:
         if isinstance(value, Failure):
             self.failed -= 1
         elif value is not None:
-            self.nbytes -= value.array.nbytes
+            root = root_of(value.array)
+            entry = self._roots[id(root)]
+            entry[1] -= 1
+            if not entry[1]:
+                del self._roots[id(root)]
+                self.nbytes -= root.nbytes
+                self.budget.release(root.nbytes)
 
-    def clear(self) -> None:
+    def close(self) -> None:
+        """Drop every tensor and give its bytes back; later results are discarded."""
+        self.closed = True
         self._items.clear()
+        self._roots.clear()
+        self.budget.release(self.nbytes)
         self.nbytes = 0
         self.failed = 0
+
+    clear = close

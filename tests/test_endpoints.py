@@ -120,8 +120,8 @@ def test_metrics_on_their_own_port() -> None:
         assert http_get(metrics_port, "/")[0] == 404
 
 
-def _hello(ws: ws_client.ClientConnection, token: str | None = None) -> Welcome:
-    ws.send(to_frames(encode(Hello(protocol=PROTOCOL_VERSION, token=token))))
+def _hello(ws: ws_client.ClientConnection) -> Welcome:
+    ws.send(to_frames(encode(Hello(protocol=PROTOCOL_VERSION))))
     welcome, _ = decode(SERVER_ADAPTER, ws.recv(decode=False))
     assert isinstance(welcome, Welcome)
     return welcome

@@ -79,7 +79,7 @@ ALL_OPS = [
 ]
 ERROR = ErrorInfo(code=ErrorCode.INVALID_OP, message="bad", op="matmul(#1, #2) -> #3")
 CLIENT_MESSAGES: list[Any] = [
-    Hello(protocol=1, device_index=3, token="s3cret"),
+    Hello(protocol=1, device_index=3),
     Hello(protocol=1),
     Batch(),
     Batch(

@@ -23,6 +23,8 @@ def from_buffer(op: FromBuffer, args: Sequence[Array], buffers: Sequence[Buffer]
             f"buffer {op.buffer} has {len(data)} bytes; shape {list(op.shape)} of {op.dtype} "
             f"needs {op.nbytes()}"
         )
+    if isinstance(data, np.ndarray):  # a view whose base is the buffer (see Session._owned)
+        return data.view(to_numpy(op.dtype)).reshape(op.shape)
     return np.frombuffer(data, dtype=to_numpy(op.dtype)).reshape(op.shape)
 
 
@@ -33,6 +35,9 @@ def full(op: Full, args: Sequence[Array], buffers: Sequence[Buffer]) -> Array:
 def arange(op: Arange, args: Sequence[Array], buffers: Sequence[Buffer]) -> Array:
     # Note: computed in numpy's natural dtype (int64 or float64), then cast, so that the length
     # is always ceil((stop - start) / step), as inferred.
+    # numpy computes the length in C and can overflow where the exact length is 0.
+    if op.length() == 0:
+        return np.empty((0,), dtype=to_numpy(op.dtype))
     return np.arange(op.start, op.stop, op.step).astype(to_numpy(op.dtype), copy=False)
 
 

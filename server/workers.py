@@ -1,0 +1,107 @@
+"""Worker threads for heavy ops, watched against the per-op deadline.
+
+Rule: imports anyio, ``protocol`` and ``server.session`` only; knows nothing of sockets.
+
+A numpy call cannot be interrupted, so the per-op deadline means: when one op has run for
+``deadline`` seconds, :meth:`Workers.run` closes the session and raises :class:`Drop`; the
+transport then closes the connection. The worker thread runs on to the end of its numpy call
+in the server's task group (so neither the session nor the event loop waits for it), the
+session stops before its next op, and the result is discarded with its reserved bytes given
+back (``Session.leave_thread``). The thread keeps its worker slot until numpy returns, so at
+most ``worker_threads`` such ops run at once; cheap ops, reads and pings never wait for them.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+import anyio
+import anyio.abc
+
+from protocol import ErrorCode
+
+from .session import Job, Session
+
+log = logging.getLogger("tensorwire.server")
+
+
+class Drop(Exception):
+    """End this session and close its connection; ``reason`` starts with the ErrorCode (it is
+    the websocket close reason, at most 123 bytes)."""
+
+    def __init__(self, code: ErrorCode, message: str) -> None:
+        super().__init__(f"{code}: {message}"[:120])
+        self.code = code
+        self.reason = str(self)
+
+
+@dataclass
+class _Run:
+    """One worker-thread step of a job, as its session watches it."""
+
+    started: anyio.Event = field(default_factory=anyio.Event)
+    done: anyio.Event = field(default_factory=anyio.Event)
+    returned: bool = False  # False when cancelled (server shutdown): the thread was abandoned
+
+
+class Workers:
+    """Runs the heavy part of jobs in at most ``threads`` worker threads at once.
+
+    Call :meth:`serve_in` with the server's task group before :meth:`run`.
+    """
+
+    def __init__(self, threads: int, deadline: float) -> None:
+        self.deadline = deadline
+        self._limiter = anyio.CapacityLimiter(threads)
+        self._tasks: anyio.abc.TaskGroup | None = None
+
+    def serve_in(self, tasks: anyio.abc.TaskGroup) -> None:
+        """Worker steps run as tasks of ``tasks``, which outlives every session."""
+        self._tasks = tasks
+
+    async def run(self, session: Session, job: Job) -> None:
+        """Run the rest of ``job`` in a worker thread, watching the per-op deadline.
+
+        Raises:
+            Drop: ``deadline_exceeded`` when one op ran past the deadline; ``internal`` when
+                the server is shutting down and abandoned the thread. The session is closed.
+        """
+        assert self._tasks is not None, "call serve_in() first"
+        run = _Run()
+        self._tasks.start_soon(self._runner, session, job, run)
+        await run.started.wait()
+        while not run.done.is_set():
+            op_started = job.op_started or time.monotonic()
+            with anyio.move_on_after(op_started + self.deadline - time.monotonic()):
+                await run.done.wait()
+            if not run.done.is_set() and job.op_started == op_started:
+                op = job.batch.ops[min(job.next, len(job.batch.ops) - 1)]
+                session.close()
+                raise Drop(
+                    ErrorCode.DEADLINE_EXCEEDED,
+                    f"{op.describe()} ran past the {self.deadline} s per-op deadline",
+                )
+        if not run.returned:
+            session.close()
+            raise Drop(ErrorCode.INTERNAL, "the server is shutting down")
+
+    async def _runner(self, session: Session, job: Job, run: _Run) -> None:
+        try:
+            async with self._limiter:
+                job.op_started = time.monotonic()
+                run.started.set()
+                session.enter_thread()
+                try:
+                    await anyio.to_thread.run_sync(session.step, job, False, abandon_on_cancel=True)
+                    run.returned = True
+                finally:
+                    session.leave_thread()  # abandoned at shutdown: the process is ending
+        except Exception:
+            log.exception("worker step failed session=%s", session.session_id)
+            session.close()
+            run.returned = True
+        finally:
+            run.started.set()
+            run.done.set()
