@@ -1,19 +1,26 @@
-"""One session with a server device, driven by a background event-loop thread.
+"""One session with a server device, driven by the threads that use it.
 
 Rule: imports ``protocol`` and ``client.errors`` only; knows nothing of arrays.
 
-Theory of operation. Callers (any thread) append ops to a pending batch under a lock; nothing
-waits. A *flush* turns the pending ops, the ids freed since the last flush and any requests into
-one :class:`~protocol.Batch`, encodes it, and hands the frames to the writer task on the loop
-thread, in flush order. Flushes happen on a read, a sync, a stats call, when the batch holds
-:data:`FLUSH_OPS` ops or :data:`FLUSH_BYTES` upload bytes, and on close. Bytes handed to the
-writer but not yet written are bounded by :data:`MAX_IN_FLIGHT`: a caller that outruns the
-socket blocks in ``flush`` (backpressure, not an unbounded queue).
+Theory of operation. The websocket is websockets' synchronous client: its own daemon thread
+reads the socket, answers pings and queues incoming frames; every other step runs in the
+calling thread, so a read crosses no thread of ours.
 
-Requests (read, sync, stats) register a :class:`concurrent.futures.Future` under a request id
-before their batch is handed over; the reader task resolves it from the reply. When the
-connection closes or breaks, every pending future fails with :class:`ConnectionLost`, and so does
-every later call: nothing hangs.
+Callers (any thread) append ops to a pending batch under a lock; nothing waits. A *flush* turns
+the pending ops, the ids freed since the last flush and any requests into one
+:class:`~protocol.Batch`, encodes it and writes it to the socket from the flushing thread, in
+flush order (the send lock is taken before the batch lock is let go). Flushes happen on a read,
+a sync, a stats call, when the batch holds :data:`FLUSH_OPS` ops or :data:`FLUSH_BYTES` upload
+bytes, and on close. A caller that outruns the socket blocks in its flush (backpressure: the
+kernel's socket buffer is the bound, not an unbounded queue).
+
+Requests (read, sync, stats) register a :class:`Reply` (a ``concurrent.futures.Future``) under a
+request id before their batch is sent. Replies are read by whichever thread waits for one
+(leader/follower): :meth:`Reply.result` makes the waiting thread the reader if none is, and it
+dispatches every reply it receives, its own and other threads', until its own has come; other
+waiters sleep until theirs is resolved or the reader steps down. When the connection closes or
+breaks, every pending reply fails with :class:`ConnectionLost`, and so does every later call:
+nothing hangs (websockets' reading thread wakes a blocked reader when the socket closes).
 
 Frees are recorded without a lock (they come from ``__del__``, in any thread, at any time) and
 are taken *before* the ops at each flush, so a free never overtakes an op that reads the id.
@@ -21,17 +28,16 @@ are taken *before* the ops at each flush, so a free never overtakes an op that r
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import itertools
 import threading
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from typing import Any
 
 import numpy as np
-from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
+from websockets.sync.client import ClientConnection, connect
 
 from protocol import (
     PROTOCOL_VERSION,
@@ -59,18 +65,26 @@ from .errors import ConnectionLost, RemoteError, ServerProtocolError, handshake_
 FLUSH_OPS = 2048
 FLUSH_BYTES = 1 << 20
 COPY_BELOW = 1 << 20  # uploads smaller than this are copied; larger ones are sent before return
-MAX_IN_FLIGHT = 64 << 20
 MAX_MESSAGE = 2**31
 CLOSE_TIMEOUT = 10.0
 
-_Outgoing = tuple[bytes | list[bytes | memoryview], "Future[None] | None", int]
+Frames = bytes | list[bytes | memoryview]
 
 
-async def _receive(ws: ClientConnection) -> tuple[Any, list[Buffer]]:
-    decoder = MessageDecoder(SERVER_ADAPTER)
-    async for fragment in ws.recv_streaming(decode=False):
-        decoder.feed(fragment)
-    return decoder.finish()
+class Reply(Future[Any]):
+    """The future reply to one request. ``result()`` reads the connection while it waits, so
+    call it (or :meth:`Connection.wait`) from a thread that may block; an asyncio caller runs
+    it in a worker thread. ``add_done_callback`` alone never resolves it.
+    """
+
+    def __init__(self, conn: Connection) -> None:
+        super().__init__()
+        self._conn = conn
+
+    def result(self, timeout: float | None = None) -> Any:
+        if not self.done():
+            self._conn.wait(self)
+        return super().result(timeout)
 
 
 class Connection:
@@ -85,7 +99,10 @@ class Connection:
         self, url: str, index: int = 0, token: str | None = None, open_timeout: float = 10.0
     ) -> None:
         self.url = url
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the pending batch, ids, waiters, state
+        self._send_lock = threading.Lock()  # one writer at a time, in flush order
+        self._reading = threading.Condition(threading.Lock())  # leader/follower of replies
+        self._leader = False
         self._ops: list[AnyOp] = []
         self._buffers: list[memoryview] = []
         self._buffered = 0
@@ -96,91 +113,94 @@ class Connection:
         self._error: ConnectionLost | None = None
         self._server_error: ServerProtocolError | None = None
         self._closing = False
-        self._in_flight = 0
-        self._drained = threading.Condition(self._lock)
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(
-            target=self._loop.run_forever, name=f"tensorwire {url}", daemon=True
-        )
-        self._thread.start()
+        self._ws = self._open(url, open_timeout)
+        self.welcome: Welcome = self._handshake(index, token)
+
+    # --- opening ----------------------------------------------------------------------------
+
+    def _open(self, url: str, open_timeout: float) -> ClientConnection:
         try:
-            self.welcome: Welcome = self._call(self._open(url, index, token, open_timeout))
-        except BaseException:
-            self._stop_loop()
-            raise
-
-    # --- loop thread ------------------------------------------------------------------------
-
-    def _call(self, coro: Any) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
-
-    async def _open(self, url: str, index: int, token: str | None, open_timeout: float) -> Welcome:
-        try:
-            self._ws = await connect(
+            ws = connect(
                 url,
                 compression=None,
                 max_size=MAX_MESSAGE,
                 open_timeout=open_timeout,
+                close_timeout=CLOSE_TIMEOUT,
                 proxy=None,
-                write_limit=2**20,
             )
         except (OSError, InvalidHandshake, InvalidURI, TimeoutError) as exc:
             raise ConnectionLost(f"cannot connect to {url}: {exc}") from exc
+        # Entered as ``with connect(...) as ws`` would be (websockets >= 17.1 warns otherwise);
+        # :meth:`close` closes it.
+        return ws.__enter__()
+
+    def _handshake(self, index: int, token: str | None) -> Welcome:
         try:
             hello = Hello(protocol=PROTOCOL_VERSION, device_index=index, token=token)
-            await self._ws.send(to_frames(encode(hello)))
-            reply, _ = await _receive(self._ws)
+            self._ws.send(to_frames(encode(hello)))
+            reply, _ = self._receive()
         except (ConnectionClosed, DecodeError) as exc:
-            await self._ws.close()
-            raise ConnectionLost(f"handshake with {url} failed: {exc}") from exc
+            self._ws.close()
+            raise ConnectionLost(f"handshake with {self.url} failed: {exc}") from exc
         if isinstance(reply, Refused):
-            await self._ws.close()
+            self._ws.close()
             raise handshake_error(reply.error)
         if not isinstance(reply, Welcome):
-            await self._ws.close()
-            raise ConnectionLost(f"handshake with {url} failed: unexpected {reply.type}")
-        self._outbox: asyncio.Queue[_Outgoing | None] = asyncio.Queue()
-        self._reader = asyncio.ensure_future(self._read_loop())
-        self._writer = asyncio.ensure_future(self._write_loop())
+            self._ws.close()
+            raise ConnectionLost(f"handshake with {self.url} failed: unexpected {reply.type}")
         return reply
 
-    async def _write_loop(self) -> None:
-        while (item := await self._outbox.get()) is not None:
-            frames, sent, nbytes = item
+    # --- receiving: whichever thread waits reads ---------------------------------------------
+
+    def _receive(self) -> tuple[Any, list[Buffer]]:
+        decoder = MessageDecoder(SERVER_ADAPTER)
+        for fragment in self._ws.recv_streaming(decode=False):
+            decoder.feed(fragment)
+        return decoder.finish()
+
+    def wait(self, reply: Future[Any]) -> None:
+        """Return once ``reply`` is resolved, reading and dispatching replies meanwhile if no
+        other thread is. Never raises; a broken connection resolves ``reply`` with its error.
+        """
+        reading = self._reading
+        while True:
+            with reading:
+                while self._leader and not reply.done():
+                    reading.wait()
+                if reply.done():
+                    return
+                self._leader = True
             try:
-                if self._error is None:
-                    await self._ws.send(frames)
-            except ConnectionClosed as exc:
-                self._broken(exc)
+                self._read_until(reply)
             finally:
-                with self._lock:
-                    self._in_flight -= nbytes
-                    self._drained.notify_all()
-            if sent is not None:
-                if self._error is None:
-                    sent.set_result(None)
-                else:
-                    sent.set_exception(self._error)
+                with reading:
+                    self._leader = False
+                    reading.notify_all()
 
-    async def _read_loop(self) -> None:
-        try:
-            while True:
-                message, buffers = await _receive(self._ws)
-                self._dispatch(message, buffers)
-        except ConnectionClosed as exc:
-            self._broken(exc)
-        except DecodeError as exc:
-            self._broken(exc)
-            await self._ws.close(1002, "undecodable message")
+    def _read_until(self, reply: Future[Any]) -> None:
+        while not reply.done():
+            try:
+                message, buffers = self._receive()
+            except ConnectionClosed as exc:
+                self._broken(exc, reply)
+            except DecodeError as exc:
+                self._broken(exc, reply)
+                self._ws.close(1002, "undecodable message")
+            else:
+                resolved = self._dispatch(message, buffers)
+                if resolved is not None and resolved is not reply:
+                    with self._reading:
+                        self._reading.notify_all()
 
-    def _dispatch(self, message: Any, buffers: list[Buffer]) -> None:
+    def _dispatch(self, message: Any, buffers: list[Buffer]) -> Future[Any] | None:
+        """Resolve the future that ``message`` answers, and return it (None if none)."""
         if isinstance(message, SessionError):
             self._server_error = ServerProtocolError(message.error)
-            return
+            return None
         with self._lock:
             future = self._waiters.pop(message.request_id, None)
         if future is None:
-            return
+            return None
         if isinstance(message, ReadReply):
             array = np.frombuffer(buffers[0], dtype=to_numpy(message.dtype))
             if not array.flags.writeable:
@@ -190,17 +210,22 @@ class Connection:
             future.set_exception(RemoteError(message.error))
         elif isinstance(message, StatsReply | SyncReply):
             future.set_result(message)
+        return future
 
-    def _broken(self, exc: BaseException) -> None:
+    def _broken(self, exc: BaseException, *also: Future[Any]) -> None:
+        """Fail every pending reply (and ``also``) and every later call with ConnectionLost."""
         with self._lock:
             if self._error is None:
                 reason = "closed" if self._closing else f"lost ({exc})"
                 self._error = ConnectionLost(f"connection to {self.url} {reason}")
             waiters, self._waiters = self._waiters, {}
-            self._drained.notify_all()
-        for future in waiters.values():
-            if not future.done():
+        for future in (*waiters.values(), *also):
+            try:
                 future.set_exception(self._error)
+            except InvalidStateError:
+                pass  # resolved meanwhile
+        with self._reading:
+            self._reading.notify_all()
 
     # --- caller threads ---------------------------------------------------------------------
 
@@ -208,52 +233,71 @@ class Connection:
         return next(self._tensor_ids)
 
     def submit(self, op: AnyOp) -> None:
-        """Queue ``op``; it travels with the next flush."""
+        """Queue ``op``; it travels with the next flush.
+
+        Raises:
+            ConnectionLost: the connection is closed or broken.
+        """
+        frames: Frames | None = None
         with self._lock:
             self._check_open()
             self._ops.append(op)
             if len(self._ops) >= FLUSH_OPS or len(self._frees) >= FLUSH_OPS:
-                self._flush_locked(())
+                frames = self._flush_locked(())
+        if frames is not None:
+            self._send(frames)
 
     def submit_upload(self, make_op: Callable[[int], AnyOp], data: memoryview) -> None:
         """Queue the op ``make_op(buffer_index)`` whose bytes are ``data``.
 
         Small uploads are copied at once; a large one is sent before this returns, so the
         caller may change its array afterwards either way.
+
+        Raises:
+            ConnectionLost: the connection is closed or broke before a large upload was sent.
         """
-        sent: Future[None] | None = None
+        frames: Frames | None = None
+        large = data.nbytes >= COPY_BELOW
         with self._lock:
             self._check_open()
-            if data.nbytes < COPY_BELOW:
+            if not large:
                 data = memoryview(bytes(data))
             self._ops.append(make_op(len(self._buffers)))
             self._buffers.append(data)
             self._buffered += data.nbytes
-            if data.nbytes >= COPY_BELOW:
-                sent = self._flush_locked((), wait_sent=True)
-            elif self._buffered >= FLUSH_BYTES:
-                self._flush_locked(())
-        if sent is not None:
-            sent.result()
+            if large or self._buffered >= FLUSH_BYTES:
+                frames = self._flush_locked(())
+        if frames is not None:
+            self._send(frames)
+            if large and self._error is not None:
+                raise self._error
 
     def release(self, tensor_id: int) -> None:
         """Free ``tensor_id`` on the server at the next flush. Safe from ``__del__``."""
         self._frees.append(tensor_id)
 
-    def request(self, make: Callable[[int], Request]) -> Future[Any]:
-        """Flush with the request ``make(request_id)``; the future resolves with its reply."""
-        future: Future[Any] = Future()
+    def request(self, make: Callable[[int], Request]) -> Reply:
+        """Flush with the request ``make(request_id)``; the reply resolves with its answer.
+
+        Raises:
+            ConnectionLost: the connection is closed or broken.
+        """
+        future = Reply(self)
         with self._lock:
             self._check_open()
             request_id = next(self._request_ids)
             self._waiters[request_id] = future
-            self._flush_locked((make(request_id),))
+            frames = self._flush_locked((make(request_id),))
+        self._send(frames)
         return future
 
     def flush(self) -> None:
+        frames: Frames | None = None
         with self._lock:
             if self._error is None and (self._ops or self._frees):
-                self._flush_locked(())
+                frames = self._flush_locked(())
+        if frames is not None:
+            self._send(frames)
 
     def take_server_error(self) -> ServerProtocolError | None:
         error, self._server_error = self._server_error, None
@@ -265,9 +309,10 @@ class Connection:
         if self._closing:
             raise ConnectionLost(f"connection to {self.url} is closed")
 
-    def _flush_locked(
-        self, requests: tuple[Request, ...], wait_sent: bool = False
-    ) -> Future[None] | None:
+    def _flush_locked(self, requests: tuple[Request, ...]) -> Frames:
+        """Encode the pending batch and take the send lock, which the caller must release by
+        passing the frames to :meth:`_send` once it has let go of ``_lock``.
+        """
         frees = [self._frees.popleft() for _ in range(len(self._frees))]  # before the ops
         batch = Batch(
             ops=self._ops,
@@ -276,43 +321,37 @@ class Connection:
             buffers=[b.nbytes for b in self._buffers],
         )
         frames = to_frames(encode(batch, self._buffers))
-        nbytes = len(frames) if isinstance(frames, bytes) else sum(len(f) for f in frames)
         self._ops, self._buffers, self._buffered = [], [], 0
-        while self._in_flight > MAX_IN_FLIGHT and self._error is None:
-            self._drained.wait()
-        self._in_flight += nbytes
-        sent: Future[None] | None = Future() if wait_sent else None
-        self._loop.call_soon_threadsafe(self._outbox.put_nowait, (frames, sent, nbytes))
-        return sent
+        self._send_lock.acquire()  # under _lock: batches go out in the order they were made
+        return frames
+
+    def _send(self, frames: Frames) -> None:
+        """Write one batch and release the send lock taken by :meth:`_flush_locked`."""
+        try:
+            if self._error is None:
+                self._ws.send(frames)
+        except ConnectionClosed as exc:
+            self._broken(exc)
+        finally:
+            self._send_lock.release()
 
     def close(self) -> None:
-        """Flush what is pending, close the websocket and stop the loop thread. Idempotent."""
+        """Flush what is pending and close the websocket (waiting at most
+        :data:`CLOSE_TIMEOUT` for the server). Idempotent."""
+        frames: Frames | None = None
         with self._lock:
             if self._closing:
                 return
             if self._error is None and (self._ops or self._frees):
-                self._flush_locked(())
+                frames = self._flush_locked(())
             self._closing = True
-        try:
-            self._call(self._aclose())
-        finally:
-            self._stop_loop()
-
-    async def _aclose(self) -> None:
-        self._outbox.put_nowait(None)
-        try:
-            async with asyncio.timeout(CLOSE_TIMEOUT):
-                await self._writer
-                await self._ws.close()
-                await self._reader
-        except TimeoutError:  # a server that stopped reading: drop the connection
-            self._ws.transport.abort()
-            self._broken(TimeoutError("close timed out"))
-
-    def _stop_loop(self) -> None:
-        if self._loop.is_running():
-            self._loop.call_soon_threadsafe(self._loop.stop)
-        if threading.current_thread() is not self._thread:
-            self._thread.join(timeout=5)
-            if not self._loop.is_running():
-                self._loop.close()
+        if frames is not None:
+            self._send(frames)
+        if self._send_lock.acquire(timeout=CLOSE_TIMEOUT):  # no batch half sent
+            try:
+                self._ws.close()
+            finally:
+                self._send_lock.release()
+        else:  # a writer blocked on a server that stopped reading: drop the connection
+            self._ws.close_socket()
+        self._broken(ConnectionError("closed"))

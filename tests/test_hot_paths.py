@@ -48,6 +48,5 @@ def test_cost_counts_elements_and_matmul_work() -> None:
 
 def test_connection_has_nodelay_and_no_compression(dev: client.RemoteDevice) -> None:
     ws = dev._conn._ws
-    sock = ws.transport.get_extra_info("socket")
-    assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1  # asyncio sets it
+    assert ws.socket.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1  # websockets sets it
     assert ws.protocol.extensions == []  # no permessage-deflate: negotiated by neither side
