@@ -2,9 +2,12 @@
 
 Rule: imports ``protocol`` and ``client.errors`` only; knows nothing of arrays.
 
-Theory of operation. The websocket is websockets' synchronous client: its own daemon thread
-reads the socket, answers pings and queues incoming frames; every other step runs in the
-calling thread, so a read crosses no thread of ours.
+Theory of operation. The websocket is :class:`client._transport.Transport`: websockets'
+sans-I/O protocol over a socket that the calling threads read and write themselves, so a read
+crosses no thread: the reading thread writes its batch and reads its own reply. A daemon
+*keeper* thread answers the server's pings while no thread is reading (every
+:data:`KEEPALIVE_POLL` seconds it takes the reader's place if it is free and processes what
+the socket holds, without blocking).
 
 Callers (any thread) append ops to a pending batch under a lock; nothing waits. A *flush* turns
 the pending ops, the ids freed since the last flush and any requests into one
@@ -20,7 +23,8 @@ request id before their batch is sent. Replies are read by whichever thread wait
 dispatches every reply it receives, its own and other threads', until its own has come; other
 waiters sleep until theirs is resolved or the reader steps down. When the connection closes or
 breaks, every pending reply fails with :class:`ConnectionLost`, and so does every later call:
-nothing hangs (websockets' reading thread wakes a blocked reader when the socket closes).
+nothing hangs (a reader blocked on the socket wakes when it closes, and :meth:`Connection.close`
+cuts the socket after :data:`CLOSE_TIMEOUT` if the server does not answer).
 
 Frees are recorded without a lock (they come from ``__del__``, in any thread, at any time) and
 are taken *before* the ops at each flush, so a free never overtakes an op that reads the id.
@@ -36,8 +40,6 @@ from concurrent.futures import Future, InvalidStateError
 from typing import Any
 
 import numpy as np
-from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
-from websockets.sync.client import ClientConnection, connect
 
 from protocol import (
     PROTOCOL_VERSION,
@@ -60,6 +62,7 @@ from protocol.codec import Buffer, to_frames
 from protocol.messages import Request
 from protocol.ops import AnyOp
 
+from ._transport import Closed, InvalidHandshake, InvalidURI, Transport
 from .errors import ConnectionLost, RemoteError, ServerProtocolError, handshake_error
 
 FLUSH_OPS = 2048
@@ -67,6 +70,7 @@ FLUSH_BYTES = 1 << 20
 COPY_BELOW = 1 << 20  # uploads smaller than this are copied; larger ones are sent before return
 MAX_MESSAGE = 2**31
 CLOSE_TIMEOUT = 10.0
+KEEPALIVE_POLL = 1.0  # seconds between the keeper's looks at an idle socket (server pings)
 
 Frames = bytes | list[bytes | memoryview]
 
@@ -100,9 +104,8 @@ class Connection:
     ) -> None:
         self.url = url
         self._lock = threading.Lock()  # the pending batch, ids, waiters, state
-        self._send_lock = threading.Lock()  # one writer at a time, in flush order
         self._reading = threading.Condition(threading.Lock())  # leader/follower of replies
-        self._leader = False
+        self._reader: threading.Thread | None = None  # the thread reading replies now
         self._ops: list[AnyOp] = []
         self._buffers: list[memoryview] = []
         self._buffered = 0
@@ -113,50 +116,65 @@ class Connection:
         self._error: ConnectionLost | None = None
         self._server_error: ServerProtocolError | None = None
         self._closing = False
+        self._closed: Future[None] = Future()  # fails when the connection ends
+        self._stop = threading.Event()
         self._ws = self._open(url, open_timeout)
-        self.welcome: Welcome = self._handshake(index, token)
+        try:
+            self.welcome: Welcome = self._handshake(index, token)
+        except BaseException:
+            self._ws.close()
+            raise
+        self._keeper = threading.Thread(target=self._keep, name=f"tensorwire {url}", daemon=True)
+        self._keeper.start()
 
     # --- opening ----------------------------------------------------------------------------
 
-    def _open(self, url: str, open_timeout: float) -> ClientConnection:
+    def _open(self, url: str, open_timeout: float) -> Transport:
         try:
-            ws = connect(
-                url,
-                compression=None,
-                max_size=MAX_MESSAGE,
-                open_timeout=open_timeout,
-                close_timeout=CLOSE_TIMEOUT,
-                proxy=None,
-            )
+            return Transport(url, open_timeout, MAX_MESSAGE)
         except (OSError, InvalidHandshake, InvalidURI, TimeoutError) as exc:
             raise ConnectionLost(f"cannot connect to {url}: {exc}") from exc
-        # Entered as ``with connect(...) as ws`` would be (websockets >= 17.1 warns otherwise);
-        # :meth:`close` closes it.
-        return ws.__enter__()
 
     def _handshake(self, index: int, token: str | None) -> Welcome:
         try:
             hello = Hello(protocol=PROTOCOL_VERSION, device_index=index, token=token)
-            self._ws.send(to_frames(encode(hello)))
+            with self._ws.send_lock:
+                self._ws.send(to_frames(encode(hello)))
             reply, _ = self._receive()
-        except (ConnectionClosed, DecodeError) as exc:
-            self._ws.close()
+        except (Closed, DecodeError) as exc:
             raise ConnectionLost(f"handshake with {self.url} failed: {exc}") from exc
         if isinstance(reply, Refused):
-            self._ws.close()
             raise handshake_error(reply.error)
         if not isinstance(reply, Welcome):
-            self._ws.close()
             raise ConnectionLost(f"handshake with {self.url} failed: unexpected {reply.type}")
         return reply
+
+    def _keep(self) -> None:
+        """The keeper thread: while no thread reads, process what the socket holds (pings)."""
+        while not self._stop.wait(KEEPALIVE_POLL):
+            with self._reading:
+                if self._reader is not None:
+                    continue
+                self._reader = threading.current_thread()
+            try:
+                self._ws.poll()
+            except Closed as exc:
+                self._broken(exc)
+                return
+            finally:
+                with self._reading:
+                    self._reader = None
+                    self._reading.notify_all()
 
     # --- receiving: whichever thread waits reads ---------------------------------------------
 
     def _receive(self) -> tuple[Any, list[Buffer]]:
         decoder = MessageDecoder(SERVER_ADAPTER)
-        for fragment in self._ws.recv_streaming(decode=False):
-            decoder.feed(fragment)
-        return decoder.finish()
+        while True:
+            frame = self._ws.receive()
+            decoder.feed(frame.data)
+            if frame.fin:
+                return decoder.finish()
 
     def wait(self, reply: Future[Any]) -> None:
         """Return once ``reply`` is resolved, reading and dispatching replies meanwhile if no
@@ -165,27 +183,27 @@ class Connection:
         reading = self._reading
         while True:
             with reading:
-                while self._leader and not reply.done():
+                while self._reader is not None and not reply.done():
                     reading.wait()
                 if reply.done():
                     return
-                self._leader = True
+                self._reader = threading.current_thread()
             try:
                 self._read_until(reply)
             finally:
                 with reading:
-                    self._leader = False
+                    self._reader = None
                     reading.notify_all()
 
     def _read_until(self, reply: Future[Any]) -> None:
         while not reply.done():
             try:
                 message, buffers = self._receive()
-            except ConnectionClosed as exc:
+            except Closed as exc:
                 self._broken(exc, reply)
             except DecodeError as exc:
                 self._broken(exc, reply)
-                self._ws.close(1002, "undecodable message")
+                self._abandon(1002, "undecodable message")
             else:
                 resolved = self._dispatch(message, buffers)
                 if resolved is not None and resolved is not reply:
@@ -219,7 +237,7 @@ class Connection:
                 reason = "closed" if self._closing else f"lost ({exc})"
                 self._error = ConnectionLost(f"connection to {self.url} {reason}")
             waiters, self._waiters = self._waiters, {}
-        for future in (*waiters.values(), *also):
+        for future in (*waiters.values(), *also, self._closed):
             try:
                 future.set_exception(self._error)
             except InvalidStateError:
@@ -322,7 +340,7 @@ class Connection:
         )
         frames = to_frames(encode(batch, self._buffers))
         self._ops, self._buffers, self._buffered = [], [], 0
-        self._send_lock.acquire()  # under _lock: batches go out in the order they were made
+        self._ws.send_lock.acquire()  # under _lock: batches go out in the order they were made
         return frames
 
     def _send(self, frames: Frames) -> None:
@@ -330,10 +348,10 @@ class Connection:
         try:
             if self._error is None:
                 self._ws.send(frames)
-        except ConnectionClosed as exc:
+        except Closed as exc:
             self._broken(exc)
         finally:
-            self._send_lock.release()
+            self._ws.release_send_lock()
 
     def close(self) -> None:
         """Flush what is pending and close the websocket (waiting at most
@@ -347,11 +365,30 @@ class Connection:
             self._closing = True
         if frames is not None:
             self._send(frames)
-        if self._send_lock.acquire(timeout=CLOSE_TIMEOUT):  # no batch half sent
-            try:
-                self._ws.close()
-            finally:
-                self._send_lock.release()
-        else:  # a writer blocked on a server that stopped reading: drop the connection
-            self._ws.close_socket()
-        self._broken(ConnectionError("closed"))
+        self._abandon(1000, "")
+        self._stop.set()
+        self._ws.close()
+
+    def _abandon(self, code: int, reason: str) -> None:
+        """Close handshake: send a close frame, then read (as the reader) until the server
+        closes the socket; cut it after :data:`CLOSE_TIMEOUT` (a server that stopped reading
+        or answering). Every pending and later call fails with ConnectionLost."""
+        timer = threading.Timer(CLOSE_TIMEOUT, self._ws.abort)
+        timer.daemon = True
+        timer.start()
+        try:
+            if self._ws.send_lock.acquire(timeout=CLOSE_TIMEOUT):  # no batch half sent
+                try:
+                    self._ws.send_close(code, reason)
+                finally:
+                    self._ws.release_send_lock()
+            if threading.current_thread() is not self._keeper and not self._leading():
+                self.wait(self._closed)
+        finally:
+            timer.cancel()
+            self._ws.abort()
+            self._broken(Closed("closed"))
+
+    def _leading(self) -> bool:
+        """Whether the calling thread is the reader now (it cannot wait for itself)."""
+        return self._reader is threading.current_thread()

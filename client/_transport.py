@@ -1,0 +1,235 @@
+"""A websocket client connection driven by the threads that use it: no thread of its own.
+
+Rule: imports the standard library and websockets only; knows nothing of Tensorwire messages.
+
+websockets' sans-I/O :class:`~websockets.client.ClientProtocol` does the protocol (handshake,
+framing, masking, pings, the close handshake); this module owns the socket. Sending is done by
+the sending thread; receiving by whichever thread calls :meth:`Transport.receive` (the caller
+must let one thread at a time do that). Nothing crosses a thread on the way, which halves a
+small round trip's cost against websockets' threaded clients on a 2-core machine.
+
+Bytes the protocol produces (frames being sent, and pongs and close replies made while
+receiving) go through one FIFO, written in order by whichever thread holds the send lock, so a
+receiving thread never waits for a large send to finish: a reader can always make progress.
+"""
+
+from __future__ import annotations
+
+import collections
+import select
+import socket
+import ssl
+import threading
+from collections.abc import Iterable
+
+from websockets.client import ClientProtocol
+from websockets.exceptions import InvalidHandshake, InvalidURI
+from websockets.frames import Frame, Opcode
+from websockets.http11 import Response
+from websockets.uri import parse_uri
+
+RECV_SIZE = 1 << 18
+_DATA = (Opcode.BINARY, Opcode.CONT, Opcode.TEXT)
+
+
+class Closed(Exception):
+    """The connection is closed or broken; ``str()`` says why."""
+
+
+class Transport:
+    """An open websocket connection to ``url`` (``ws://`` or ``wss://``).
+
+    Raises:
+        OSError, TimeoutError: the server cannot be reached.
+        InvalidURI, InvalidHandshake: the URL is bad or the server refused the upgrade.
+    """
+
+    def __init__(self, url: str, open_timeout: float, max_size: int) -> None:
+        uri = parse_uri(url)
+        sock = socket.create_connection((uri.host, uri.port), timeout=open_timeout)
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if uri.secure:
+                context = ssl.create_default_context()
+                sock = context.wrap_socket(sock, server_hostname=uri.host)
+            self.socket = sock
+            self.protocol = ClientProtocol(uri, max_size=max_size)  # no extensions: no deflate
+            self._lock = threading.Lock()  # the protocol's state and the FIFO
+            self._send_lock = threading.Lock()  # who writes the FIFO to the socket
+            self._out: collections.deque[bytes] = collections.deque()
+            self._events: collections.deque[Frame] = collections.deque()
+            self._handshake()
+            sock.settimeout(None)
+        except BaseException:
+            sock.close()
+            raise
+
+    def _handshake(self) -> None:
+        protocol = self.protocol
+        protocol.send_request(protocol.connect())
+        self._write_all(protocol.data_to_send())
+        while True:
+            data = self.socket.recv(RECV_SIZE)
+            if data:
+                protocol.receive_data(data)
+            else:
+                protocol.receive_eof()
+            events = protocol.events_received()
+            for i, event in enumerate(events):
+                if isinstance(event, Response):
+                    if protocol.handshake_exc is not None:
+                        raise protocol.handshake_exc
+                    self._events.extend(e for e in events[i + 1 :] if _data(e))
+                    return
+            if not data:
+                raise InvalidHandshake("connection closed during the opening handshake")
+
+    def _write_all(self, chunks: Iterable[bytes]) -> None:
+        for chunk in chunks:
+            if chunk:
+                self.socket.sendall(chunk)
+
+    # --- sending ------------------------------------------------------------------------------
+
+    @property
+    def send_lock(self) -> threading.Lock:
+        """Held by one sender at a time; the caller of :meth:`send` must hold it."""
+        return self._send_lock
+
+    def send(self, frames: bytes | list[bytes | memoryview]) -> None:
+        """Send one binary message (a list: its fragments). The caller holds :attr:`send_lock`.
+
+        Raises:
+            Closed: the connection is closing, closed or broke.
+        """
+        protocol = self.protocol
+        if isinstance(frames, bytes):
+            with self._lock:
+                self._check_open()
+                protocol.send_binary(frames)
+                self._out.extend(protocol.data_to_send())
+            self._flush_out()
+            return
+        last = len(frames) - 1
+        for i, frame in enumerate(frames):
+            with self._lock:
+                self._check_open()
+                if i == 0:
+                    protocol.send_binary(frame, fin=i == last)
+                else:
+                    protocol.send_continuation(frame, fin=i == last)
+                self._out.extend(protocol.data_to_send())
+            self._flush_out()
+
+    def _check_open(self) -> None:
+        if self.protocol.state.name != "OPEN":
+            raise Closed(f"connection is {self.protocol.state.name.lower()}")
+
+    def _flush_out(self) -> None:
+        """Write the FIFO (the caller holds the send lock)."""
+        try:
+            while True:
+                with self._lock:
+                    if not self._out:
+                        return
+                    chunk = self._out.popleft()
+                if chunk:
+                    self.socket.sendall(chunk)
+                else:  # the protocol's end of stream, after the close handshake
+                    self.socket.shutdown(socket.SHUT_WR)
+        except OSError as exc:
+            raise Closed(f"send failed: {exc}") from exc
+
+    def _flush_if_free(self) -> None:
+        """Write what receiving produced (pongs, a close reply) unless a sender holds the lock:
+        that sender writes it before it lets go, and every thread that lets go looks again."""
+        while self._out and self._send_lock.acquire(blocking=False):
+            try:
+                self._flush_out()
+            except Closed:
+                return
+            finally:
+                self._send_lock.release()
+
+    def release_send_lock(self) -> None:
+        """Let go of :attr:`send_lock`, then write anything left behind by a receiver."""
+        self._send_lock.release()
+        self._flush_if_free()
+
+    # --- receiving: one thread at a time ------------------------------------------------------
+
+    def receive(self) -> Frame:
+        """The next data frame (binary, text or continuation), reading the socket as needed.
+
+        Raises:
+            Closed: the connection closed or broke (a thread blocked here wakes when it does).
+        """
+        while not self._events:
+            self._read_once()
+        return self._events.popleft()
+
+    def poll(self) -> None:
+        """Process whatever the socket holds now (pings among it) without blocking; data
+        frames wait for :meth:`receive`.
+
+        Raises:
+            Closed: the connection closed or broke.
+        """
+        while select.select([self.socket], [], [], 0)[0]:
+            self._read_once()
+
+    def _read_once(self) -> None:
+        try:
+            data = self.socket.recv(RECV_SIZE)
+        except OSError as exc:
+            data, error = b"", exc
+        else:
+            error = None
+        protocol = self.protocol
+        with self._lock:
+            if data:
+                protocol.receive_data(data)
+            else:
+                protocol.receive_eof()
+            self._events.extend(e for e in protocol.events_received() if _data(e))
+            self._out.extend(protocol.data_to_send())
+        self._flush_if_free()
+        if not data:
+            self._events.clear()
+            self.abort()
+            reason = error or protocol.close_exc
+            raise Closed(str(reason))
+
+    # --- closing ------------------------------------------------------------------------------
+
+    def send_close(self, code: int = 1000, reason: str = "") -> None:
+        """Start the close handshake (the caller holds :attr:`send_lock`); then receive until
+        :class:`Closed`. Does nothing on a connection that is not open."""
+        with self._lock:
+            if self.protocol.state.name != "OPEN":
+                return
+            self.protocol.send_close(code, reason)
+            self._out.extend(self.protocol.data_to_send())
+        try:
+            self._flush_out()
+        except Closed:
+            pass
+
+    def abort(self) -> None:
+        """Cut the connection at once: blocked sends and receives in other threads fail."""
+        try:
+            self.socket.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass  # already closed
+
+    def close(self) -> None:
+        """Release the socket. Call once no other thread uses this transport."""
+        self.abort()
+        self.socket.close()
+
+
+def _data(event: object) -> bool:
+    return isinstance(event, Frame) and event.opcode in _DATA
+
+
+__all__ = ["Closed", "InvalidHandshake", "InvalidURI", "Transport"]
