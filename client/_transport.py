@@ -79,7 +79,7 @@ class Transport:
                 if isinstance(event, Response):
                     if protocol.handshake_exc is not None:
                         raise protocol.handshake_exc
-                    self._events.extend(e for e in events[i + 1 :] if _data(e))
+                    self._events.extend(_frames(events[i + 1 :]))
                     return
             if not data:
                 raise InvalidHandshake("connection closed during the opening handshake")
@@ -179,19 +179,18 @@ class Transport:
             self._read_once()
 
     def _read_once(self) -> None:
+        error: OSError | None = None
         try:
             data = self.socket.recv(RECV_SIZE)
         except OSError as exc:
             data, error = b"", exc
-        else:
-            error = None
         protocol = self.protocol
         with self._lock:
             if data:
                 protocol.receive_data(data)
             else:
                 protocol.receive_eof()
-            self._events.extend(e for e in protocol.events_received() if _data(e))
+            self._events.extend(_frames(protocol.events_received()))
             self._out.extend(protocol.data_to_send())
         self._flush_if_free()
         if not data:
@@ -228,8 +227,9 @@ class Transport:
         self.socket.close()
 
 
-def _data(event: object) -> bool:
-    return isinstance(event, Frame) and event.opcode in _DATA
+def _frames(events: Iterable[object]) -> list[Frame]:
+    """The data frames among ``events`` (control frames are the protocol's business)."""
+    return [e for e in events if isinstance(e, Frame) and e.opcode in _DATA]
 
 
 __all__ = ["Closed", "InvalidHandshake", "InvalidURI", "Transport"]
