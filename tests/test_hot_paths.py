@@ -50,3 +50,18 @@ def test_connection_has_nodelay_and_no_compression(dev: client.RemoteDevice) -> 
     ws = dev._conn._ws
     assert ws.socket.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1  # websockets sets it
     assert ws.protocol.extensions == []  # no permessage-deflate: negotiated by neither side
+
+
+def test_requests_only_batches_encode_as_pydantic_does() -> None:
+    from client._connection import requests_only
+    from protocol import Batch, Read, Stats, Sync, encode
+    from protocol.codec import to_frames
+    from protocol.messages import Request
+
+    cases: list[tuple[Request, ...]] = [
+        (Read(request_id=3, tensor=2**40),),
+        (Sync(request_id=1), Stats(request_id=2), Read(request_id=9, tensor=1)),
+        (),
+    ]
+    for requests in cases:
+        assert requests_only(requests) == to_frames(encode(Batch(requests=list(requests))))
