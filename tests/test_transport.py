@@ -1,0 +1,135 @@
+"""The client's own websocket transport against fake servers: pings answered while idle, a
+reader woken when the server goes away, a close that gives up on a silent server."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+from websockets.frames import Frame, Opcode
+from websockets.http11 import Request
+from websockets.server import ServerProtocol
+
+import client
+import client._connection
+from protocol import PROTOCOL_VERSION, Welcome, encode
+from protocol.codec import to_frames
+
+WAIT = 30.0  # seconds: a bound for events that normally take milliseconds
+
+
+class FakeServer:
+    """One websocket connection on loopback, driven by hand: it completes the handshake and
+    sends a Welcome, then does only what the test asks."""
+
+    def __init__(self, listener: socket.socket) -> None:
+        self.listener = listener
+        self.url = f"ws://127.0.0.1:{listener.getsockname()[1]}"
+        self.protocol = ServerProtocol()
+        self.sock: socket.socket | None = None
+        self.ready = threading.Event()
+
+    def serve(self) -> None:
+        self.sock, _ = self.listener.accept()
+        self.sock.settimeout(WAIT)
+        while not self.events_of(Request):
+            pass
+        self.read_message()  # the hello
+        welcome = Welcome(
+            protocol=PROTOCOL_VERSION, device_index=0, device_count=1, server_id="s", session_id="t"
+        )
+        frames = to_frames(encode(welcome))
+        assert isinstance(frames, bytes)
+        self.protocol.send_binary(frames)
+        self.flush()
+        self.ready.set()
+
+    def events_of(self, kind: type) -> list[object]:
+        assert self.sock is not None
+        data = self.sock.recv(1 << 16)
+        if not data:
+            raise ConnectionError("client left")
+        self.protocol.receive_data(data)
+        events = self.protocol.events_received()
+        for event in events:
+            if isinstance(event, Request):
+                self.protocol.send_response(self.protocol.accept(event))
+        self.flush()
+        return [e for e in events if isinstance(e, kind)]
+
+    def read_message(self) -> None:
+        while not any(f.opcode is Opcode.BINARY for f in self.events_of(Frame)):  # type: ignore[attr-defined]
+            pass
+
+    def flush(self) -> None:
+        assert self.sock is not None
+        for data in self.protocol.data_to_send():
+            if data:
+                self.sock.sendall(data)
+
+
+@contextmanager
+def fake_server() -> Iterator[FakeServer]:
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        fake = FakeServer(listener)
+        thread = threading.Thread(target=fake.serve, daemon=True)
+        thread.start()
+        try:
+            yield fake
+        finally:
+            thread.join(WAIT)
+            if fake.sock is not None:
+                fake.sock.close()
+
+
+def test_idle_client_answers_pings(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(client._connection, "KEEPALIVE_POLL", 0.01)
+    with fake_server() as fake:
+        dev = client.RemoteDevice(fake.url)
+        assert fake.ready.wait(WAIT)
+        fake.protocol.send_ping(b"are you there")
+        fake.flush()
+        pongs: list[object] = []
+        while not pongs:  # nobody reads on the client: its keeper thread must answer
+            pongs = [f for f in fake.events_of(Frame) if f.opcode is Opcode.PONG]  # type: ignore[attr-defined]
+        assert pongs[0].data == b"are you there"  # type: ignore[attr-defined]
+        dev._conn._ws.abort()
+        dev.close()
+
+
+def test_blocked_reader_wakes_when_the_server_goes_away() -> None:
+    with fake_server() as fake:
+        dev = client.RemoteDevice(fake.url)
+        assert fake.ready.wait(WAIT)
+        errors: list[BaseException] = []
+
+        def read() -> None:
+            try:
+                dev.sync()  # the fake never answers
+            except BaseException as exc:  # noqa: BLE001 - recorded for the assertion
+                errors.append(exc)
+
+        reader = threading.Thread(target=read)
+        reader.start()
+        fake.read_message()  # the sync request arrived: the reader waits on the socket
+        assert fake.sock is not None
+        fake.sock.shutdown(socket.SHUT_RDWR)
+        reader.join(WAIT)
+        assert not reader.is_alive()
+        assert len(errors) == 1 and isinstance(errors[0], client.ConnectionLost)
+        with pytest.raises(client.ConnectionLost):
+            client.namespace(dev).ones(3)  # every later call fails at once
+        dev.close()
+
+
+def test_close_gives_up_on_a_silent_server(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(client._connection, "CLOSE_TIMEOUT", 0.2)
+    with fake_server() as fake:
+        dev = client.RemoteDevice(fake.url)
+        assert fake.ready.wait(WAIT)
+        dev.close()  # the fake never answers the close frame: cut after CLOSE_TIMEOUT
+        with pytest.raises(client.ConnectionLost):
+            dev.sync()
