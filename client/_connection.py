@@ -125,7 +125,7 @@ class Connection:
         self, url: str, index: int = 0, token: str | None = None, open_timeout: float = 10.0
     ) -> None:
         self.url = url
-        self._lock = threading.Lock()  # the pending batch, ids, waiters, state
+        self._lock = threading.Lock()  # the pending batch, ids, state
         self._reading = threading.Condition(threading.Lock())  # leader/follower of replies
         self._reader: threading.Thread | None = None  # the thread reading replies now
         self._ops: list[AnyOp] = []
@@ -135,6 +135,7 @@ class Connection:
         self._tensor_ids = itertools.count(1)
         self._request_ids = itertools.count(1)
         self._waiters: dict[int, Future[Any]] = {}
+        self._waiters_lock = threading.Lock()  # alone, so a reader never waits for a flush
         self._error: ConnectionLost | None = None
         self._server_error: ServerProtocolError | None = None
         self._closing = False
@@ -237,7 +238,7 @@ class Connection:
         if isinstance(message, SessionError):
             self._server_error = ServerProtocolError(message.error)
             return None
-        with self._lock:
+        with self._waiters_lock:
             future = self._waiters.pop(message.request_id, None)
         if future is None:
             return None
@@ -254,7 +255,7 @@ class Connection:
 
     def _broken(self, exc: BaseException, *also: Future[Any]) -> None:
         """Fail every pending reply (and ``also``) and every later call with ConnectionLost."""
-        with self._lock:
+        with self._waiters_lock:  # not _lock: a flush may hold it, waiting on the socket
             if self._error is None:
                 reason = "closed" if self._closing else f"lost ({exc})"
                 self._error = ConnectionLost(f"connection to {self.url} {reason}")
@@ -326,7 +327,9 @@ class Connection:
         with self._lock:
             self._check_open()
             request_id = next(self._request_ids)
-            self._waiters[request_id] = future
+            with self._waiters_lock:  # checked again here: _broken does not take _lock
+                self._check_open()
+                self._waiters[request_id] = future
             frames = self._flush_locked((make(request_id),))
         self._send(frames)
         return future

@@ -169,13 +169,13 @@ class Transport:
         return self._events.popleft()
 
     def poll(self) -> None:
-        """Process whatever the socket holds now (pings among it) without blocking; data
-        frames wait for :meth:`receive`.
+        """Read the socket once if it holds something (pings among it), without blocking;
+        data frames wait for :meth:`receive`.
 
         Raises:
             Closed: the connection closed or broke.
         """
-        while select.select([self.socket], [], [], 0)[0]:
+        if select.select([self.socket], [], [], 0)[0]:
             self._read_once()
 
     def _read_once(self) -> None:
