@@ -193,11 +193,8 @@ class Connection:
 
     def _receive(self) -> tuple[Any, list[Buffer]]:
         decoder = MessageDecoder(SERVER_ADAPTER)
-        while True:
-            frame = self._ws.receive()
-            decoder.feed(frame.data)
-            if frame.fin:
-                return decoder.finish()
+        self._ws.receive(decoder)  # large payloads land straight in the decoder's arrays
+        return decoder.finish()
 
     def wait(self, reply: Future[Any]) -> None:
         """Return once ``reply`` is resolved, reading and dispatching replies meanwhile if no

@@ -21,6 +21,7 @@ import socket
 import ssl
 import threading
 from collections.abc import Iterable
+from typing import Protocol
 
 from websockets.client import ClientProtocol
 from websockets.exceptions import InvalidHandshake, InvalidURI
@@ -30,6 +31,20 @@ from websockets.uri import parse_uri
 
 RECV_SIZE = 1 << 18
 _DATA = (Opcode.BINARY, Opcode.CONT, Opcode.TEXT)
+_CONTROL = 8  # opcodes from 8 up are control frames
+
+
+class Sink(Protocol):
+    """Where :meth:`Transport.receive` puts a message's payload."""
+
+    def feed(self, chunk: bytes | bytearray | memoryview) -> None:
+        """Take the next ``chunk`` of the payload."""
+
+    def writable(self) -> memoryview | None:
+        """Room for the next payload bytes, written in place, or None."""
+
+    def advance(self, n: int) -> None:
+        """``n`` bytes were written at the start of the last :meth:`writable` room."""
 
 
 class Closed(Exception):
@@ -58,6 +73,8 @@ class Transport:
             self._send_lock = threading.Lock()  # who writes the FIFO to the socket
             self._out: collections.deque[bytes] = collections.deque()
             self._events: collections.deque[Frame] = collections.deque()
+            self._rbuf = bytearray()  # read from the socket, not parsed yet, from _rpos on
+            self._rpos = 0
             self._handshake()
             sock.settimeout(None)
         except BaseException:
@@ -157,47 +174,129 @@ class Transport:
         self._flush_if_free()
 
     # --- receiving: one thread at a time ------------------------------------------------------
+    # Frames from the server are parsed here, not by the protocol, so that a large payload is
+    # received straight into its destination (``recv_into``). Control frames (ping, pong,
+    # close) are handed to the protocol whole, which answers them and tracks the close.
 
-    def receive(self) -> Frame:
-        """The next data frame (binary, text or continuation), reading the socket as needed.
+    def receive(self, sink: Sink) -> None:
+        """Read one whole data message into ``sink``: each payload part goes to
+        ``sink.writable()`` when it offers room, else to ``sink.feed``.
 
         Raises:
             Closed: the connection closed or broke (a thread blocked here wakes when it does).
         """
-        while not self._events:
-            self._read_once()
-        return self._events.popleft()
+        while self._events:  # frames that came with the handshake's response
+            frame = self._events.popleft()
+            sink.feed(frame.data)
+            if frame.fin:
+                return
+        inside = False  # within a fragmented message: read headers in small bites
+        while True:
+            header = self._take(2, 16 if inside else RECV_SIZE)
+            fin, opcode, length, more = _parse_header(header)
+            if more:
+                header += self._take(more, 16)
+                length = _long_length(header)
+            if opcode >= _CONTROL:
+                self._control(header + self._take(length, RECV_SIZE))
+                continue
+            self._payload(sink, length)
+            if fin:
+                return
+            inside = True
 
     def poll(self) -> None:
-        """Read the socket once if it holds something (pings among it), without blocking;
-        data frames wait for :meth:`receive`.
+        """If the socket holds something, read it once and answer the control frames at the
+        front (pings) without blocking; data frames wait for :meth:`receive`.
 
         Raises:
             Closed: the connection closed or broke.
         """
-        if select.select([self.socket], [], [], 0)[0]:
-            self._read_once()
+        if not select.select([self.socket], [], [], 0)[0]:
+            return
+        self._recv_more(RECV_SIZE)
+        while (frame := self._whole_control_frame()) is not None:
+            self._control(frame)
 
-    def _read_once(self) -> None:
-        error: OSError | None = None
-        try:
-            data = self.socket.recv(RECV_SIZE)
-        except OSError as exc:
-            data, error = b"", exc
-        protocol = self.protocol
+    def _whole_control_frame(self) -> bytearray | None:
+        """The control frame at the front of the read buffer, taken off it, if it is whole."""
+        buf, pos = self._rbuf, self._rpos
+        if len(buf) - pos < 2:
+            return None
+        fin, opcode, length, more = _parse_header(bytes(buf[pos : pos + 2]))
+        size = 2 + more + length
+        if opcode < _CONTROL or more or len(buf) - pos < size:
+            return None
+        return self._take(size, 0)
+
+    def _control(self, frame: bytearray) -> None:
         with self._lock:
-            if data:
-                protocol.receive_data(data)
-            else:
-                protocol.receive_eof()
-            self._events.extend(_frames(protocol.events_received()))
-            self._out.extend(protocol.data_to_send())
+            self.protocol.receive_data(frame)
+            self.protocol.events_received()  # ours are the data frames, already read
+            self._out.extend(self.protocol.data_to_send())
         self._flush_if_free()
+
+    def _payload(self, sink: Sink, length: int) -> None:
+        buffered = min(length, len(self._rbuf) - self._rpos)
+        if buffered:
+            sink.feed(self._take(buffered, 0))
+        left = length - buffered
+        while left:
+            room = sink.writable()
+            if room is not None and len(room):
+                n = min(left, len(room))
+                got = self._recv_into(room[:n])
+                sink.advance(got)
+            else:
+                data = self._recv(min(left, RECV_SIZE))
+                got = len(data)
+                sink.feed(data)
+            left -= got
+
+    def _take(self, n: int, bite: int) -> bytearray:
+        """The next ``n`` bytes of the stream, reading ``max(bite, what is missing)`` at a
+        time."""
+        while len(self._rbuf) - self._rpos < n:
+            self._recv_more(max(bite, n - (len(self._rbuf) - self._rpos)))
+        out = self._rbuf[self._rpos : self._rpos + n]  # a copy: the buffer may move on
+        self._rpos += n
+        if self._rpos == len(self._rbuf):
+            self._rbuf, self._rpos = bytearray(), 0
+        return out
+
+    def _recv_more(self, size: int) -> None:
+        if self._rpos:
+            del self._rbuf[: self._rpos]
+            self._rpos = 0
+        self._rbuf += self._recv(size)
+
+    def _recv(self, size: int) -> bytes:
+        try:
+            data = self.socket.recv(size)
+        except OSError as exc:
+            raise self._ended(exc) from exc
         if not data:
-            self._events.clear()
-            self.abort()
-            reason = error or protocol.close_exc
-            raise Closed(str(reason))
+            raise self._ended(None)
+        return data
+
+    def _recv_into(self, target: memoryview) -> int:
+        try:
+            got = self.socket.recv_into(target)
+        except OSError as exc:
+            raise self._ended(exc) from exc
+        if not got:
+            raise self._ended(None)
+        return got
+
+    def _ended(self, error: OSError | None) -> Closed:
+        """The socket ended (end of stream or an error): the protocol learns it, the socket
+        is cut, and this is the exception to raise."""
+        with self._lock:
+            self.protocol.receive_eof()
+            self._out.extend(self.protocol.data_to_send())
+        self._events.clear()
+        self.abort()
+        return Closed(str(error or self.protocol.close_exc))
 
     # --- closing ------------------------------------------------------------------------------
 
@@ -225,6 +324,24 @@ class Transport:
         """Release the socket. Call once no other thread uses this transport."""
         self.abort()
         self.socket.close()
+
+
+def _parse_header(head: bytes | bytearray) -> tuple[bool, int, int, int]:
+    """FIN, opcode, payload length (if short) and how many extended-length bytes follow, from
+    a frame's first two bytes.
+
+    Raises:
+        Closed: a masked frame: servers never mask (RFC 6455, 5.1).
+    """
+    if head[1] & 0x80:
+        raise Closed("the server sent a masked frame")
+    length = head[1] & 0x7F
+    more = {126: 2, 127: 8}.get(length, 0)
+    return bool(head[0] & 0x80), head[0] & 0x0F, 0 if more else length, more
+
+
+def _long_length(header: bytearray) -> int:
+    return int.from_bytes(header[2:], "big")
 
 
 def _frames(events: Iterable[object]) -> list[Frame]:

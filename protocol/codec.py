@@ -130,6 +130,19 @@ class MessageDecoder(Generic[M]):
             view = view[n:]
             self._skip_full()
 
+    def writable(self) -> memoryview | None:
+        """Room in the buffer being filled, for a caller that writes the next bytes in place
+        (``socket.recv_into``) and then calls :meth:`advance`; None before the header and once
+        every buffer is full."""
+        if self.message is None or self._index >= len(self._arrays):
+            return None
+        return self._arrays[self._index].data[self._offset :]
+
+    def advance(self, n: int) -> None:
+        """``n`` bytes were written at the start of the last :meth:`writable` room."""
+        self._offset += n
+        self._skip_full()
+
     def _skip_full(self) -> None:
         while self._index < len(self._sizes) and self._offset == self._sizes[self._index]:
             self._index += 1

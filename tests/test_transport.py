@@ -7,7 +7,9 @@ import socket
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
+import numpy as np
 import pytest
 from websockets.frames import Frame, Opcode
 from websockets.http11 import Request
@@ -15,8 +17,9 @@ from websockets.server import ServerProtocol
 
 import client
 import client._connection
-from protocol import PROTOCOL_VERSION, Welcome, encode
-from protocol.codec import to_frames
+from protocol import PROTOCOL_VERSION, ReadReply, TensorMeta, Welcome, encode
+from protocol.codec import encode_header, to_frames
+from protocol.ops import Unary
 
 WAIT = 30.0  # seconds: a bound for events that normally take milliseconds
 
@@ -133,3 +136,32 @@ def test_close_gives_up_on_a_silent_server(monkeypatch: pytest.MonkeyPatch) -> N
         dev.close()  # the fake never answers the close frame: cut after CLOSE_TIMEOUT
         with pytest.raises(client.ConnectionLost):
             dev.sync()
+
+
+def test_fragmented_reply_with_a_ping_inside_lands_in_the_array() -> None:
+    """A read reply in three fragments (16-bit and 64-bit payload lengths) with a ping between
+    them: the values arrive whole and the ping is answered."""
+    values = np.arange(20000, dtype=np.float32)  # 80000 bytes
+    data = values.tobytes()
+    with fake_server() as fake:
+        dev = client.RemoteDevice(fake.url)
+        assert fake.ready.wait(WAIT)
+        x = dev.submit_unchecked(Unary(op="exp", out=1, x=1), TensorMeta((20000,), "float32"))
+        reply = ReadReply(request_id=1, shape=(20000,), dtype="float32", nbytes=len(data))
+        got: list[np.ndarray[Any, Any]] = []
+        reader = threading.Thread(target=lambda: got.append(x.numpy()))
+        reader.start()
+        fake.read_message()  # the read request
+        fake.protocol.send_binary(encode_header(reply), fin=False)
+        fake.protocol.send_ping(b"mid")
+        fake.protocol.send_continuation(data[:1000], fin=False)
+        fake.protocol.send_continuation(data[1000:], fin=True)
+        fake.flush()
+        reader.join(WAIT)
+        assert len(got) == 1
+        np.testing.assert_array_equal(got[0], values)
+        pongs: list[object] = []
+        while not pongs:
+            pongs = [f for f in fake.events_of(Frame) if f.opcode is Opcode.PONG]  # type: ignore[attr-defined]
+        fake.sock.shutdown(socket.SHUT_RDWR)  # type: ignore[union-attr]
+        dev.close()
