@@ -16,13 +16,16 @@ receiving thread never waits for a large send to finish: a reader can always mak
 from __future__ import annotations
 
 import collections
+import os
 import select
 import socket
 import ssl
+import struct
 import threading
 from collections.abc import Iterable
 from typing import Protocol
 
+from websockets import frames
 from websockets.client import ClientProtocol
 from websockets.exceptions import InvalidHandshake, InvalidURI
 from websockets.frames import Frame, Opcode
@@ -30,6 +33,7 @@ from websockets.http11 import Response
 from websockets.uri import parse_uri
 
 RECV_SIZE = 1 << 18
+SMALL_FRAME = 1 << 16  # frames below this go out in one write, header and payload together
 _DATA = (Opcode.BINARY, Opcode.CONT, Opcode.TEXT)
 _CONTROL = 8  # opcodes from 8 up are control frames
 
@@ -131,12 +135,24 @@ class Transport:
         for i, frame in enumerate(frames):
             with self._lock:
                 self._check_open()
-                if i == 0:
-                    protocol.send_binary(frame, fin=i == last)
-                else:
-                    protocol.send_continuation(frame, fin=i == last)
-                self._out.extend(protocol.data_to_send())
-            self._flush_out()
+            opcode = Opcode.CONT if i else Opcode.BINARY
+            self._write_frame(_frame_header(opcode, i == last, len(frame)), frame)
+            self._flush_out()  # control frames that receiving made meanwhile
+
+    def _write_frame(self, header: bytes, payload: bytes | memoryview) -> None:
+        """Write one masked frame of a fragmented message, framed here and not by the
+        protocol: one copy of the payload (masking) instead of three. The caller holds the
+        send lock; the protocol sees no data frames of ours and needs none."""
+        mask = os.urandom(4)
+        masked: bytes = frames.apply_mask(payload, mask)  # type: ignore[attr-defined]  # C
+        try:
+            if len(masked) < SMALL_FRAME:
+                self.socket.sendall(header + mask + masked)
+            else:
+                self.socket.sendall(header + mask)
+                self.socket.sendall(masked)
+        except OSError as exc:
+            raise Closed(f"send failed: {exc}") from exc
 
     def _check_open(self) -> None:
         if self.protocol.state.name != "OPEN":
@@ -324,6 +340,16 @@ class Transport:
         """Release the socket. Call once no other thread uses this transport."""
         self.abort()
         self.socket.close()
+
+
+def _frame_header(opcode: Opcode, fin: bool, length: int) -> bytes:
+    """The first bytes of a masked client frame, up to the masking key."""
+    first = (0x80 if fin else 0) | opcode
+    if length < 126:
+        return struct.pack("!BB", first, 0x80 | length)
+    if length < 1 << 16:
+        return struct.pack("!BBH", first, 0x80 | 126, length)
+    return struct.pack("!BBQ", first, 0x80 | 127, length)
 
 
 def _parse_header(head: bytes | bytearray) -> tuple[bool, int, int, int]:
