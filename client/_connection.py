@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import collections
 import itertools
-import struct
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
@@ -54,13 +53,12 @@ from protocol import (
     RequestFailed,
     SessionError,
     StatsReply,
-    Sync,
     SyncReply,
     Welcome,
     encode,
     to_numpy,
 )
-from protocol.codec import Buffer, encode_header, to_frames
+from protocol.codec import Buffer, requests_only, to_frames
 from protocol.messages import Request
 from protocol.ops import AnyOp
 
@@ -75,26 +73,6 @@ CLOSE_TIMEOUT = 10.0
 KEEPALIVE_POLL = 1.0  # seconds between the keeper's looks at an idle socket (server pings)
 
 Frames = bytes | list[bytes | memoryview]
-
-
-def _around_requests() -> tuple[bytes, bytes]:
-    """The header of a batch that holds only requests, cut where the requests go: taken once
-    from pydantic's own encoding of such a batch, so it follows the Batch model."""
-    marker = Sync(request_id=0)
-    header = encode_header(Batch(requests=[marker]))[4:]
-    before, after = header.split(marker.__pydantic_serializer__.to_json(marker))
-    return before, after
-
-
-_BEFORE_REQUESTS, _AFTER_REQUESTS = _around_requests()
-
-
-def requests_only(requests: tuple[Request, ...]) -> bytes:
-    """The encoding of ``Batch(requests=requests)``, without building the batch (a read's
-    hot path: about half the cost of ``to_frames(encode(Batch(...)))``)."""
-    body = b",".join(r.__pydantic_serializer__.to_json(r) for r in requests)
-    header = _BEFORE_REQUESTS + body + _AFTER_REQUESTS
-    return struct.pack("<I", len(header)) + header
 
 
 class Reply(Future[Any]):

@@ -23,7 +23,7 @@ import numpy as np
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from .errors import DecodeError
-from .messages import Message
+from .messages import Batch, Message, Request, Sync
 
 MAX_HEADER = 64 * 2**20
 _LEN = struct.Struct("<I")
@@ -183,3 +183,23 @@ def to_frames(
         view = memoryview(chunk).cast("B")
         frames.extend(view[i : i + fragment_size] for i in range(0, len(view), fragment_size))
     return frames
+
+
+def _around_requests() -> tuple[bytes, bytes]:
+    """The header of a batch that holds only requests, cut where the requests go: taken once
+    from pydantic's own encoding of such a batch, so it follows the Batch model."""
+    marker = Sync(request_id=0)
+    header = encode_header(Batch(requests=[marker]))[4:]
+    before, after = header.split(marker.__pydantic_serializer__.to_json(marker))
+    return before, after
+
+
+_BEFORE_REQUESTS, _AFTER_REQUESTS = _around_requests()
+
+
+def requests_only(requests: Sequence[Request]) -> bytes:
+    """The encoding of ``Batch(requests=requests)``, without building the batch (a read's
+    hot path: about half the cost of ``to_frames(encode(Batch(...)))``)."""
+    body = b",".join(r.__pydantic_serializer__.to_json(r) for r in requests)
+    header = _BEFORE_REQUESTS + body + _AFTER_REQUESTS
+    return _LEN.pack(len(header)) + header

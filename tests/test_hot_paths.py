@@ -53,9 +53,8 @@ def test_connection_has_nodelay_and_no_compression(dev: client.RemoteDevice) -> 
 
 
 def test_requests_only_batches_encode_as_pydantic_does() -> None:
-    from client._connection import requests_only
     from protocol import Batch, Read, Stats, Sync, encode
-    from protocol.codec import to_frames
+    from protocol.codec import requests_only, to_frames
     from protocol.messages import Request
 
     cases: list[tuple[Request, ...]] = [
