@@ -378,7 +378,10 @@ class Connection:
         or answering). Every pending and later call fails with ConnectionLost."""
         timer = threading.Timer(CLOSE_TIMEOUT, self._ws.abort)
         timer.daemon = True
-        timer.start()
+        try:
+            timer.start()
+        except RuntimeError:  # no new threads at interpreter shutdown: bound the reads instead
+            self._ws.socket.settimeout(CLOSE_TIMEOUT)
         try:
             if self._ws.send_lock.acquire(timeout=CLOSE_TIMEOUT):  # no batch half sent
                 try:

@@ -216,7 +216,10 @@ class Transport:
             if opcode >= _CONTROL:
                 self._control(header + self._take(length, RECV_SIZE))
                 continue
-            self._payload(sink, length)
+            if not inside and length <= RECV_SIZE:  # a first frame arrives whole: the
+                sink.feed(self._take(length, RECV_SIZE))  # message's header is in it
+            else:
+                self._payload(sink, length)
             if fin:
                 return
             inside = True

@@ -4,6 +4,8 @@ reader woken when the server goes away, a close that gives up on a silent server
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -165,3 +167,19 @@ def test_fragmented_reply_with_a_ping_inside_lands_in_the_array() -> None:
             pongs = [f for f in fake.events_of(Frame) if f.opcode is Opcode.PONG]  # type: ignore[attr-defined]
         fake.sock.shutdown(socket.SHUT_RDWR)  # type: ignore[union-attr]
         dev.close()
+
+
+def test_process_exit_closes_an_open_device(url: str) -> None:
+    """A device left open closes at exit (weakref.finalize): pending ops are sent, the process
+    ends at once and quietly, its daemon keeper thread included."""
+    script = (
+        "import sys, client\n"
+        "dev = client.RemoteDevice(sys.argv[1])\n"
+        "x = client.namespace(dev).ones(3) + 1\n"
+        "assert x.numpy().tolist() == [2.0, 2.0, 2.0]\n"
+        "y = x * 2\n"  # pending at exit
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, url], capture_output=True, text=True, timeout=WAIT
+    )
+    assert done.returncode == 0 and done.stderr == "", done.stderr
