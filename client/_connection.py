@@ -78,7 +78,8 @@ Frames = bytes | list[bytes | memoryview]
 class Reply(Future[Any]):
     """The future reply to one request. ``result()`` reads the connection while it waits, so
     call it (or :meth:`Connection.wait`) from a thread that may block; an asyncio caller runs
-    it in a worker thread. ``add_done_callback`` alone never resolves it.
+    it in a worker thread. ``add_done_callback`` on a pending reply (as ``asyncio.wrap_future``
+    does) starts a daemon thread that waits for it, so a callback alone also gets its answer.
     """
 
     def __init__(self, conn: Connection) -> None:
@@ -89,6 +90,11 @@ class Reply(Future[Any]):
         if not self.done():
             self._conn.wait(self)
         return super().result(timeout)
+
+    def add_done_callback(self, fn: Callable[[Future[Any]], object]) -> None:
+        super().add_done_callback(fn)
+        if not self.done():
+            threading.Thread(target=self._conn.wait, args=(self,), daemon=True).start()
 
 
 class Connection:

@@ -3,6 +3,7 @@ reader woken when the server goes away, a close that gives up on a silent server
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import subprocess
 import sys
@@ -19,7 +20,7 @@ from websockets.server import ServerProtocol
 
 import client
 import client._connection
-from protocol import PROTOCOL_VERSION, ReadReply, TensorMeta, Welcome, encode
+from protocol import PROTOCOL_VERSION, Read, ReadReply, TensorMeta, Welcome, encode
 from protocol.codec import encode_header, to_frames
 from protocol.ops import Unary
 
@@ -183,3 +184,13 @@ def test_process_exit_closes_an_open_device(url: str) -> None:
         [sys.executable, "-c", script, url], capture_output=True, text=True, timeout=WAIT
     )
     assert done.returncode == 0 and done.stderr == "", done.stderr
+
+
+@pytest.mark.asyncio
+async def test_a_reply_wrapped_as_an_asyncio_future_resolves(url: str) -> None:
+    """Nobody calls result(): add_done_callback (asyncio.wrap_future) must get it read."""
+    with client.RemoteDevice(url) as dev:
+        x = client.namespace(dev).arange(4, dtype="float32") * 2
+        reply = dev._conn.request(lambda rid: Read(request_id=rid, tensor=x.tensor_id))
+        got = await asyncio.wait_for(asyncio.wrap_future(reply), WAIT)
+        np.testing.assert_array_equal(got, np.arange(4, dtype=np.float32) * 2)
