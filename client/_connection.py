@@ -127,10 +127,11 @@ class Connection:
         self._stop = threading.Event()
         self._ws = self._open(url, open_timeout)
         try:
-            self.welcome: Welcome = self._handshake(index, token)
+            self.welcome: Welcome = self._handshake(index, token)  # within open_timeout
         except BaseException:
             self._ws.close()
             raise
+        self._ws.opened()
         self._keeper = threading.Thread(target=self._keep, name=f"tensorwire {url}", daemon=True)
         self._keeper.start()
 

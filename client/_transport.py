@@ -79,8 +79,7 @@ class Transport:
             self._events: collections.deque[Frame] = collections.deque()
             self._rbuf = bytearray()  # read from the socket, not parsed yet, from _rpos on
             self._rpos = 0
-            self._handshake()
-            sock.settimeout(None)
+            self._handshake()  # the socket keeps open_timeout: see opened()
         except BaseException:
             sock.close()
             raise
@@ -104,6 +103,10 @@ class Transport:
                     return
             if not data:
                 raise InvalidHandshake("connection closed during the opening handshake")
+
+    def opened(self) -> None:
+        """The caller's own opening exchange is done: no timeout on the socket from now on."""
+        self.socket.settimeout(None)
 
     def _write_all(self, chunks: Iterable[bytes]) -> None:
         for chunk in chunks:

@@ -31,8 +31,9 @@ class FakeServer:
     """One websocket connection on loopback, driven by hand: it completes the handshake and
     sends a Welcome, then does only what the test asks."""
 
-    def __init__(self, listener: socket.socket) -> None:
+    def __init__(self, listener: socket.socket, welcome: bool = True) -> None:
         self.listener = listener
+        self.welcome = welcome
         self.url = f"ws://127.0.0.1:{listener.getsockname()[1]}"
         self.protocol = ServerProtocol()
         self.sock: socket.socket | None = None
@@ -44,6 +45,8 @@ class FakeServer:
         while not self.events_of(Request):
             pass
         self.read_message()  # the hello
+        if not self.welcome:
+            return
         welcome = Welcome(
             protocol=PROTOCOL_VERSION, device_index=0, device_count=1, server_id="s", session_id="t"
         )
@@ -78,9 +81,9 @@ class FakeServer:
 
 
 @contextmanager
-def fake_server() -> Iterator[FakeServer]:
+def fake_server(welcome: bool = True) -> Iterator[FakeServer]:
     with socket.create_server(("127.0.0.1", 0)) as listener:
-        fake = FakeServer(listener)
+        fake = FakeServer(listener, welcome)
         thread = threading.Thread(target=fake.serve, daemon=True)
         thread.start()
         try:
@@ -194,3 +197,9 @@ async def test_a_reply_wrapped_as_an_asyncio_future_resolves(url: str) -> None:
         reply = dev._conn.request(lambda rid: Read(request_id=rid, tensor=x.tensor_id))
         got = await asyncio.wait_for(asyncio.wrap_future(reply), WAIT)
         np.testing.assert_array_equal(got, np.arange(4, dtype=np.float32) * 2)
+
+
+def test_a_server_that_never_welcomes_times_out() -> None:
+    with fake_server(welcome=False) as fake:
+        with pytest.raises(client.ConnectionLost, match="handshake"):
+            client.RemoteDevice(fake.url, open_timeout=0.5)
