@@ -79,6 +79,7 @@ class Transport:
             self._events: collections.deque[Frame] = collections.deque()
             self._rbuf = bytearray()  # read from the socket, not parsed yet, from _rpos on
             self._rpos = 0
+            self._taken = 0  # bytes of the stream parsed so far
             self._handshake()  # the socket keeps open_timeout: see opened()
         except BaseException:
             sock.close()
@@ -199,11 +200,24 @@ class Transport:
 
     def receive(self, sink: Sink) -> None:
         """Read one whole data message into ``sink``: each payload part goes to
-        ``sink.writable()`` when it offers room, else to ``sink.feed``.
+        ``sink.writable()`` when it offers room, else to ``sink.feed``. Anything raised once part
+        of the message was read (an interrupt, an error from ``sink``) cuts the connection: the
+        stream's place in the message is lost.
 
         Raises:
             Closed: the connection closed or broke (a thread blocked here wakes when it does).
         """
+        taken = self._taken
+        try:
+            self._receive(sink)
+        except Closed:
+            raise
+        except BaseException:
+            if self._taken != taken:
+                self.abort()
+            raise
+
+    def _receive(self, sink: Sink) -> None:
         while self._events:  # frames that came with the handshake's response
             frame = self._events.popleft()
             sink.feed(frame.data)
@@ -268,10 +282,12 @@ class Transport:
             if room is not None and len(room):
                 n = min(left, len(room))
                 got = self._recv_into(room[:n])
+                self._taken += got
                 sink.advance(got)
             else:
                 data = self._recv(min(left, RECV_SIZE))
                 got = len(data)
+                self._taken += got
                 sink.feed(data)
             left -= got
 
@@ -282,6 +298,7 @@ class Transport:
             self._recv_more(max(bite, n - (len(self._rbuf) - self._rpos)))
         out = self._rbuf[self._rpos : self._rpos + n]  # a copy: the buffer may move on
         self._rpos += n
+        self._taken += n
         if self._rpos == len(self._rbuf):
             self._rbuf, self._rpos = bytearray(), 0
         return out

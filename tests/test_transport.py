@@ -203,3 +203,32 @@ def test_a_server_that_never_welcomes_times_out() -> None:
     with fake_server(welcome=False) as fake:
         with pytest.raises(client.ConnectionLost, match="handshake"):
             client.RemoteDevice(fake.url, open_timeout=0.5)
+
+
+def test_a_read_interrupted_mid_message_cuts_the_connection(url: str) -> None:
+    """An exception while a reply is half read (here: raised by the decoder's sink) must not
+    leave the next reader in the middle of a frame: the connection is cut there and then, and
+    every later call fails with ConnectionLost."""
+    with client.RemoteDevice(url) as dev:
+        x = client.namespace(dev).ones(1 << 20)  # 8 MiB: a reply in many fragments
+        real = client._connection.MessageDecoder.advance
+        calls = 0
+
+        def advance(self: Any, n: int) -> None:
+            nonlocal calls
+            calls += 1
+            if calls == 3:
+                raise KeyboardInterrupt
+            real(self, n)
+
+        cuts: list[bool] = []
+        ws = dev._conn._ws
+        real_abort = ws.abort
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(client._connection.MessageDecoder, "advance", advance)
+            mp.setattr(ws, "abort", lambda: (cuts.append(True), real_abort())[1])
+            with pytest.raises(KeyboardInterrupt):
+                x.numpy()
+            assert cuts, "the half-read connection was left open"
+        with pytest.raises(client.ConnectionLost):
+            x.numpy()
