@@ -88,7 +88,8 @@ class Transport:
     def _handshake(self) -> None:
         protocol = self.protocol
         protocol.send_request(protocol.connect())
-        self._write_all(protocol.data_to_send())
+        for chunk in protocol.data_to_send():
+            self.socket.sendall(chunk)
         while True:
             data = self.socket.recv(RECV_SIZE)
             if data:
@@ -108,11 +109,6 @@ class Transport:
     def opened(self) -> None:
         """The caller's own opening exchange is done: no timeout on the socket from now on."""
         self.socket.settimeout(None)
-
-    def _write_all(self, chunks: Iterable[bytes]) -> None:
-        for chunk in chunks:
-            if chunk:
-                self.socket.sendall(chunk)
 
     # --- sending ------------------------------------------------------------------------------
 
