@@ -116,7 +116,8 @@ class WsCeiling:
 
     def pings_via_thread(self, count: int) -> list[float]:
         """The same round trips run on a loop thread while this thread waits on a future for
-        each: the two thread hops of Tensorwire's client, and nothing else.
+        each: the two thread hops of Tensorwire's client before issue 5's follow-up (which
+        removed them), and nothing else.
         """
         thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         thread.start()

@@ -1,19 +1,30 @@
-"""One session with a server device, driven by a background event-loop thread.
+"""One session with a server device, driven by the threads that use it.
 
 Rule: imports ``protocol`` and ``client.errors`` only; knows nothing of arrays.
 
-Theory of operation. Callers (any thread) append ops to a pending batch under a lock; nothing
-waits. A *flush* turns the pending ops, the ids freed since the last flush and any requests into
-one :class:`~protocol.Batch`, encodes it, and hands the frames to the writer task on the loop
-thread, in flush order. Flushes happen on a read, a sync, a stats call, when the batch holds
-:data:`FLUSH_OPS` ops or :data:`FLUSH_BYTES` upload bytes, and on close. Bytes handed to the
-writer but not yet written are bounded by :data:`MAX_IN_FLIGHT`: a caller that outruns the
-socket blocks in ``flush`` (backpressure, not an unbounded queue).
+Theory of operation. The websocket is :class:`client._transport.Transport`: websockets'
+sans-I/O protocol over a socket that the calling threads read and write themselves, so a read
+crosses no thread: the reading thread writes its batch and reads its own reply. A daemon
+*keeper* thread answers the server's pings while no thread is reading (every
+:data:`KEEPALIVE_POLL` seconds it takes the reader's place if it is free and processes what
+the socket holds, without blocking).
 
-Requests (read, sync, stats) register a :class:`concurrent.futures.Future` under a request id
-before their batch is handed over; the reader task resolves it from the reply. When the
-connection closes or breaks, every pending future fails with :class:`ConnectionLost`, and so does
-every later call: nothing hangs.
+Callers (any thread) append ops to a pending batch under a lock; nothing waits. A *flush* turns
+the pending ops, the ids freed since the last flush and any requests into one
+:class:`~protocol.Batch`, encodes it and writes it to the socket from the flushing thread, in
+flush order (the send lock is taken before the batch lock is let go). Flushes happen on a read,
+a sync, a stats call, when the batch holds :data:`FLUSH_OPS` ops or :data:`FLUSH_BYTES` upload
+bytes, and on close. A caller that outruns the socket blocks in its flush (backpressure: the
+kernel's socket buffer is the bound, not an unbounded queue).
+
+Requests (read, sync, stats) register a :class:`Reply` (a ``concurrent.futures.Future``) under a
+request id before their batch is sent. Replies are read by whichever thread waits for one
+(leader/follower): :meth:`Reply.result` makes the waiting thread the reader if none is, and it
+dispatches every reply it receives, its own and other threads', until its own has come; other
+waiters sleep until theirs is resolved or the reader steps down. When the connection closes or
+breaks, every pending reply fails with :class:`ConnectionLost`, and so does every later call:
+nothing hangs (a reader blocked on the socket wakes when it closes, and :meth:`Connection.close`
+cuts the socket after :data:`CLOSE_TIMEOUT` if the server does not answer).
 
 Frees are recorded without a lock (they come from ``__del__``, in any thread, at any time) and
 are taken *before* the ops at each flush, so a free never overtakes an op that reads the id.
@@ -21,19 +32,17 @@ are taken *before* the ops at each flush, so a free never overtakes an op that r
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import itertools
 import ssl
 import threading
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from typing import Any
 
 import numpy as np
 from pydantic import ValidationError
-from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
+from websockets.exceptions import InvalidStatus
 
 from protocol import (
     PROTOCOL_VERSION,
@@ -54,10 +63,11 @@ from protocol import (
     encode,
     to_numpy,
 )
-from protocol.codec import Buffer, to_frames
+from protocol.codec import Buffer, requests_only, to_frames
 from protocol.messages import Request
 from protocol.ops import AnyOp
 
+from ._transport import Closed, InvalidHandshake, InvalidURI, Transport
 from .errors import (
     ConnectionLost,
     HandshakeError,
@@ -69,11 +79,11 @@ from .errors import (
 FLUSH_OPS = 2048
 FLUSH_BYTES = 1 << 20
 COPY_BELOW = 1 << 20  # uploads smaller than this are copied; larger ones are sent before return
-MAX_IN_FLIGHT = 64 << 20
 MAX_MESSAGE = 2**31
 CLOSE_TIMEOUT = 10.0
+KEEPALIVE_POLL = 1.0  # seconds between the keeper's looks at an idle socket (server pings)
 
-_Outgoing = tuple[bytes | list[bytes | memoryview], "Future[None] | None", int]
+Frames = bytes | list[bytes | memoryview]
 
 
 def _refusal(exc: InvalidStatus) -> HandshakeError | None:
@@ -88,14 +98,15 @@ def _refusal(exc: InvalidStatus) -> HandshakeError | None:
     return handshake_error(info)
 
 
-def _close_code(exc: BaseException) -> ErrorCode | None:
+def _close_code(transport: Transport) -> ErrorCode | None:
     """The ErrorCode a server put at the start of its close reason (or 1009: too big)."""
-    if not isinstance(exc, ConnectionClosed) or exc.rcvd is None:
+    received = transport.protocol.close_rcvd
+    if received is None:
         return None
-    if exc.rcvd.code == 1009:
+    if received.code == 1009:
         return ErrorCode.LIMIT_EXCEEDED
     try:
-        return ErrorCode(exc.rcvd.reason.partition(":")[0])
+        return ErrorCode(received.reason.partition(":")[0])
     except ValueError:
         return None
 
@@ -107,11 +118,26 @@ def _tls(url: str, ca_file: str | None) -> ssl.SSLContext | None:
     return ssl.create_default_context(cafile=ca_file)
 
 
-async def _receive(ws: ClientConnection) -> tuple[Any, list[Buffer]]:
-    decoder = MessageDecoder(SERVER_ADAPTER)
-    async for fragment in ws.recv_streaming(decode=False):
-        decoder.feed(fragment)
-    return decoder.finish()
+class Reply(Future[Any]):
+    """The future reply to one request. ``result()`` reads the connection while it waits, so
+    call it (or :meth:`Connection.wait`) from a thread that may block; an asyncio caller runs
+    it in a worker thread. ``add_done_callback`` on a pending reply (as ``asyncio.wrap_future``
+    does) starts a daemon thread that waits for it, so a callback alone also gets its answer.
+    """
+
+    def __init__(self, conn: Connection) -> None:
+        super().__init__()
+        self._conn = conn
+
+    def result(self, timeout: float | None = None) -> Any:
+        if not self.done():
+            self._conn.wait(self)
+        return super().result(timeout)
+
+    def add_done_callback(self, fn: Callable[[Future[Any]], object]) -> None:
+        super().add_done_callback(fn)
+        if not self.done():
+            threading.Thread(target=self._conn.wait, args=(self,), daemon=True).start()
 
 
 class Connection:
@@ -131,7 +157,9 @@ class Connection:
         ca_file: str | None = None,
     ) -> None:
         self.url = url
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the pending batch, ids, state
+        self._reading = threading.Condition(threading.Lock())  # leader/follower of replies
+        self._reader: threading.Thread | None = None  # the thread reading replies now
         self._ops: list[AnyOp] = []
         self._buffers: list[memoryview] = []
         self._buffered = 0
@@ -139,42 +167,30 @@ class Connection:
         self._tensor_ids = itertools.count(1)
         self._request_ids = itertools.count(1)
         self._waiters: dict[int, Future[Any]] = {}
+        self._waiters_lock = threading.Lock()  # alone, so a reader never waits for a flush
         self._error: ConnectionLost | None = None
         self._server_error: ServerProtocolError | None = None
         self._closing = False
-        self._in_flight = 0
-        self._drained = threading.Condition(self._lock)
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(
-            target=self._loop.run_forever, name=f"tensorwire {url}", daemon=True
-        )
-        self._thread.start()
+        self._closed: Future[None] = Future()  # fails when the connection ends
+        self._stop = threading.Event()
+        self._ws = self._open(url, open_timeout, token, ca_file)
         try:
-            self.welcome: Welcome = self._call(self._open(url, index, token, open_timeout, ca_file))
+            self.welcome: Welcome = self._handshake(index)  # within open_timeout
         except BaseException:
-            self._stop_loop()
+            self._ws.close()
             raise
+        self._ws.opened()
+        self._keeper = threading.Thread(target=self._keep, name=f"tensorwire {url}", daemon=True)
+        self._keeper.start()
 
-    # --- loop thread ------------------------------------------------------------------------
+    # --- opening ----------------------------------------------------------------------------
 
-    def _call(self, coro: Any) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
-
-    async def _open(
-        self, url: str, index: int, token: str | None, open_timeout: float, ca_file: str | None
-    ) -> Welcome:
-        headers = {"Authorization": f"Bearer {token}"} if token is not None else None
+    def _open(
+        self, url: str, open_timeout: float, token: str | None, ca_file: str | None
+    ) -> Transport:
+        headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
         try:
-            self._ws = await connect(
-                url,
-                additional_headers=headers,
-                ssl=_tls(url, ca_file),
-                compression=None,
-                max_size=MAX_MESSAGE,
-                open_timeout=open_timeout,
-                proxy=None,
-                write_limit=2**20,
-            )
+            return Transport(url, open_timeout, MAX_MESSAGE, headers, _tls(url, ca_file))
         except InvalidStatus as exc:
             refused = _refusal(exc)
             if refused is not None:
@@ -182,61 +198,88 @@ class Connection:
             raise ConnectionLost(f"cannot connect to {url}: {exc}") from exc
         except (OSError, InvalidHandshake, InvalidURI, TimeoutError) as exc:
             raise ConnectionLost(f"cannot connect to {url}: {exc}") from exc
+
+    def _handshake(self, index: int) -> Welcome:
         try:
             hello = Hello(protocol=PROTOCOL_VERSION, device_index=index)
-            await self._ws.send(to_frames(encode(hello)))
-            reply, _ = await _receive(self._ws)
-        except (ConnectionClosed, DecodeError) as exc:
-            await self._ws.close()
-            raise ConnectionLost(f"handshake with {url} failed: {exc}") from exc
+            with self._ws.send_lock:
+                self._ws.send(to_frames(encode(hello)))
+            reply, _ = self._receive()
+        except (Closed, DecodeError) as exc:
+            raise ConnectionLost(f"handshake with {self.url} failed: {exc}") from exc
         if isinstance(reply, Refused):
-            await self._ws.close()
             raise handshake_error(reply.error)
         if not isinstance(reply, Welcome):
-            await self._ws.close()
-            raise ConnectionLost(f"handshake with {url} failed: unexpected {reply.type}")
-        self._outbox: asyncio.Queue[_Outgoing | None] = asyncio.Queue()
-        self._reader = asyncio.ensure_future(self._read_loop())
-        self._writer = asyncio.ensure_future(self._write_loop())
+            raise ConnectionLost(f"handshake with {self.url} failed: unexpected {reply.type}")
         return reply
 
-    async def _write_loop(self) -> None:
-        while (item := await self._outbox.get()) is not None:
-            frames, sent, nbytes = item
+    def _keep(self) -> None:
+        """The keeper thread: while no thread reads, process what the socket holds (pings)."""
+        while not self._stop.wait(KEEPALIVE_POLL):
+            with self._reading:
+                if self._reader is not None:
+                    continue
+                self._reader = threading.current_thread()
             try:
-                if self._error is None:
-                    await self._ws.send(frames)
-            except ConnectionClosed as exc:
+                self._ws.poll()
+            except Closed as exc:
                 self._broken(exc)
+                return
             finally:
-                with self._lock:
-                    self._in_flight -= nbytes
-                    self._drained.notify_all()
-            if sent is not None:
-                if self._error is None:
-                    sent.set_result(None)
-                else:
-                    sent.set_exception(self._error)
+                with self._reading:
+                    self._reader = None
+                    self._reading.notify_all()
 
-    async def _read_loop(self) -> None:
-        try:
-            while True:
-                message, buffers = await _receive(self._ws)
-                self._dispatch(message, buffers)
-        except ConnectionClosed as exc:
-            self._broken(exc)
-        except DecodeError as exc:
-            self._broken(exc)
-            await self._ws.close(1002, "undecodable message")
+    # --- receiving: whichever thread waits reads ---------------------------------------------
 
-    def _dispatch(self, message: Any, buffers: list[Buffer]) -> None:
+    def _receive(self) -> tuple[Any, list[Buffer]]:
+        decoder = MessageDecoder(SERVER_ADAPTER)
+        self._ws.receive(decoder)  # large payloads land straight in the decoder's arrays
+        return decoder.finish()
+
+    def wait(self, reply: Future[Any]) -> None:
+        """Return once ``reply`` is resolved, reading and dispatching replies meanwhile if no
+        other thread is. Never raises; a broken connection resolves ``reply`` with its error.
+        """
+        reading = self._reading
+        while True:
+            with reading:
+                while self._reader is not None and not reply.done():
+                    reading.wait()
+                if reply.done():
+                    return
+                self._reader = threading.current_thread()
+            try:
+                self._read_until(reply)
+            finally:
+                with reading:
+                    self._reader = None
+                    reading.notify_all()
+
+    def _read_until(self, reply: Future[Any]) -> None:
+        while not reply.done():
+            try:
+                message, buffers = self._receive()
+            except Closed as exc:
+                self._broken(exc, reply)
+            except DecodeError as exc:
+                self._broken(exc, reply)
+                self._abandon(1002, "undecodable message")
+            else:
+                resolved = self._dispatch(message, buffers)
+                if resolved is not None and resolved is not reply:
+                    with self._reading:
+                        self._reading.notify_all()
+
+    def _dispatch(self, message: Any, buffers: list[Buffer]) -> Future[Any] | None:
+        """Resolve the future that ``message`` answers, and return it (None if none)."""
         if isinstance(message, SessionError):
             self._server_error = ServerProtocolError(message.error)
-            return
-        with self._lock:
+            return None
+        with self._waiters_lock:
             future = self._waiters.pop(message.request_id, None)
         if future is None:
-            return
+            return None
         if isinstance(message, ReadReply):
             array = np.frombuffer(buffers[0], dtype=to_numpy(message.dtype))
             if not array.flags.writeable:
@@ -246,18 +289,23 @@ class Connection:
             future.set_exception(RemoteError(message.error))
         elif isinstance(message, StatsReply | SyncReply):
             future.set_result(message)
+        return future
 
-    def _broken(self, exc: BaseException) -> None:
-        with self._lock:
+    def _broken(self, exc: BaseException, *also: Future[Any]) -> None:
+        """Fail every pending reply (and ``also``) and every later call with ConnectionLost."""
+        with self._waiters_lock:  # not _lock: a flush may hold it, waiting on the socket
             if self._error is None:
                 reason = "closed" if self._closing else f"lost ({exc})"
-                code = None if self._closing else _close_code(exc)
+                code = None if self._closing else _close_code(self._ws)
                 self._error = ConnectionLost(f"connection to {self.url} {reason}", code=code)
             waiters, self._waiters = self._waiters, {}
-            self._drained.notify_all()
-        for future in waiters.values():
-            if not future.done():
+        for future in (*waiters.values(), *also, self._closed):
+            try:
                 future.set_exception(self._error)
+            except InvalidStateError:
+                pass  # resolved meanwhile
+        with self._reading:
+            self._reading.notify_all()
 
     # --- caller threads ---------------------------------------------------------------------
 
@@ -265,52 +313,73 @@ class Connection:
         return next(self._tensor_ids)
 
     def submit(self, op: AnyOp) -> None:
-        """Queue ``op``; it travels with the next flush."""
+        """Queue ``op``; it travels with the next flush.
+
+        Raises:
+            ConnectionLost: the connection is closed or broken.
+        """
+        frames: Frames | None = None
         with self._lock:
             self._check_open()
             self._ops.append(op)
             if len(self._ops) >= FLUSH_OPS or len(self._frees) >= FLUSH_OPS:
-                self._flush_locked(())
+                frames = self._flush_locked(())
+        if frames is not None:
+            self._send(frames)
 
     def submit_upload(self, make_op: Callable[[int], AnyOp], data: memoryview) -> None:
         """Queue the op ``make_op(buffer_index)`` whose bytes are ``data``.
 
         Small uploads are copied at once; a large one is sent before this returns, so the
         caller may change its array afterwards either way.
+
+        Raises:
+            ConnectionLost: the connection is closed or broke before a large upload was sent.
         """
-        sent: Future[None] | None = None
+        frames: Frames | None = None
+        large = data.nbytes >= COPY_BELOW
         with self._lock:
             self._check_open()
-            if data.nbytes < COPY_BELOW:
+            if not large:
                 data = memoryview(bytes(data))
             self._ops.append(make_op(len(self._buffers)))
             self._buffers.append(data)
             self._buffered += data.nbytes
-            if data.nbytes >= COPY_BELOW:
-                sent = self._flush_locked((), wait_sent=True)
-            elif self._buffered >= FLUSH_BYTES:
-                self._flush_locked(())
-        if sent is not None:
-            sent.result()
+            if large or self._buffered >= FLUSH_BYTES:
+                frames = self._flush_locked(())
+        if frames is not None:
+            self._send(frames)
+            if large and self._error is not None:
+                raise self._error
 
     def release(self, tensor_id: int) -> None:
         """Free ``tensor_id`` on the server at the next flush. Safe from ``__del__``."""
         self._frees.append(tensor_id)
 
-    def request(self, make: Callable[[int], Request]) -> Future[Any]:
-        """Flush with the request ``make(request_id)``; the future resolves with its reply."""
-        future: Future[Any] = Future()
+    def request(self, make: Callable[[int], Request]) -> Reply:
+        """Flush with the request ``make(request_id)``; the reply resolves with its answer.
+
+        Raises:
+            ConnectionLost: the connection is closed or broken.
+        """
+        future = Reply(self)
         with self._lock:
             self._check_open()
             request_id = next(self._request_ids)
-            self._waiters[request_id] = future
-            self._flush_locked((make(request_id),))
+            with self._waiters_lock:  # checked again here: _broken does not take _lock
+                self._check_open()
+                self._waiters[request_id] = future
+            frames = self._flush_locked((make(request_id),))
+        self._send(frames)
         return future
 
     def flush(self) -> None:
+        frames: Frames | None = None
         with self._lock:
             if self._error is None and (self._ops or self._frees):
-                self._flush_locked(())
+                frames = self._flush_locked(())
+        if frames is not None:
+            self._send(frames)
 
     def take_server_error(self) -> ServerProtocolError | None:
         error, self._server_error = self._server_error, None
@@ -322,9 +391,13 @@ class Connection:
         if self._closing:
             raise ConnectionLost(f"connection to {self.url} is closed")
 
-    def _flush_locked(
-        self, requests: tuple[Request, ...], wait_sent: bool = False
-    ) -> Future[None] | None:
+    def _flush_locked(self, requests: tuple[Request, ...]) -> Frames:
+        """Encode the pending batch and take the send lock, which the caller must release by
+        passing the frames to :meth:`_send` once it has let go of ``_lock``.
+        """
+        if not (self._ops or self._frees or self._buffers):
+            self._ws.send_lock.acquire()  # under _lock: batches go out in the order made
+            return requests_only(requests)
         frees = [self._frees.popleft() for _ in range(len(self._frees))]  # before the ops
         batch = Batch(
             ops=self._ops,
@@ -333,43 +406,59 @@ class Connection:
             buffers=[b.nbytes for b in self._buffers],
         )
         frames = to_frames(encode(batch, self._buffers))
-        nbytes = len(frames) if isinstance(frames, bytes) else sum(len(f) for f in frames)
         self._ops, self._buffers, self._buffered = [], [], 0
-        while self._in_flight > MAX_IN_FLIGHT and self._error is None:
-            self._drained.wait()
-        self._in_flight += nbytes
-        sent: Future[None] | None = Future() if wait_sent else None
-        self._loop.call_soon_threadsafe(self._outbox.put_nowait, (frames, sent, nbytes))
-        return sent
+        self._ws.send_lock.acquire()  # under _lock: batches go out in the order they were made
+        return frames
+
+    def _send(self, frames: Frames) -> None:
+        """Write one batch and release the send lock taken by :meth:`_flush_locked`."""
+        try:
+            if self._error is None:
+                self._ws.send(frames)
+        except Closed as exc:
+            self._broken(exc)
+        finally:
+            self._ws.release_send_lock()
 
     def close(self) -> None:
-        """Flush what is pending, close the websocket and stop the loop thread. Idempotent."""
+        """Flush what is pending and close the websocket (waiting at most
+        :data:`CLOSE_TIMEOUT` for the server). Idempotent."""
+        frames: Frames | None = None
         with self._lock:
             if self._closing:
                 return
             if self._error is None and (self._ops or self._frees):
-                self._flush_locked(())
+                frames = self._flush_locked(())
             self._closing = True
+        if frames is not None:
+            self._send(frames)
+        self._abandon(1000, "")
+        self._stop.set()
+        self._ws.close()
+
+    def _abandon(self, code: int, reason: str) -> None:
+        """Close handshake: send a close frame, then read (as the reader) until the server
+        closes the socket; cut it after :data:`CLOSE_TIMEOUT` (a server that stopped reading
+        or answering). Every pending and later call fails with ConnectionLost."""
+        timer = threading.Timer(CLOSE_TIMEOUT, self._ws.abort)
+        timer.daemon = True
         try:
-            self._call(self._aclose())
+            timer.start()
+        except RuntimeError:  # no new threads at interpreter shutdown: bound the reads instead
+            self._ws.socket.settimeout(CLOSE_TIMEOUT)
+        try:
+            if self._ws.send_lock.acquire(timeout=CLOSE_TIMEOUT):  # no batch half sent
+                try:
+                    self._ws.send_close(code, reason)
+                finally:
+                    self._ws.release_send_lock()
+            if threading.current_thread() is not self._keeper and not self._leading():
+                self.wait(self._closed)
         finally:
-            self._stop_loop()
+            timer.cancel()
+            self._ws.abort()
+            self._broken(Closed("closed"))
 
-    async def _aclose(self) -> None:
-        self._outbox.put_nowait(None)
-        try:
-            async with asyncio.timeout(CLOSE_TIMEOUT):
-                await self._writer
-                await self._ws.close()
-                await self._reader
-        except TimeoutError:  # a server that stopped reading: drop the connection
-            self._ws.transport.abort()
-            self._broken(TimeoutError("close timed out"))
-
-    def _stop_loop(self) -> None:
-        if self._loop.is_running():
-            self._loop.call_soon_threadsafe(self._loop.stop)
-        if threading.current_thread() is not self._thread:
-            self._thread.join(timeout=5)
-            if not self._loop.is_running():
-                self._loop.close()
+    def _leading(self) -> bool:
+        """Whether the calling thread is the reader now (it cannot wait for itself)."""
+        return self._reader is threading.current_thread()

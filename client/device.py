@@ -1,8 +1,9 @@
 """Devices: a session with one device of a Tensorwire server.
 
-``RemoteDevice`` is for plain synchronous code; ``AsyncRemoteDevice`` for asyncio code. Both run
-their connection on a background event-loop thread, so neither needs the caller to run a loop,
-and several threads may share one device. Ops never wait; only reads, syncs and stats do.
+``RemoteDevice`` is for plain synchronous code; ``AsyncRemoteDevice`` for asyncio code. Neither
+needs the caller to run a loop, and several threads may share one device: the thread that waits
+for a reply reads it (``AsyncRemoteDevice`` waits in a worker thread, so it never blocks the
+caller's loop). Ops never wait; only reads, syncs and stats do.
 """
 
 from __future__ import annotations
@@ -201,17 +202,17 @@ class AsyncRemoteDevice(Device):
 
     async def read(self, array: RemoteArray) -> np.ndarray[Any, Any]:
         """The array's values as a writable numpy array."""
-        future = self._conn.request(lambda rid: Read(request_id=rid, tensor=array.tensor_id))
-        result: np.ndarray[Any, Any] = await asyncio.wrap_future(future)
+        reply = self._conn.request(lambda rid: Read(request_id=rid, tensor=array.tensor_id))
+        result: np.ndarray[Any, Any] = await asyncio.to_thread(reply.result)
         return result
 
     async def sync(self) -> None:
-        await asyncio.wrap_future(self._conn.request(lambda rid: Sync(request_id=rid)))
+        await asyncio.to_thread(self._conn.request(lambda rid: Sync(request_id=rid)).result)
         self._raise_server_error()
 
     async def stats(self) -> SessionStats:
-        reply = await asyncio.wrap_future(self._conn.request(lambda rid: Stats(request_id=rid)))
-        return _stats(reply)
+        reply = self._conn.request(lambda rid: Stats(request_id=rid))
+        return _stats(await asyncio.to_thread(reply.result))
 
     async def aclose(self) -> None:
         await asyncio.to_thread(self._close)

@@ -23,7 +23,7 @@ import numpy as np
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from .errors import DecodeError, MessageLimitError
-from .messages import Message
+from .messages import Batch, Message, Request, Sync
 
 MAX_HEADER = 64 * 2**20
 MAX_BUFFERS = 2**16  # raw buffers one message may declare
@@ -124,8 +124,11 @@ class MessageDecoder(Generic[M]):
         self._check_limits(self.message)
         rest = view[_LEN.size + length :]
         if len(rest) == sum(self._sizes):  # the whole message in one chunk: zero-copy views
-            offsets = np.cumsum((0, *self._sizes)).tolist()
-            self._buffers = [rest[a:b] for a, b in zip(offsets[:-1], offsets[1:], strict=True)]
+            self._buffers = []
+            start = 0
+            for size in self._sizes:  # a loop: np.cumsum costs more than the rest of a read
+                self._buffers.append(rest[start : start + size])
+                start += size
             self._index = len(self._sizes)
             return rest[len(rest) :]
         self._arrays = [np.empty(n, dtype=np.uint8) for n in self._sizes]
@@ -154,6 +157,19 @@ class MessageDecoder(Generic[M]):
             self._offset += n
             view = view[n:]
             self._skip_full()
+
+    def writable(self) -> memoryview | None:
+        """Room in the buffer being filled, for a caller that writes the next bytes in place
+        (``socket.recv_into``) and then calls :meth:`advance`; None before the header and once
+        every buffer is full."""
+        if self.message is None or self._index >= len(self._arrays):
+            return None
+        return self._arrays[self._index].data[self._offset :]
+
+    def advance(self, n: int) -> None:
+        """``n`` bytes were written at the start of the last :meth:`writable` room."""
+        self._offset += n
+        self._skip_full()
 
     def _skip_full(self) -> None:
         while self._index < len(self._sizes) and self._offset == self._sizes[self._index]:
@@ -199,3 +215,23 @@ def to_frames(
         view = memoryview(chunk).cast("B")
         frames.extend(view[i : i + fragment_size] for i in range(0, len(view), fragment_size))
     return frames
+
+
+def _around_requests() -> tuple[bytes, bytes]:
+    """The header of a batch that holds only requests, cut where the requests go: taken once
+    from pydantic's own encoding of such a batch, so it follows the Batch model."""
+    marker = Sync(request_id=0)
+    header = encode_header(Batch(requests=[marker]))[4:]
+    before, after = header.split(marker.__pydantic_serializer__.to_json(marker))
+    return before, after
+
+
+_BEFORE_REQUESTS, _AFTER_REQUESTS = _around_requests()
+
+
+def requests_only(requests: Sequence[Request]) -> bytes:
+    """The encoding of ``Batch(requests=requests)``, without building the batch (a read's
+    hot path: about half the cost of ``to_frames(encode(Batch(...)))``)."""
+    body = b",".join(r.__pydantic_serializer__.to_json(r) for r in requests)
+    header = _BEFORE_REQUESTS + body + _AFTER_REQUESTS
+    return _LEN.pack(len(header)) + header

@@ -419,7 +419,11 @@ class Server:
                             item = await self._receive_idle(ws, session)
                             self._in_flight[session.session_id] += 1
                             self.metrics.received_bytes.inc(item.nbytes)
-                            await send.send(item)
+                            if self._answer_here(session, item):
+                                await self._answer(ws, session, item)
+                                await self._settled(ws, session)
+                            else:
+                                await send.send(item)
                 except (ConnectionClosed, anyio.BrokenResourceError):
                     pass
                 finally:
@@ -448,6 +452,14 @@ class Server:
             owed = self._in_flight[session.session_id]
             if progress.partial or not owed:  # cancelling mid-message breaks the websocket
                 raise Drop(ErrorCode.IDLE_TIMEOUT, f"nothing received for {idle} s")
+
+    def _answer_here(self, session: Session, item: _Received) -> bool:
+        """Whether the receiving task answers ``item`` itself, skipping the hop to the worker
+        task (a read's latency): a batch without ops (nothing heavy to wait for) when nothing
+        received before it is still unanswered, so replies keep their order."""
+        batch = item.message
+        idle = self._in_flight[session.session_id] == 1
+        return idle and isinstance(batch, Batch) and not batch.ops and item.error is None
 
     async def _work(
         self,

@@ -285,3 +285,28 @@ def test_device_specs_name_remote_devices(server: ServerProcess) -> None:
     for spec in ["ndarray", "capture:ndarray", "bogus"]:
         with pytest.raises(ValueError):
             client.RemoteDevice(spec)
+
+
+def test_threads_reading_at_once_each_get_their_own_reply(dev: client.RemoteDevice) -> None:
+    """Leader/follower: eight threads read at the same time, small tensors and 4 MiB ones (sent
+    in fragments), so that one thread's reply is often read by another."""
+    xp = client.namespace(dev)
+    sizes = [1, 7, 1 << 19, 3, 1 << 19, 64, 5, 1 << 19]
+    arrays = [xp.full((n,), float(k)) for k, n in enumerate(sizes)]
+    barrier = threading.Barrier(len(arrays))
+    failures: list[str] = []
+
+    def work(k: int) -> None:
+        barrier.wait(30)
+        for _ in range(20):
+            got = arrays[k].numpy()
+            if got.shape != (sizes[k],) or not (got == float(k)).all():
+                failures.append(f"thread {k} read {got[:3]} of shape {got.shape}")
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(len(arrays))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads)
+    assert not failures, failures[:3]

@@ -236,7 +236,10 @@ def test_one_line_per_event(fmt: str) -> None:
     failed = by_name["op failed"]
     assert failed["session"] == opened["session"] and failed["code"] == "unknown_tensor"
     assert failed["op"] == f"matmul(#{a_id}, #42) -> #99" and failed["level"] == "INFO"
-    assert [e["event"] for e in events][-2:] == ["draining", "drained"]
+    # the client's close and the SIGTERM race: the server may log "session closed" either side
+    # of "draining"; the drain is always last
+    names = [e["event"] for e in events]
+    assert names[-1] == "drained" and names.index("draining") > names.index("session opened")
     assert TOKEN not in "\n".join(lines)
 
 

@@ -48,6 +48,19 @@ def test_cost_counts_elements_and_matmul_work() -> None:
 
 def test_connection_has_nodelay_and_no_compression(dev: client.RemoteDevice) -> None:
     ws = dev._conn._ws
-    sock = ws.transport.get_extra_info("socket")
-    assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1  # asyncio sets it
+    assert ws.socket.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1  # websockets sets it
     assert ws.protocol.extensions == []  # no permessage-deflate: negotiated by neither side
+
+
+def test_requests_only_batches_encode_as_pydantic_does() -> None:
+    from protocol import Batch, Read, Stats, Sync, encode
+    from protocol.codec import requests_only, to_frames
+    from protocol.messages import Request
+
+    cases: list[tuple[Request, ...]] = [
+        (Read(request_id=3, tensor=2**40),),
+        (Sync(request_id=1), Stats(request_id=2), Read(request_id=9, tensor=1)),
+        (),
+    ]
+    for requests in cases:
+        assert requests_only(requests) == to_frames(encode(Batch(requests=list(requests))))

@@ -356,3 +356,23 @@ def test_json_schema_export(tmp_path: Any) -> None:
     target = tmp_path / "schema.json"
     assert main([str(target)]) == 0
     assert json.loads(target.read_text()) == json.loads(json.dumps(schema, sort_keys=True))
+
+
+def test_decoder_takes_buffer_bytes_written_in_place() -> None:
+    from protocol import SERVER_ADAPTER, MessageDecoder, ReadReply
+    from protocol.codec import encode_header
+
+    values = np.arange(6, dtype=np.float32)
+    decoder = MessageDecoder(SERVER_ADAPTER)
+    assert decoder.writable() is None  # before the header
+    decoder.feed(encode_header(ReadReply(request_id=1, shape=(6,), dtype="float32", nbytes=24)))
+    data = values.tobytes()
+    for start in (0, 10):  # two writes, as two recv_into calls would make them
+        room = decoder.writable()
+        assert room is not None and len(room) == 24 - start
+        end = 10 if start == 0 else 24
+        room[: end - start] = data[start:end]
+        decoder.advance(end - start)
+    assert decoder.writable() is None  # every buffer is full
+    _, buffers = decoder.finish()
+    np.testing.assert_array_equal(np.frombuffer(buffers[0], np.float32), values)

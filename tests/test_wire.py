@@ -30,7 +30,7 @@ from protocol import (
 )
 from protocol.codec import encode_header
 from protocol.messages import Message
-from protocol.ops import FromBuffer, Unary
+from protocol.ops import Binary, FromBuffer, Unary
 
 from .servers import ServerProcess, run_server
 
@@ -141,3 +141,21 @@ def test_token_is_checked() -> None:
             client.RemoteDevice(proc.url)
         with client.RemoteDevice(proc.url, token="s3cret") as dev:
             assert client.namespace(dev).ones(2).numpy().tolist() == [1.0, 1.0]
+
+
+def test_a_batch_without_ops_waits_for_earlier_work(raw: ClientConnection) -> None:
+    """A read-only batch is answered by the receiving task only when nothing before it is
+    unanswered: behind a batch whose matmul runs in a worker thread, its reply comes second."""
+    values = np.ones((256, 256), dtype=np.float32)
+    upload = FromBuffer(out=1, shape=(256, 256), dtype="float32", buffer=0)
+    heavy = Batch(
+        ops=[upload, Binary(op="matmul", out=2, x1=1, x2=1)],
+        requests=[Read(request_id=1, tensor=2)],
+        buffers=[values.nbytes],
+    )
+    _send(raw, heavy, [byte_view(values)])
+    _send(raw, Batch(requests=[Read(request_id=2, tensor=1), Sync(request_id=3)]))
+    replies = [_recv(raw) for _ in range(3)]
+    assert [r.request_id for r, _ in replies] == [1, 2, 3]
+    np.testing.assert_array_equal(np.frombuffer(replies[0][1][0], np.float32), np.full(65536, 256))
+    np.testing.assert_array_equal(np.frombuffer(replies[1][1][0], np.float32), np.ones(65536))

@@ -1,0 +1,407 @@
+"""A websocket client connection driven by the threads that use it: no thread of its own.
+
+Rule: imports the standard library and websockets only; knows nothing of Tensorwire messages.
+
+websockets' sans-I/O :class:`~websockets.client.ClientProtocol` does the protocol (handshake,
+framing, masking, pings, the close handshake); this module owns the socket. Sending is done by
+the sending thread; receiving by whichever thread calls :meth:`Transport.receive` (the caller
+must let one thread at a time do that). Nothing crosses a thread on the way, which halves a
+small round trip's cost against websockets' threaded clients on a 2-core machine.
+
+Bytes the protocol produces (frames being sent, and pongs and close replies made while
+receiving) go through one FIFO, written in order by whichever thread holds the send lock, so a
+receiving thread never waits for a large send to finish: a reader can always make progress.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import select
+import socket
+import ssl
+import struct
+import threading
+from collections.abc import Iterable, Mapping
+from typing import Protocol
+
+from websockets import frames
+from websockets.client import ClientProtocol
+from websockets.exceptions import InvalidHandshake, InvalidURI
+from websockets.frames import Frame, Opcode
+from websockets.http11 import Response
+from websockets.uri import parse_uri
+
+RECV_SIZE = 1 << 18
+SMALL_FRAME = 1 << 16  # frames below this go out in one write, header and payload together
+_DATA = (Opcode.BINARY, Opcode.CONT, Opcode.TEXT)
+_CONTROL = 8  # opcodes from 8 up are control frames
+
+
+class Sink(Protocol):
+    """Where :meth:`Transport.receive` puts a message's payload."""
+
+    def feed(self, chunk: bytes | bytearray | memoryview) -> None:
+        """Take the next ``chunk`` of the payload."""
+
+    def writable(self) -> memoryview | None:
+        """Room for the next payload bytes, written in place, or None."""
+
+    def advance(self, n: int) -> None:
+        """``n`` bytes were written at the start of the last :meth:`writable` room."""
+
+
+class Closed(Exception):
+    """The connection is closed or broken; ``str()`` says why."""
+
+
+class Transport:
+    """An open websocket connection to ``url`` (``ws://`` or ``wss://``).
+
+    Raises:
+        OSError, TimeoutError: the server cannot be reached.
+        InvalidURI, InvalidHandshake: the URL is bad or the server refused the upgrade.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        open_timeout: float,
+        max_size: int,
+        headers: Mapping[str, str] | None = None,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
+        uri = parse_uri(url)
+        sock = socket.create_connection((uri.host, uri.port), timeout=open_timeout)
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if uri.secure:
+                context = ssl_context or ssl.create_default_context()
+                sock = context.wrap_socket(sock, server_hostname=uri.host)
+            self.socket = sock
+            self.protocol = ClientProtocol(uri, max_size=max_size)  # no extensions: no deflate
+            self._lock = threading.Lock()  # the protocol's state and the FIFO
+            self._send_lock = threading.Lock()  # who writes the FIFO to the socket
+            self._out: collections.deque[bytes] = collections.deque()
+            self._events: collections.deque[Frame] = collections.deque()
+            self._rbuf = bytearray()  # read from the socket, not parsed yet, from _rpos on
+            self._rpos = 0
+            self._taken = 0  # bytes of the stream parsed so far
+            self._handshake(headers or {})  # the socket keeps open_timeout: see opened()
+        except BaseException:
+            sock.close()
+            raise
+
+    def _handshake(self, headers: Mapping[str, str]) -> None:
+        protocol = self.protocol
+        request = protocol.connect()
+        for name, value in headers.items():
+            request.headers[name] = value
+        protocol.send_request(request)
+        for chunk in protocol.data_to_send():
+            self.socket.sendall(chunk)
+        while True:
+            data = self.socket.recv(RECV_SIZE)
+            if data:
+                protocol.receive_data(data)
+            else:
+                protocol.receive_eof()
+            events = protocol.events_received()
+            for i, event in enumerate(events):
+                if isinstance(event, Response):
+                    if protocol.handshake_exc is not None:
+                        raise protocol.handshake_exc
+                    self._events.extend(_frames(events[i + 1 :]))
+                    return
+            if not data:
+                raise InvalidHandshake("connection closed during the opening handshake")
+
+    def opened(self) -> None:
+        """The caller's own opening exchange is done: no timeout on the socket from now on."""
+        self.socket.settimeout(None)
+
+    # --- sending ------------------------------------------------------------------------------
+
+    @property
+    def send_lock(self) -> threading.Lock:
+        """Held by one sender at a time; the caller of :meth:`send` must hold it."""
+        return self._send_lock
+
+    def send(self, frames: bytes | list[bytes | memoryview]) -> None:
+        """Send one binary message (a list: its fragments). The caller holds :attr:`send_lock`.
+
+        Raises:
+            Closed: the connection is closing, closed or broke.
+        """
+        protocol = self.protocol
+        if isinstance(frames, bytes):
+            with self._lock:
+                self._check_open()
+                protocol.send_binary(frames)
+                self._out.extend(protocol.data_to_send())
+            self._flush_out()
+            return
+        last = len(frames) - 1
+        for i, frame in enumerate(frames):
+            with self._lock:
+                self._check_open()
+            opcode = Opcode.CONT if i else Opcode.BINARY
+            self._write_frame(_frame_header(opcode, i == last, len(frame)), frame)
+            self._flush_out()  # control frames that receiving made meanwhile
+
+    def _write_frame(self, header: bytes, payload: bytes | memoryview) -> None:
+        """Write one masked frame of a fragmented message, framed here and not by the
+        protocol: one copy of the payload (masking) instead of three. The caller holds the
+        send lock; the protocol sees no data frames of ours and needs none."""
+        mask = os.urandom(4)
+        masked: bytes = frames.apply_mask(payload, mask)  # type: ignore[attr-defined]  # C
+        try:
+            if len(masked) < SMALL_FRAME:
+                self.socket.sendall(header + mask + masked)
+            else:
+                self.socket.sendall(header + mask)
+                self.socket.sendall(masked)
+        except OSError as exc:
+            raise Closed(f"send failed: {exc}") from exc
+
+    def _check_open(self) -> None:
+        if self.protocol.state.name != "OPEN":
+            raise Closed(f"connection is {self.protocol.state.name.lower()}")
+
+    def _flush_out(self) -> None:
+        """Write the FIFO (the caller holds the send lock)."""
+        try:
+            while True:
+                with self._lock:
+                    if not self._out:
+                        return
+                    chunk = self._out.popleft()
+                if chunk:
+                    self.socket.sendall(chunk)
+                else:  # the protocol's end of stream, after the close handshake
+                    self.socket.shutdown(socket.SHUT_WR)
+        except OSError as exc:
+            raise Closed(f"send failed: {exc}") from exc
+
+    def _flush_if_free(self) -> None:
+        """Write what receiving produced (pongs, a close reply) unless a sender holds the lock:
+        that sender writes it before it lets go, and every thread that lets go looks again."""
+        while self._out and self._send_lock.acquire(blocking=False):
+            try:
+                self._flush_out()
+            except Closed:
+                return
+            finally:
+                self._send_lock.release()
+
+    def release_send_lock(self) -> None:
+        """Let go of :attr:`send_lock`, then write anything left behind by a receiver."""
+        self._send_lock.release()
+        self._flush_if_free()
+
+    # --- receiving: one thread at a time ------------------------------------------------------
+    # Frames from the server are parsed here, not by the protocol, so that a large payload is
+    # received straight into its destination (``recv_into``). Control frames (ping, pong,
+    # close) are handed to the protocol whole, which answers them and tracks the close.
+
+    def receive(self, sink: Sink) -> None:
+        """Read one whole data message into ``sink``: each payload part goes to
+        ``sink.writable()`` when it offers room, else to ``sink.feed``. Anything raised once part
+        of the message was read (an interrupt, an error from ``sink``) cuts the connection: the
+        stream's place in the message is lost.
+
+        Raises:
+            Closed: the connection closed or broke (a thread blocked here wakes when it does).
+        """
+        taken = self._taken
+        try:
+            self._receive(sink)
+        except Closed:
+            raise
+        except BaseException:
+            if self._taken != taken:
+                self.abort()
+            raise
+
+    def _receive(self, sink: Sink) -> None:
+        while self._events:  # frames that came with the handshake's response
+            frame = self._events.popleft()
+            sink.feed(frame.data)
+            if frame.fin:
+                return
+        inside = False  # within a fragmented message: read headers in small bites
+        while True:
+            header = self._take(2, 16 if inside else RECV_SIZE)
+            fin, opcode, length, more = _parse_header(header)
+            if more:
+                header += self._take(more, 16)
+                length = _long_length(header)
+            if opcode >= _CONTROL:
+                self._control(header + self._take(length, RECV_SIZE))
+                continue
+            if not inside and length <= RECV_SIZE:  # a first frame arrives whole: the
+                sink.feed(self._take(length, RECV_SIZE))  # message's header is in it
+            else:
+                self._payload(sink, length)
+            if fin:
+                return
+            inside = True
+
+    def poll(self) -> None:
+        """If the socket holds something, read it once and answer the control frames at the
+        front (pings) without blocking; data frames wait for :meth:`receive`.
+
+        Raises:
+            Closed: the connection closed or broke.
+        """
+        decrypted = isinstance(self.socket, ssl.SSLSocket) and self.socket.pending() > 0
+        if decrypted or select.select([self.socket], [], [], 0)[0]:
+            self._recv_more(RECV_SIZE)  # TLS: select cannot see bytes already decrypted
+        while (frame := self._whole_control_frame()) is not None:
+            self._control(frame)
+
+    def _whole_control_frame(self) -> bytearray | None:
+        """The control frame at the front of the read buffer, taken off it, if it is whole."""
+        buf, pos = self._rbuf, self._rpos
+        if len(buf) - pos < 2:
+            return None
+        fin, opcode, length, more = _parse_header(bytes(buf[pos : pos + 2]))
+        size = 2 + more + length
+        if opcode < _CONTROL or more or len(buf) - pos < size:
+            return None
+        return self._take(size, 0)
+
+    def _control(self, frame: bytearray) -> None:
+        with self._lock:
+            self.protocol.receive_data(frame)
+            self.protocol.events_received()  # ours are the data frames, already read
+            self._out.extend(self.protocol.data_to_send())
+        self._flush_if_free()
+
+    def _payload(self, sink: Sink, length: int) -> None:
+        buffered = min(length, len(self._rbuf) - self._rpos)
+        if buffered:
+            sink.feed(self._take(buffered, 0))
+        left = length - buffered
+        while left:
+            room = sink.writable()
+            if room is not None and len(room):
+                n = min(left, len(room))
+                got = self._recv_into(room[:n])
+                self._taken += got
+                sink.advance(got)
+            else:
+                data = self._recv(min(left, RECV_SIZE))
+                got = len(data)
+                self._taken += got
+                sink.feed(data)
+            left -= got
+
+    def _take(self, n: int, bite: int) -> bytearray:
+        """The next ``n`` bytes of the stream, reading ``max(bite, what is missing)`` at a
+        time."""
+        while len(self._rbuf) - self._rpos < n:
+            self._recv_more(max(bite, n - (len(self._rbuf) - self._rpos)))
+        out = self._rbuf[self._rpos : self._rpos + n]  # a copy: the buffer may move on
+        self._rpos += n
+        self._taken += n
+        if self._rpos == len(self._rbuf):
+            self._rbuf, self._rpos = bytearray(), 0
+        return out
+
+    def _recv_more(self, size: int) -> None:
+        if self._rpos:
+            del self._rbuf[: self._rpos]
+            self._rpos = 0
+        self._rbuf += self._recv(size)
+
+    def _recv(self, size: int) -> bytes:
+        try:
+            data = self.socket.recv(size)
+        except OSError as exc:
+            raise self._ended(exc) from exc
+        if not data:
+            raise self._ended(None)
+        return data
+
+    def _recv_into(self, target: memoryview) -> int:
+        try:
+            got = self.socket.recv_into(target)
+        except OSError as exc:
+            raise self._ended(exc) from exc
+        if not got:
+            raise self._ended(None)
+        return got
+
+    def _ended(self, error: OSError | None) -> Closed:
+        """The socket ended (end of stream or an error): the protocol learns it, the socket
+        is cut, and this is the exception to raise."""
+        with self._lock:
+            self.protocol.receive_eof()
+            self._out.extend(self.protocol.data_to_send())
+        self._events.clear()
+        self.abort()
+        return Closed(str(error or self.protocol.close_exc))
+
+    # --- closing ------------------------------------------------------------------------------
+
+    def send_close(self, code: int = 1000, reason: str = "") -> None:
+        """Start the close handshake (the caller holds :attr:`send_lock`); then receive until
+        :class:`Closed`. Does nothing on a connection that is not open."""
+        with self._lock:
+            if self.protocol.state.name != "OPEN":
+                return
+            self.protocol.send_close(code, reason)
+            self._out.extend(self.protocol.data_to_send())
+        try:
+            self._flush_out()
+        except Closed:
+            pass
+
+    def abort(self) -> None:
+        """Cut the connection at once: blocked sends and receives in other threads fail."""
+        try:
+            self.socket.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass  # already closed
+
+    def close(self) -> None:
+        """Release the socket. Call once no other thread uses this transport."""
+        self.abort()
+        self.socket.close()
+
+
+def _frame_header(opcode: Opcode, fin: bool, length: int) -> bytes:
+    """The first bytes of a masked client frame, up to the masking key."""
+    first = (0x80 if fin else 0) | opcode
+    if length < 126:
+        return struct.pack("!BB", first, 0x80 | length)
+    if length < 1 << 16:
+        return struct.pack("!BBH", first, 0x80 | 126, length)
+    return struct.pack("!BBQ", first, 0x80 | 127, length)
+
+
+def _parse_header(head: bytes | bytearray) -> tuple[bool, int, int, int]:
+    """FIN, opcode, payload length (if short) and how many extended-length bytes follow, from
+    a frame's first two bytes.
+
+    Raises:
+        Closed: a masked frame: servers never mask (RFC 6455, 5.1).
+    """
+    if head[1] & 0x80:
+        raise Closed("the server sent a masked frame")
+    length = head[1] & 0x7F
+    more = {126: 2, 127: 8}.get(length, 0)
+    return bool(head[0] & 0x80), head[0] & 0x0F, 0 if more else length, more
+
+
+def _long_length(header: bytearray) -> int:
+    return int.from_bytes(header[2:], "big")
+
+
+def _frames(events: Iterable[object]) -> list[Frame]:
+    """The data frames among ``events`` (control frames are the protocol's business)."""
+    return [e for e in events if isinstance(e, Frame) and e.opcode in _DATA]
+
+
+__all__ = ["Closed", "InvalidHandshake", "InvalidURI", "Transport"]
