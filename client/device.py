@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from protocol import Read, Stats, StatsReply, Sync, TensorMeta
+from protocol import Describe, Read, Stats, StatsReply, Sync, TensorMeta
 from protocol.ops import AnyOp
 
 from ._connection import Connection
@@ -80,6 +80,16 @@ class Device:
         future = self._conn.request(lambda rid: Read(request_id=rid, tensor=array.tensor_id))
         result: np.ndarray[Any, Any] = future.result()
         return result
+
+    def _describe_blocking(self, tensor_id: int) -> TensorMeta:
+        """The shape and dtype the server holds for ``tensor_id`` (one round trip).
+
+        Raises:
+            RemoteError: the op that produced it failed.
+        """
+        future = self._conn.request(lambda rid: Describe(request_id=rid, tensor=tensor_id))
+        reply = future.result()
+        return TensorMeta(tuple(reply.shape), reply.dtype)
 
     def _raise_server_error(self) -> None:
         error = self._conn.take_server_error()

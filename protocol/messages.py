@@ -69,7 +69,17 @@ class Stats(BaseModel):
     request_id: RequestId
 
 
-Request = Annotated[Read | Sync | Stats, Field(discriminator="kind")]
+class Describe(BaseModel):
+    """Send back tensor ``tensor``'s shape and dtype once every op before it has run: how the
+    client learns a data-dependent shape (``nonzero``, ``unique_*``, boolean masks)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    kind: Literal["describe"] = "describe"
+    request_id: RequestId
+    tensor: TensorId
+
+
+Request = Annotated[Read | Sync | Stats | Describe, Field(discriminator="kind")]
 
 
 class Batch(Message):
@@ -139,6 +149,13 @@ class StatsReply(Message):
     failed: int  # ids marked failed
 
 
+class DescribeReply(Message):
+    type: Literal["describe_reply"] = "describe_reply"
+    request_id: RequestId
+    shape: tuple[Dim, ...]
+    dtype: DType
+
+
 class RequestFailed(Message):
     """A request that could not be answered, e.g. a read of a tensor whose op failed."""
 
@@ -155,11 +172,25 @@ class SessionError(Message):
 
 
 ServerMessage = Annotated[
-    Welcome | Refused | ReadReply | SyncReply | StatsReply | RequestFailed | SessionError,
+    Welcome
+    | Refused
+    | ReadReply
+    | SyncReply
+    | StatsReply
+    | DescribeReply
+    | RequestFailed
+    | SessionError,
     Field(discriminator="type"),
 ]
 
 CLIENT_ADAPTER: TypeAdapter[Hello | Batch] = TypeAdapter(ClientMessage)
 SERVER_ADAPTER: TypeAdapter[
-    Welcome | Refused | ReadReply | SyncReply | StatsReply | RequestFailed | SessionError
+    Welcome
+    | Refused
+    | ReadReply
+    | SyncReply
+    | StatsReply
+    | DescribeReply
+    | RequestFailed
+    | SessionError
 ] = TypeAdapter(ServerMessage)

@@ -21,6 +21,8 @@ import numpy as np
 
 from protocol import (
     Batch,
+    Describe,
+    DescribeReply,
     ErrorCode,
     ErrorInfo,
     InvalidOpError,
@@ -33,6 +35,7 @@ from protocol import (
     SyncReply,
     TensorMeta,
     byte_view,
+    from_numpy,
 )
 from protocol.codec import Buffer
 from protocol.messages import Request
@@ -44,7 +47,8 @@ from .store import Failure, Stored, StoreError, TensorStore
 INLINE_COST = 1 << 16  # element operations an op may cost and still run on the event loop
 
 Reply = tuple[
-    ReadReply | SyncReply | StatsReply | RequestFailed | SessionError, Sequence[memoryview]
+    ReadReply | SyncReply | StatsReply | DescribeReply | RequestFailed | SessionError,
+    Sequence[memoryview],
 ]
 
 
@@ -77,39 +81,50 @@ class Session:
             op = ops[job.next]
             checked = self._check(op, job)
             if checked is not None:
-                args, meta = checked
-                if inline and executor.cost(op, meta, args) > INLINE_COST:
+                args, metas = checked
+                if inline and executor.cost(op, metas[0], args) > INLINE_COST:
                     return False
-                self._execute(op, args, meta, job)
+                self._execute(op, args, metas, job)
             job.next += 1
         return True
 
-    def _check(self, op: AnyOp, job: Job) -> tuple[list[np.ndarray[Any, Any]], TensorMeta] | None:
-        """Inputs and inferred output of ``op``, or None when its output is already settled."""
+    def _check(
+        self, op: AnyOp, job: Job
+    ) -> tuple[list[np.ndarray[Any, Any]], tuple[TensorMeta, ...]] | None:
+        """Inputs and inferred outputs of ``op``, or None when its outputs are already settled."""
         try:
-            if op.out in self.store:
-                raise StoreError(ErrorCode.DUPLICATE_TENSOR, f"tensor id #{op.out} is in use")
+            for out in () if op.inplace else op.outputs():
+                if out in self.store:
+                    raise StoreError(ErrorCode.DUPLICATE_TENSOR, f"tensor id #{out} is in use")
             args: list[np.ndarray[Any, Any]] = []
             metas: list[TensorMeta] = []
             for tensor_id in op.inputs():
                 value = self.store.get(tensor_id)
                 if isinstance(value, Failure):
-                    self.store.put(op.out, value)  # inherit the original failure
+                    self._settle(op, value)  # inherit the original failure
                     return None
                 args.append(value.array)
                 metas.append(value.meta)
-            return args, op.infer(*metas)
+            return args, op.infer_all(*metas)
         except StoreError as exc:
             self._fail(op, exc.code, str(exc), job)
         except InvalidOpError as exc:
             self._fail(op, ErrorCode.INVALID_OP, str(exc), job)
         return None
 
+    def _settle(self, op: AnyOp, value: Failure) -> None:
+        """Store ``value`` under every output of ``op`` (replacing, for an in-place op)."""
+        for out in op.outputs():
+            if op.inplace:
+                self.store.replace(out, value)
+            else:
+                self.store.put(out, value)
+
     def _execute(
-        self, op: AnyOp, args: list[np.ndarray[Any, Any]], meta: TensorMeta, job: Job
+        self, op: AnyOp, args: list[np.ndarray[Any, Any]], metas: tuple[TensorMeta, ...], job: Job
     ) -> None:
         try:
-            array = executor.run(op, args, job.buffers, meta)
+            arrays = executor.run(op, args, job.buffers, metas)
         except InvalidOpError as exc:
             self._fail(op, ErrorCode.INVALID_OP, str(exc), job)
         except executor.InferenceMismatch as exc:
@@ -117,15 +132,20 @@ class Session:
         except Exception as exc:  # numpy's genuine runtime failures
             self._fail(op, ErrorCode.EXECUTION_FAILED, f"{type(exc).__name__}: {exc}", job)
         else:
-            self.store.put(op.out, Stored(array, meta))
+            for out, array in zip(op.outputs(), arrays, strict=True):
+                stored = Stored(array, TensorMeta(array.shape, from_numpy(array.dtype)))
+                if op.inplace:
+                    self.store.replace(out, stored)
+                else:
+                    self.store.put(out, stored)
             self.ops_run += 1
 
     def _fail(self, op: AnyOp, code: ErrorCode, message: str, job: Job) -> None:
         error = ErrorInfo(code=code, message=message, op=op.describe())
-        if code is ErrorCode.DUPLICATE_TENSOR:
+        if code is ErrorCode.DUPLICATE_TENSOR or (op.inplace and op.out not in self.store):
             job.errors.append(error)  # the id belongs to another tensor: leave it alone
         else:
-            self.store.put(op.out, Failure(error))
+            self._settle(op, Failure(error))
 
     def finish(self, job: Job) -> list[Reply]:
         """Apply the batch's frees, then answer its requests in order."""
@@ -138,6 +158,8 @@ class Session:
     def _answer(self, request: Request) -> Reply:
         if isinstance(request, Read):
             return self._read(request)
+        if isinstance(request, Describe):
+            return self._describe(request)
         if isinstance(request, Stats):
             store = self.store
             reply = StatsReply(
@@ -148,6 +170,17 @@ class Session:
             )
             return reply, ()
         return SyncReply(request_id=request.request_id), ()
+
+    def _describe(self, request: Describe) -> Reply:
+        try:
+            value = self.store.get(request.tensor)
+        except StoreError as exc:
+            error = ErrorInfo(code=exc.code, message=str(exc))
+            return RequestFailed(request_id=request.request_id, error=error), ()
+        if isinstance(value, Failure):
+            return RequestFailed(request_id=request.request_id, error=value.error), ()
+        meta = value.meta
+        return DescribeReply(request_id=request.request_id, shape=meta.shape, dtype=meta.dtype), ()
 
     def _read(self, request: Read) -> Reply:
         try:

@@ -65,6 +65,15 @@ class TensorStore:
         else:
             self.nbytes += value.array.nbytes
 
+    def replace(self, tensor_id: int, value: Stored | Failure) -> None:
+        """Store ``value`` under an id that exists (an in-place update keeps the id).
+
+        Raises :class:`StoreError` (``unknown_tensor``) if the id does not exist.
+        """
+        self.get(tensor_id)
+        self.free(tensor_id)
+        self.put(tensor_id, value)
+
     def free(self, tensor_id: int) -> None:
         """Forget an id. Freeing an unknown id does nothing (frees are idempotent)."""
         value = self._items.pop(tensor_id, None)

@@ -17,25 +17,44 @@ import numpy as np
 from protocol import TensorMeta, to_numpy
 from protocol.codec import Buffer
 from protocol.ops import (
+    FFT,
+    UNKNOWN,
     AnyOp,
     Arange,
     AsType,
+    Axes,
     Binary,
+    BroadcastTo,
+    Cumulative,
     Eye,
     FromBuffer,
     Full,
     GetItem,
+    Join,
+    Linalg,
+    Linspace,
+    MoveAxis,
+    Nonzero,
     PermuteDims,
     Reduce,
+    Repeat,
     Reshape,
+    Roll,
+    SearchSorted,
+    SetItem,
+    Sort,
+    Take,
+    Tile,
+    Triangle,
     Unary,
+    Unique,
     Where,
 )
 
-from . import creation, elementwise, manipulation, reduction
+from . import creation, data, elementwise, linalg, manipulation, reduction
 
 Array = np.ndarray[Any, Any]
-Runner = Callable[[Any, Sequence[Array], Sequence[Buffer]], Array]
+Runner = Callable[[Any, Sequence[Array], Sequence[Buffer]], Array | tuple[Array, ...]]
 
 
 class InferenceMismatch(AssertionError):
@@ -55,24 +74,51 @@ _RUNNERS: dict[type[AnyOp], Runner] = {
     Reshape: manipulation.reshape,
     PermuteDims: manipulation.permute_dims,
     GetItem: manipulation.getitem,
+    SetItem: manipulation.setitem,
+    Take: manipulation.take,
+    Join: manipulation.join,
+    Axes: manipulation.axes,
+    Roll: manipulation.roll,
+    MoveAxis: manipulation.moveaxis,
+    BroadcastTo: manipulation.broadcast_to,
+    Tile: manipulation.tile,
+    Repeat: manipulation.repeat,
+    Triangle: manipulation.triangle,
+    Linspace: creation.linspace,
+    Sort: data.sort,
+    Cumulative: data.cumulative,
+    SearchSorted: data.searchsorted,
+    Nonzero: data.nonzero,
+    Unique: data.unique,
+    Linalg: linalg.linalg,
+    FFT: linalg.fft,
 }
 
 
-def run(op: AnyOp, args: Sequence[Array], buffers: Sequence[Buffer], meta: TensorMeta) -> Array:
-    """Run ``op`` on ``args`` (arrays of ``op.inputs()``); ``meta`` is ``op.infer(...)``.
+def run(
+    op: AnyOp, args: Sequence[Array], buffers: Sequence[Buffer], metas: Sequence[TensorMeta]
+) -> tuple[Array, ...]:
+    """Run ``op`` on ``args`` (arrays of ``op.inputs()``); ``metas`` is ``op.infer_all(...)``.
+    Returns one array per output; a dimension inferred as ``UNKNOWN`` may take any length.
 
     Raises:
         Exception: whatever numpy raises for a genuine runtime failure.
-        InferenceMismatch: the result differs from ``meta``.
+        InferenceMismatch: a result differs from its meta.
     """
     with np.errstate(all="ignore"):
-        result = np.asarray(_RUNNERS[type(op)](op, args, buffers))
-    if result.shape != meta.shape or result.dtype != to_numpy(meta.dtype):
-        raise InferenceMismatch(
-            f"{op.describe()} gave {result.dtype}{list(result.shape)}, "
-            f"inferred {meta.dtype}{list(meta.shape)}"
-        )
-    return result
+        raw = _RUNNERS[type(op)](op, args, buffers)
+    results = tuple(np.asarray(r) for r in (raw if isinstance(raw, tuple) else (raw,)))
+    if len(results) != len(metas) or not all(map(_matches, results, metas)):
+        got = ", ".join(f"{r.dtype}{list(r.shape)}" for r in results)
+        want = ", ".join(f"{m.dtype}{list(m.shape)}" for m in metas)
+        raise InferenceMismatch(f"{op.describe()} gave {got}, inferred {want}")
+    return results
+
+
+def _matches(result: Array, meta: TensorMeta) -> bool:
+    if result.dtype != to_numpy(meta.dtype) or result.ndim != len(meta.shape):
+        return False
+    return all(d == m or m == UNKNOWN for d, m in zip(result.shape, meta.shape, strict=True))
 
 
 def cost(op: AnyOp, meta: TensorMeta, args: Sequence[Array]) -> int:
