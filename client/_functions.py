@@ -114,7 +114,8 @@ def apply_inplace(make: Callable[[int], AnyOp], target: RemoteArray,
 def upload(values: np.ndarray[Any, Any], device: Device) -> RemoteArray:
     """Copy a local numpy array to ``device`` (raw bytes, little-endian, C order)."""
     dtype = from_numpy(values.dtype)
-    values = np.ascontiguousarray(values, dtype=values.dtype.newbyteorder("<"))
+    # Note: not np.ascontiguousarray, which turns a 0-d array into a 1-d one
+    values = np.asarray(values, dtype=values.dtype.newbyteorder("<"), order="C")
     shape = values.shape
     out = device._conn.new_id()
     device._conn.submit_upload(

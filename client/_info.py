@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -19,6 +20,38 @@ KINDS = {
     "complex floating": ("complex64", "complex128"),
     "numeric": tuple(d for d in DTYPES if d != "bool"),
 }
+
+
+@dataclass(frozen=True)
+class FInfo:
+    """The standard's ``finfo`` object: Python numbers, not numpy scalars."""
+
+    bits: int
+    eps: float
+    max: float
+    min: float
+    smallest_normal: float
+    dtype: np.dtype[Any]
+
+
+@dataclass(frozen=True)
+class IInfo:
+    bits: int
+    max: int
+    min: int
+    dtype: np.dtype[Any]
+
+
+def finfo(dtype: Any) -> FInfo:
+    info = np.finfo(dtype)
+    real = np.dtype(info.dtype)
+    return FInfo(int(info.bits), float(info.eps), float(info.max), float(info.min),
+                 float(info.smallest_normal), real)  # fmt: skip
+
+
+def iinfo(dtype: Any) -> IInfo:
+    info = np.iinfo(dtype)
+    return IInfo(int(info.bits), int(info.max), int(info.min), np.dtype(info.dtype))
 
 
 def isdtype(dtype: Any, kind: Any) -> bool:

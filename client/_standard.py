@@ -347,8 +347,6 @@ class StandardFunctions:
             if other.wire_dtype != x.wire_dtype:
                 other = _f.astype(other, x.dtype)
             result = _f.binary(name, result, other)  # a NaN bound propagates
-        if result.shape != x.shape:
-            result = StandardFunctions.broadcast_to(result, x.shape)
         return result if result is not x else _f.astype(x, x.dtype)
 
     @staticmethod
@@ -360,7 +358,8 @@ class StandardFunctions:
         shape = broadcast_shapes(x1.shape, x2.shape)
         a = x1 if not is_complex(x1.wire_dtype) else _f.unary("conj", x1)
         product = _f.binary("multiply", a, x2)
-        return _f.reduce("sum", product, axis - len(shape) if axis >= 0 else axis, False)
+        axis = axis - len(shape) if axis >= 0 else axis
+        return _f.reduce("sum", product, axis, False, dtype=product.dtype)
 
     @staticmethod
     def tensordot(x1: RemoteArray, x2: RemoteArray, /, *,

@@ -170,13 +170,22 @@ class RemoteArray:
 
     def __dlpack__(self, *, stream: Any = None, max_version: Any = None,
                    dl_device: Any = None, copy: Any = None) -> Any:  # fmt: skip
-        raise BufferError(
-            "DLPack shares memory within one process; a remote array's memory is on a server. "
-            "Read it with x.numpy() (or np.asarray(x)) instead"
-        )
+        """A DLPack capsule of a *host copy* (one read): a remote array's memory is on a
+        server, so it cannot be shared. The capsule describes CPU memory.
+
+        Raises:
+            BufferError: ``copy=False`` (sharing is impossible) or a non-CPU ``dl_device``.
+        """
+        if copy is False:
+            raise BufferError("a remote array's memory is on a server: it can only be copied")
+        if dl_device is not None and tuple(dl_device) != (1, 0):
+            raise BufferError("a remote array can only be exported to the host CPU")
+        kwargs = {} if max_version is None else {"max_version": max_version}
+        return self.numpy().__dlpack__(**kwargs)
 
     def __dlpack_device__(self) -> tuple[int, int]:
-        raise BufferError("a remote array has no DLPack device: its memory is on a server")
+        """``(kDLCPU, 0)``: :meth:`__dlpack__` exports a host copy."""
+        return (1, 0)
 
     def __neg__(self) -> RemoteArray:
         return _f.negative(self)

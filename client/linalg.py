@@ -29,10 +29,11 @@ def _one(name: Any, *xs: RemoteArray, **params: Any) -> RemoteArray:
     return _linalg(name, *xs, **params)[0]
 
 
-def _rtol(rtol: float | RemoteArray | None) -> float | None:
+def _tolerant(name: Any, x: RemoteArray, rtol: float | RemoteArray | None) -> RemoteArray:
+    """``matrix_rank`` or ``pinv``; an array ``rtol`` travels as a second input."""
     if isinstance(rtol, RemoteArray):
-        raise NotImplementedError("an array rtol is not supported; pass a Python float")
-    return None if rtol is None else float(rtol)
+        return _one(name, x, rtol)
+    return _one(name, x, rtol=None if rtol is None else float(rtol))
 
 
 class LinalgNamespace:
@@ -85,7 +86,7 @@ class LinalgNamespace:
 
     @staticmethod
     def matrix_rank(x: RemoteArray, /, *, rtol: float | RemoteArray | None = None) -> RemoteArray:
-        return _one("matrix_rank", x, rtol=_rtol(rtol))
+        return _tolerant("matrix_rank", x, rtol)
 
     @staticmethod
     def matrix_transpose(x: RemoteArray, /) -> RemoteArray:
@@ -97,7 +98,7 @@ class LinalgNamespace:
 
     @staticmethod
     def pinv(x: RemoteArray, /, *, rtol: float | RemoteArray | None = None) -> RemoteArray:
-        return _one("pinv", x, rtol=_rtol(rtol))
+        return _tolerant("pinv", x, rtol)
 
     @staticmethod
     def qr(x: RemoteArray, /, *, mode: str = "reduced") -> QRResult:

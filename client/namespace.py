@@ -17,7 +17,7 @@ import numpy as np
 from protocol import to_numpy
 
 from . import _functions as _f
-from ._info import Info, isdtype
+from ._info import FInfo, IInfo, Info, finfo, iinfo, isdtype
 from ._standard import StandardFunctions
 from .array import RemoteArray
 from .device import Device
@@ -156,12 +156,12 @@ class Namespace(StandardFunctions):
         return builtins.bool(np.can_cast(np.dtype(source), np.dtype(to), casting="safe"))
 
     @staticmethod
-    def finfo(type: Any, /) -> Any:  # noqa: A002
-        return np.finfo(type.dtype if isinstance(type, RemoteArray) else type)
+    def finfo(type: Any, /) -> FInfo:  # noqa: A002
+        return finfo(type.dtype if isinstance(type, RemoteArray) else type)
 
     @staticmethod
-    def iinfo(type: Any, /) -> Any:  # noqa: A002
-        return np.iinfo(type.dtype if isinstance(type, RemoteArray) else type)
+    def iinfo(type: Any, /) -> IInfo:  # noqa: A002
+        return iinfo(type.dtype if isinstance(type, RemoteArray) else type)
 
     @staticmethod
     def isdtype(dtype: Any, kind: Any) -> builtins.bool:

@@ -70,6 +70,11 @@ class Linalg(_MultiOp):
 
     def _infer_all(self, *args: TensorMeta) -> tuple[TensorMeta, ...]:
         expected = 2 if self.op in ("solve", "cross", "outer", "tensordot") else 1
+        if self.op in ("pinv", "matrix_rank") and len(args) == 2:  # an array rtol
+            if is_complex(args[1].dtype) or args[1].dtype == "bool":
+                raise OpDTypeError(f"linalg.{self.op} needs a real rtol")
+            broadcast_shapes(args[0].shape[:-2], args[1].shape)
+            return _LINALG[self.op](self, args[0])
         if len(args) != expected:
             raise OpShapeError(f"linalg.{self.op} takes {expected} arrays")
         return _LINALG[self.op](self, *args)

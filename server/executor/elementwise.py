@@ -28,11 +28,27 @@ def _wire(a: Array) -> Any:
 
 
 def unary(op: Unary, args: Sequence[Array], buffers: Sequence[Buffer]) -> Array:
-    return _call(op.op, args)
+    result = _call(op.op, args)
+    if op.op == "expm1" and result.dtype.kind == "c":
+        # Note: numpy's complex expm1 misses the standard's special cases at infinities and
+        # NaNs; exp(x) - 1 has them right there.
+        (x,) = args
+        bad = ~np.isfinite(x)
+        if bad.any():
+            result = np.where(bad, np.exp(x) - 1, result)
+    return result
 
 
 def binary(op: Binary, args: Sequence[Array], buffers: Sequence[Buffer]) -> Array:
-    return _call(op.op, args)
+    result = _call(op.op, args)
+    if op.op == "floor_divide" and result.dtype.kind == "f":
+        # Note: numpy's floor_divide gives NaN for inf // finite and -1 for -finite // inf;
+        # the standard asks for floor(x1 / x2) there (+-inf, -0).
+        x1, x2 = args
+        bad = np.isinf(x1) | np.isinf(x2)
+        if bad.any():
+            result = np.where(bad, np.floor(np.divide(x1, x2)), result).astype(result.dtype)
+    return result
 
 
 def where(op: Where, args: Sequence[Array], buffers: Sequence[Buffer]) -> Array:

@@ -26,7 +26,8 @@ def linalg(op: Linalg, args: Sequence[Array], buffers: Sequence[Buffer]) -> tupl
         if name == "outer":
             return (la.outer(a, b),)
         return (la.tensordot(a, b, axes=(op.axes1, op.axes2)),)
-    (x,) = args
+    x = args[0]
+    rtol = args[1] if len(args) == 2 else op.rtol
     kwargs: Any = {
         "cholesky": {"upper": op.upper},
         "qr": {"mode": op.mode},
@@ -37,8 +38,8 @@ def linalg(op: Linalg, args: Sequence[Array], buffers: Sequence[Buffer]) -> tupl
         "matrix_norm": {"ord": "fro" if op.ord is None else op.ord, "keepdims": op.keepdims},
         "vector_norm": {"ord": 2 if op.ord is None else op.ord, "keepdims": op.keepdims,
                         "axis": op.axis},
-        "matrix_rank": {"rtol": op.rtol},
-        "pinv": {"rtol": op.rtol},
+        "matrix_rank": {"rtol": rtol},
+        "pinv": {"rtol": rtol},
     }.get(name, {})  # fmt: skip
     result = getattr(la, name)(x, **kwargs)
     return tuple(result) if isinstance(result, tuple) else (result,)

@@ -48,7 +48,7 @@ def getitem(op: GetItem, args: Sequence[Array], buffers: Sequence[Buffer]) -> Ar
 def setitem(op: SetItem, args: Sequence[Array], buffers: Sequence[Buffer]) -> Array:
     target, value, *index = args
     key = numpy_key(op.key, index)
-    if key in ((Ellipsis,), ()) and value.shape == target.shape:
+    if op.key in (("...",), ()) and value.shape == target.shape:
         return value  # a whole replacement (``x += y``): stored arrays are never mutated
     result = target.copy()
     result[key] = value
