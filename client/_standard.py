@@ -105,12 +105,12 @@ class StandardFunctions:
     def from_dlpack(self, x: Any, /, *, device: Device | None = None,
                     copy: builtins.bool | None = None) -> RemoteArray:  # fmt: skip
         """Copies a local DLPack-capable array (numpy, torch CPU, ...) to the device."""
+        target = self.device if device is None else device
+        if isinstance(x, RemoteArray) and (x.device is target or copy is not False):
+            return _f.astype(x, x.dtype) if copy else x.to_device(target)
         if copy is False:
             raise BufferError("a remote device cannot share a local array's memory")
-        if isinstance(x, RemoteArray):
-            return x.to_device(self.device if device is None else device)
-        values = np.from_dlpack(x)
-        return _f.upload(values, self.device if device is None else device)
+        return _f.upload(np.from_dlpack(x), target)
 
     # --- manipulation -------------------------------------------------------------------------
 

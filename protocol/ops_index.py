@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict
 from .dtypes import is_integer
 from .ops import (
     UNKNOWN,
+    InvalidOpError,
     OpDTypeError,
     OpShapeError,
     TensorId,
@@ -26,6 +27,11 @@ from .ops import (
     _normalize_axis,
     _Op,
 )
+
+
+class OpIndexError(InvalidOpError, IndexError):
+    """An index that does not fit the array (out of bounds, too many indices, a mask of
+    another shape): an ``IndexError``, as the standard asks."""
 
 
 class SliceSpec(BaseModel):
@@ -64,9 +70,9 @@ def expand_key(
     consumed = sum(widths.get(i, 1) for i, k in enumerate(key) if k is not None and k != "...")
     ellipses = sum(1 for k in key if k == "...")
     if ellipses > 1:
-        raise OpShapeError("an index can only have a single ellipsis")
+        raise OpIndexError("an index can only have a single ellipsis")
     if consumed > ndim:
-        raise OpShapeError(f"too many indices: {consumed} for {ndim} dimensions")
+        raise OpIndexError(f"too many indices: {consumed} for {ndim} dimensions")
     fill: tuple[IndexItem, ...] = (SliceSpec(),) * (ndim - consumed)
     if ellipses:
         at = key.index("...")
@@ -81,7 +87,7 @@ def _broadcast_unknown(shapes: list[tuple[int, ...]]) -> tuple[int, ...]:
         dims = {s[i] for s in shapes if len(s) >= -i} - {1}
         known = dims - {UNKNOWN}
         if len(known) > 1:
-            raise OpShapeError(f"index arrays of shapes {shapes} do not broadcast")
+            raise OpIndexError(f"index arrays of shapes {shapes} do not broadcast")
         out.append(known.pop() if known else (UNKNOWN if dims else 1))
     return tuple(out)
 
@@ -117,8 +123,9 @@ def index_shape(shape: tuple[int, ...], key: tuple[IndexItem, ...],
             meta = next(arrays)
             if meta.dtype == "bool":
                 width = len(meta.shape)
-                if tuple(shape[dim : dim + width]) != meta.shape:
-                    raise OpShapeError(
+                indexed = tuple(shape[dim : dim + width])
+                if not all(m in (d, 0) for d, m in zip(indexed, meta.shape, strict=True)):
+                    raise OpIndexError(
                         f"boolean index of shape {meta.shape} does not match the indexed "
                         f"dimensions {shape[dim : dim + width]}"
                     )
@@ -126,7 +133,7 @@ def index_shape(shape: tuple[int, ...], key: tuple[IndexItem, ...],
                 dim += width
             else:
                 if shape[dim] == 0 and 0 not in meta.shape:
-                    raise OpShapeError(f"index into an empty axis {dim}")
+                    raise OpIndexError(f"index into an empty axis {dim}")
                 adv_shapes.append(meta.shape)
                 dim += 1
             adv_pos.append(len(out))
@@ -134,7 +141,7 @@ def index_shape(shape: tuple[int, ...], key: tuple[IndexItem, ...],
         elif isinstance(item, int):
             n = shape[dim]
             if not -n <= item < n:
-                raise OpShapeError(f"index {item} is out of bounds for axis of size {n}")
+                raise OpIndexError(f"index {item} is out of bounds for axis of size {n}")
             if advanced:
                 adv_shapes.append(())
                 adv_pos.append(len(out))
