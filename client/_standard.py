@@ -351,15 +351,15 @@ class StandardFunctions:
 
     @staticmethod
     def vecdot(x1: RemoteArray, x2: RemoteArray, /, *, axis: int = -1) -> RemoteArray:
-        if x1.ndim == 0 or x2.ndim == 0:
-            raise ValueError("vecdot needs at least one dimension")
-        if x1.shape[axis] != x2.shape[axis]:
-            raise ValueError("vecdot needs equal lengths along axis")
-        shape = broadcast_shapes(x1.shape, x2.shape)
-        a = x1 if not is_complex(x1.wire_dtype) else _f.unary("conj", x1)
-        product = _f.binary("multiply", a, x2)
-        axis = axis - len(shape) if axis >= 0 else axis
-        return _f.reduce("sum", product, axis, False, dtype=product.dtype)
+        """numpy's ``vecdot`` (conjugates ``x1``); a non-negative ``axis`` counts in the
+        broadcast shape."""
+        ndim = max(x1.ndim, x2.ndim)
+        a = axis - ndim if axis >= 0 else axis
+        return _f.apply(
+            lambda out: Linalg(out=out, op="vecdot", xs=(x1.tensor_id, x2.tensor_id), axis=(a,)),
+            x1,
+            x2,
+        )
 
     @staticmethod
     def tensordot(x1: RemoteArray, x2: RemoteArray, /, *,

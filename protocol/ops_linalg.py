@@ -25,7 +25,7 @@ from .ops_shape import result_dtype
 LinalgName = Literal[
     "cholesky", "det", "inv", "eigh", "eigvalsh", "qr", "svd", "svdvals", "slogdet", "solve",
     "matrix_power", "matrix_rank", "pinv", "matrix_norm", "vector_norm", "diagonal", "trace",
-    "cross", "outer", "tensordot",
+    "cross", "outer", "tensordot", "vecdot",
 ]  # fmt: skip
 
 
@@ -69,7 +69,7 @@ class Linalg(_MultiOp):
         return self.xs
 
     def _infer_all(self, *args: TensorMeta) -> tuple[TensorMeta, ...]:
-        expected = 2 if self.op in ("solve", "cross", "outer", "tensordot") else 1
+        expected = 2 if self.op in ("solve", "cross", "outer", "tensordot", "vecdot") else 1
         if self.op in ("pinv", "matrix_rank") and len(args) == 2:  # an array rtol
             if is_complex(args[1].dtype) or args[1].dtype == "bool":
                 raise OpDTypeError(f"linalg.{self.op} needs a real rtol")
@@ -162,6 +162,19 @@ def _cross(op: Linalg, a: TensorMeta, b: TensorMeta) -> tuple[TensorMeta, ...]:
     return (TensorMeta(shape, result_dtype(a.dtype, b.dtype)),)
 
 
+def _vecdot(op: Linalg, a: TensorMeta, b: TensorMeta) -> tuple[TensorMeta, ...]:
+    axis = op.axis[0] if op.axis else -1
+    if not a.shape or not b.shape:
+        raise OpShapeError("vecdot needs at least one dimension")
+    if axis >= 0 or len(a.shape) < -axis or len(b.shape) < -axis:
+        raise OpShapeError(f"vecdot axis {axis} must be negative and within both arrays")
+    if a.shape[axis] != b.shape[axis]:
+        raise OpShapeError(f"vecdot needs equal lengths along axis {axis}")
+    shape = list(broadcast_shapes(a.shape, b.shape))
+    del shape[axis]
+    return (TensorMeta(tuple(shape), result_dtype(a.dtype, b.dtype)),)
+
+
 def _outer(op: Linalg, a: TensorMeta, b: TensorMeta) -> tuple[TensorMeta, ...]:
     if len(a.shape) != 1 or len(b.shape) != 1:
         raise OpShapeError("outer needs 1-dimensional arrays")
@@ -184,7 +197,8 @@ _LINALG: dict[str, Callable[..., tuple[TensorMeta, ...]]] = {
     "matrix_rank": _batch_scalar, "trace": _batch_scalar, "matrix_norm": _batch_scalar,
     "eigh": _decomposition, "eigvalsh": _decomposition, "svdvals": _decomposition,
     "qr": _decomposition, "svd": _decomposition, "solve": _solve, "vector_norm": _vector_norm,
-    "diagonal": _diagonal, "cross": _cross, "outer": _outer, "tensordot": _tensordot,
+    "diagonal": _diagonal, "cross": _cross, "vecdot": _vecdot, "outer": _outer,
+    "tensordot": _tensordot,
 }  # fmt: skip
 
 FFTName = Literal[

@@ -17,8 +17,11 @@ Array = np.ndarray[Any, Any]
 def linalg(op: Linalg, args: Sequence[Array], buffers: Sequence[Buffer]) -> tuple[Array, ...]:
     la: Any = np.linalg
     name = op.op
-    if name in ("solve", "cross", "outer", "tensordot"):
+    if name in ("solve", "cross", "outer", "tensordot", "vecdot"):
         a, b = args
+        if name == "vecdot":
+            vecdot: Any = np.vecdot
+            return (vecdot(a, b, axis=op.axis[0] if op.axis else -1),)
         if name == "solve":
             return (la.solve(a, b),)
         if name == "cross":
