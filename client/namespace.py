@@ -76,6 +76,8 @@ class Namespace(StandardFunctions):
             if dtype is not None and obj.dtype != np.dtype(dtype):
                 return _f.astype(obj, dtype)
             return _f.astype(obj, obj.dtype) if copy else obj
+        if copy is False:
+            raise ValueError("copy=False: a local object cannot reach the device without a copy")
         values = np.asarray(obj, dtype=None if dtype is None else np.dtype(dtype))
         return _f.upload(values, dev)
 
