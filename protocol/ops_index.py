@@ -150,7 +150,9 @@ def index_shape(shape: tuple[int, ...], key: tuple[IndexItem, ...],
     if not advanced:
         return _check_shape(tuple(d for d in out if d is not None))
     block = _broadcast_unknown(adv_shapes)
-    adjacent = adv_pos == list(range(adv_pos[0], adv_pos[0] + len(adv_pos)))
+    # adjacency is judged on the key as written: an ellipsis separates, even an empty one
+    written = [i for i, k in enumerate(key) if isinstance(k, ArrayIndex | int)]
+    adjacent = written == list(range(written[0], written[0] + len(written)))
     rest = [d for d in out if d is not None]
     at = sum(1 for d in out[: adv_pos[0]] if d is not None) if adjacent else 0
     return tuple(rest[:at]) + block + tuple(rest[at:])
