@@ -105,12 +105,18 @@ class Session:
                     return None
                 args.append(value.array)
                 metas.append(value.meta)
+            self._share_inputs(op)
             return args, op.infer_all(*metas)
         except StoreError as exc:
             self._fail(op, exc.code, str(exc), job)
         except InvalidOpError as exc:
             self._fail(op, ErrorCode.INVALID_OP, str(exc), job)
         return None
+
+    def _share_inputs(self, op: AnyOp) -> None:
+        """Every input may end up viewed by the output, except an in-place op's own target."""
+        for tensor_id in op.inputs()[1:] if op.inplace else op.inputs():
+            self.store.share(tensor_id)
 
     def _settle(self, op: AnyOp, value: Failure) -> None:
         """Store ``value`` under every output of ``op`` (replacing, for an in-place op)."""
@@ -124,7 +130,8 @@ class Session:
         self, op: AnyOp, args: list[np.ndarray[Any, Any]], metas: tuple[TensorMeta, ...], job: Job
     ) -> None:
         try:
-            arrays = executor.run(op, args, job.buffers, metas)
+            owned = op.inplace and self._owned(op.out)
+            arrays = executor.run(op, args, job.buffers, metas, in_place=owned)
         except InvalidOpError as exc:
             self._fail(op, ErrorCode.INVALID_OP, str(exc), job)
         except executor.InferenceMismatch as exc:
@@ -133,12 +140,18 @@ class Session:
             self._fail(op, ErrorCode.EXECUTION_FAILED, f"{type(exc).__name__}: {exc}", job)
         else:
             for out, array in zip(op.outputs(), arrays, strict=True):
-                stored = Stored(array, TensorMeta(array.shape, from_numpy(array.dtype)))
+                meta = TensorMeta(array.shape, from_numpy(array.dtype))
+                # an in-place op's result is its own unless it is another input's array
+                stored = Stored(array, meta, owned=op.inplace and array is not args[1])
                 if op.inplace:
                     self.store.replace(out, stored)
                 else:
                     self.store.put(out, stored)
             self.ops_run += 1
+
+    def _owned(self, tensor_id: int) -> bool:
+        value = self.store.get(tensor_id)
+        return isinstance(value, Stored) and value.owned
 
     def _fail(self, op: AnyOp, code: ErrorCode, message: str, job: Job) -> None:
         error = ErrorInfo(code=code, message=message, op=op.describe())
@@ -190,6 +203,7 @@ class Session:
             return RequestFailed(request_id=request.request_id, error=error), ()
         if isinstance(value, Failure):
             return RequestFailed(request_id=request.request_id, error=value.error), ()
+        self.store.share(request.tensor)  # the reply's bytes are written later
         view = byte_view(value.array)
         reply = ReadReply(
             request_id=request.request_id,

@@ -22,8 +22,12 @@ class Failure:
 
 @dataclass(frozen=True, slots=True)
 class Stored:
+    """A tensor's array. ``owned``: no other tensor, view or pending reply shares the array, so
+    an in-place op may write into it (copy-on-write: otherwise it copies first)."""
+
     array: np.ndarray[Any, Any]
     meta: TensorMeta
+    owned: bool = False
 
 
 class StoreError(Exception):
@@ -64,6 +68,13 @@ class TensorStore:
             self.failed += 1
         else:
             self.nbytes += value.array.nbytes
+
+    def share(self, tensor_id: int) -> None:
+        """Record that the array of ``tensor_id`` is now shared (an op read it, maybe into a
+        view, or a reply holds its bytes): the next in-place op must copy it."""
+        value = self._items.get(tensor_id)
+        if isinstance(value, Stored) and value.owned:
+            self._items[tensor_id] = Stored(value.array, value.meta)
 
     def replace(self, tensor_id: int, value: Stored | Failure) -> None:
         """Store ``value`` under an id that exists (an in-place update keeps the id).

@@ -241,6 +241,8 @@ def test_setitem_keeps_identity_and_matches_numpy(rx: client.Namespace, x: np.nd
     i = data.draw(st.integers(0, x.shape[0] - 1), "i")
     a[i] = 7
     expected[i] = 7
+    middle = a[...]  # a view of a's array, which the next update may no longer write into
+    middle_values = expected.copy()
     mask = data.draw(hnp.arrays(np.bool_, x.shape), "mask")
     a[rx.asarray(mask)] = 3
     expected[mask] = 3
@@ -249,6 +251,20 @@ def test_setitem_keeps_identity_and_matches_numpy(rx: client.Namespace, x: np.nd
     assert a.tensor_id == tensor_id
     same(a, expected)
     same(view, before)
+    same(middle, middle_values)
+
+
+def test_repeated_setitem_after_a_read_copies(rx: client.Namespace) -> None:
+    """Copy-on-write: once a read reply holds the bytes, the next update copies."""
+    a = rx.zeros((4,), dtype=rx.int64)
+    for i in range(4):
+        a[i] = i + 1
+        assert a.numpy()[i] == i + 1
+    a[0] = 9
+    same(a, np.array([9, 2, 3, 4]))
+    b = a + 0
+    a[1] = 0
+    same(b, np.array([9, 2, 3, 4]))
 
 
 def test_inplace_operators_keep_identity(rx: client.Namespace) -> None:

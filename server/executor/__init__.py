@@ -96,17 +96,25 @@ _RUNNERS: dict[type[AnyOp], Runner] = {
 
 
 def run(
-    op: AnyOp, args: Sequence[Array], buffers: Sequence[Buffer], metas: Sequence[TensorMeta]
+    op: AnyOp,
+    args: Sequence[Array],
+    buffers: Sequence[Buffer],
+    metas: Sequence[TensorMeta],
+    in_place: bool = False,
 ) -> tuple[Array, ...]:
     """Run ``op`` on ``args`` (arrays of ``op.inputs()``); ``metas`` is ``op.infer_all(...)``.
     Returns one array per output; a dimension inferred as ``UNKNOWN`` may take any length.
+    ``in_place``: an in-place op may write into its target's array (nothing else shares it).
 
     Raises:
         Exception: whatever numpy raises for a genuine runtime failure.
         InferenceMismatch: a result differs from its meta.
     """
     with np.errstate(all="ignore"):
-        raw = _RUNNERS[type(op)](op, args, buffers)
+        if isinstance(op, SetItem):
+            raw: Array | tuple[Array, ...] = manipulation.setitem(op, args, buffers, in_place)
+        else:
+            raw = _RUNNERS[type(op)](op, args, buffers)
     results = tuple(np.asarray(r) for r in (raw if isinstance(raw, tuple) else (raw,)))
     if len(results) != len(metas) or not all(map(_matches, results, metas)):
         got = ", ".join(f"{r.dtype}{list(r.shape)}" for r in results)

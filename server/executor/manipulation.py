@@ -1,8 +1,9 @@
 """Manipulation and indexing: reshape, permute_dims, getitem, setitem, take, joins, axes, roll,
 moveaxis, broadcast_to, tile, repeat, tril/triu.
 
-Rule: no runner mutates an input array. Stored arrays may be read-only ``frombuffer`` views or
-views shared by several tensors, so :func:`setitem` copies before it writes (copy-on-write).
+Rule: no runner mutates an input array, except :func:`setitem` when the session tells it that
+the target's array is its own. Stored arrays may be read-only ``frombuffer`` views or views
+shared by several tensors, so otherwise :func:`setitem` copies before it writes (copy-on-write).
 """
 
 from __future__ import annotations
@@ -45,12 +46,16 @@ def getitem(op: GetItem, args: Sequence[Array], buffers: Sequence[Buffer]) -> Ar
     return np.asarray(args[0][numpy_key(op.key, args[1:])])
 
 
-def setitem(op: SetItem, args: Sequence[Array], buffers: Sequence[Buffer]) -> Array:
+def setitem(
+    op: SetItem, args: Sequence[Array], buffers: Sequence[Buffer], in_place: bool = False
+) -> Array:
+    """``target[key] = value``; writes into ``target`` only when ``in_place`` (the caller
+    knows nothing shares it), else into a copy."""
     target, value, *index = args
     key = numpy_key(op.key, index)
     if op.key in (("...",), ()) and value.shape == target.shape:
-        return value  # a whole replacement (``x += y``): stored arrays are never mutated
-    result = target.copy()
+        return value  # a whole replacement (``x += y``): rebind, copy nothing
+    result = target if in_place and target.flags.writeable else target.copy()
     result[key] = value
     return result
 
