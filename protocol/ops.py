@@ -47,6 +47,11 @@ class OpShapeError(InvalidOpError, ValueError):
     """Shapes that do not fit the op (matmul mismatch, bad axis, bad reshape, ...)."""
 
 
+class OpAxisError(OpShapeError, IndexError):
+    """An axis out of range: both a ``ValueError`` and an ``IndexError``, as numpy's AxisError
+    (the standard asks for an ``IndexError`` in places)."""
+
+
 class OpDTypeError(InvalidOpError, TypeError):
     """Dtypes the op does not accept (bitwise ops on floats, ...)."""
 
@@ -143,7 +148,7 @@ def elementwise_rule(name: str, dtypes: tuple[DType, ...]) -> tuple[DType, DType
 
 def _normalize_axis(axis: int, ndim: int) -> int:
     if not -ndim <= axis < ndim:
-        raise OpShapeError(f"axis {axis} is out of bounds for an array of {ndim} dimensions")
+        raise OpAxisError(f"axis {axis} is out of bounds for an array of {ndim} dimensions")
     return axis % ndim
 
 

@@ -36,6 +36,9 @@ def unary(op: Unary, args: Sequence[Array], buffers: Sequence[Buffer]) -> Array:
         bad = ~np.isfinite(x)
         if bad.any():
             result = np.where(bad, np.exp(x) - 1, result)
+        zero = (x == 0) & ~np.signbit(x.imag)  # expm1(+-0 + 0j) is +0 + 0j
+        if zero.any():
+            result = np.where(zero, np.zeros((), result.dtype), result)
     return result
 
 
