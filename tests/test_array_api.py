@@ -200,6 +200,8 @@ def test_manipulation(rx: client.Namespace, x: np.ndarray[Any, Any], data: st.Da
     same(rx.moveaxis(a, 0, -1), np.moveaxis(x, 0, -1))
     same(rx.tile(a, (2,)), np.tile(x, (2,)))
     same(rx.repeat(a, 2, axis=axis), np.repeat(x, 2, axis=axis))
+    counts = np.arange(x.shape[axis]) % 3  # array repeats: a data-dependent length
+    same(rx.repeat(a, rx.asarray(counts), axis=axis), np.repeat(x, counts, axis=axis))
     same(rx.broadcast_to(a, (2, *x.shape)), np.broadcast_to(x, (2, *x.shape)))
     for got, want in zip(rx.unstack(a, axis=axis), np.unstack(x, axis=axis), strict=True):
         same(got, want)
@@ -265,6 +267,16 @@ def test_repeated_setitem_after_a_read_copies(rx: client.Namespace) -> None:
     b = a + 0
     a[1] = 0
     same(b, np.array([9, 2, 3, 4]))
+
+
+def test_a_failed_update_fails_the_array_and_names_the_op(rx: client.Namespace) -> None:
+    """Index values are only known on the server: an out-of-bounds index array fails the
+    in-place op there, and the updated array reports it."""
+    a = rx.asarray(np.arange(3))
+    a[rx.asarray(np.array([5]))] = 1
+    with pytest.raises(client.RemoteError, match="setitem") as err:
+        a.numpy()
+    assert err.value.code == "execution_failed"
 
 
 def test_inplace_operators_keep_identity(rx: client.Namespace) -> None:
