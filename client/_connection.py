@@ -62,6 +62,7 @@ FLUSH_BYTES = 1 << 20
 COPY_BELOW = 1 << 20  # uploads smaller than this are copied; larger ones are sent before return
 MAX_IN_FLIGHT = 64 << 20
 MAX_MESSAGE = 2**31
+CLOSE_TIMEOUT = 10.0
 
 _Outgoing = tuple[bytes | list[bytes | memoryview], "Future[None] | None", int]
 
@@ -300,9 +301,14 @@ class Connection:
 
     async def _aclose(self) -> None:
         self._outbox.put_nowait(None)
-        await self._writer
-        await self._ws.close()
-        await self._reader
+        try:
+            async with asyncio.timeout(CLOSE_TIMEOUT):
+                await self._writer
+                await self._ws.close()
+                await self._reader
+        except TimeoutError:  # a server that stopped reading: drop the connection
+            self._ws.transport.abort()
+            self._broken(TimeoutError("close timed out"))
 
     def _stop_loop(self) -> None:
         if self._loop.is_running():

@@ -16,7 +16,16 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from protocol import Describe, Read, Stats, StatsReply, Sync, TensorMeta
+from protocol import (
+    Describe,
+    Read,
+    RemoteSpec,
+    Stats,
+    StatsReply,
+    Sync,
+    TensorMeta,
+    parse_device_spec,
+)
 from protocol.ops import AnyOp
 
 from ._connection import Connection
@@ -44,6 +53,7 @@ class Device:
     ) -> None:
         if token is None:
             token = os.environ.get(TOKEN_ENV) or None
+        url = _url_of(url)
         self.url = url
         self.index = index
         self._conn = Connection(url, index, token, open_timeout)
@@ -97,6 +107,23 @@ class Device:
             raise error
 
 
+def _url_of(target: str) -> str:
+    """A websocket URL from a URL or a device spec (``remote:ws://HOST:PORT``).
+
+    Raises:
+        ValueError: the spec names a device a client cannot connect to (ndarray, capture).
+    """
+    if target.startswith(("ws://", "wss://")):
+        return target
+    spec = parse_device_spec(target)
+    if not isinstance(spec, RemoteSpec):
+        raise ValueError(
+            f"a RemoteDevice connects to a server: give ws://HOST:PORT or remote:ws://HOST:PORT, "
+            f"not {target!r}"
+        )
+    return spec.url
+
+
 def _stats(reply: StatsReply) -> SessionStats:
     return SessionStats(reply.tensors, reply.tensor_bytes, reply.failed)
 
@@ -107,7 +134,9 @@ class RemoteDevice(Device):
         with client.RemoteDevice("ws://127.0.0.1:8765") as dev:
             xp = client.namespace(dev)
 
-    ``token`` defaults to the ``TENSOR_SERVER_TOKEN`` environment variable.
+    ``url`` is ``ws://HOST:PORT`` (or ``wss://``), or the same as a device spec,
+    ``remote:ws://HOST:PORT``. ``index`` picks one of the server's devices. ``token`` defaults
+    to the ``TENSOR_SERVER_TOKEN`` environment variable.
 
     Raises:
         HandshakeError: (a subclass of) the server refused the session.

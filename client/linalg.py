@@ -152,9 +152,11 @@ class LinalgNamespace:
 
 
 def _fft(name: Any, x: RemoteArray, n: Sequence[int | None] | None,
-         axes: Sequence[int] | None, norm: str = "backward") -> RemoteArray:  # fmt: skip
-    lengths = None if n is None else tuple(n)
-    ax = None if axes is None else tuple(axes)
+         axes: Sequence[int] | None, norm: Any = "backward") -> RemoteArray:  # fmt: skip
+    if norm not in ("backward", "ortho", "forward"):
+        raise ValueError(f"norm must be 'backward', 'ortho' or 'forward', not {norm!r}")
+    lengths = None if n is None else tuple(None if v is None else operator.index(v) for v in n)
+    ax = None if axes is None else tuple(operator.index(a) for a in axes)
     return _f.apply(lambda out: FFT(out=out, op=name, x=x.tensor_id, n=lengths, axes=ax,
                                     norm=norm), x)  # fmt: skip
 

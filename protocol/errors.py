@@ -34,7 +34,7 @@ class ErrorCode(StrEnum):
 class ErrorInfo(BaseModel):
     """A typed error on the wire: a stable code, a human message and the op that failed."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
     code: ErrorCode
     message: str
     op: str | None = None  # a one-line description of the failed op, e.g. "matmul(#3, #4) -> #5"

@@ -25,7 +25,9 @@ NBytes = Annotated[int, Field(ge=0, lt=2**63)]
 
 
 class Message(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", ser_json_inf_nan="constants")
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", strict=True, ser_json_inf_nan="constants"
+    )
 
     def buffer_sizes(self) -> tuple[int, ...]:
         """Byte lengths of the raw buffers that follow the header, in order."""
@@ -47,7 +49,7 @@ class Hello(Message):
 class Read(BaseModel):
     """Send back tensor ``tensor`` once every op before this request has run."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
     kind: Literal["read"] = "read"
     request_id: RequestId
     tensor: TensorId
@@ -56,7 +58,7 @@ class Read(BaseModel):
 class Sync(BaseModel):
     """Answer once every op before this request has run."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
     kind: Literal["sync"] = "sync"
     request_id: RequestId
 
@@ -64,7 +66,7 @@ class Sync(BaseModel):
 class Stats(BaseModel):
     """Report the session's tensor count and bytes once every op before it has run."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
     kind: Literal["stats"] = "stats"
     request_id: RequestId
 
@@ -73,7 +75,7 @@ class Describe(BaseModel):
     """Send back tensor ``tensor``'s shape and dtype once every op before it has run: how the
     client learns a data-dependent shape (``nonzero``, ``unique_*``, boolean masks)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
     kind: Literal["describe"] = "describe"
     request_id: RequestId
     tensor: TensorId

@@ -63,7 +63,7 @@ class OpOverflowError(InvalidOpError, OverflowError):
 class ComplexValue(BaseModel):
     """A complex scalar on the wire (JSON has no complex numbers)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
     real: float
     imag: float
 
@@ -84,7 +84,9 @@ def scalar_from_python(value: bool | int | float | complex) -> Scalar:
 
 
 class _Op(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", ser_json_inf_nan="constants")
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", strict=True, ser_json_inf_nan="constants"
+    )
     kind: str
     out: TensorId
     # An in-place op replaces the tensor stored under ``out``, which must exist (and is also

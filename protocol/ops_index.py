@@ -37,7 +37,7 @@ class OpIndexError(InvalidOpError, IndexError):
 class SliceSpec(BaseModel):
     """``start:stop:step`` of a basic index; ``None`` means the default."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
     start: int | None = None
     stop: int | None = None
     step: int | None = None
@@ -49,7 +49,7 @@ class SliceSpec(BaseModel):
 class ArrayIndex(BaseModel):
     """An integer or boolean tensor used as an index."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
     tensor: TensorId
 
 

@@ -1,27 +1,37 @@
-"""``python -m server``: parse flags, validate the device, and only then bind and serve.
+"""``python -m server``: read settings, validate the device, and only then bind and serve.
 
-Exit status: 0 after SIGINT or SIGTERM, 2 for a bad command line or a device the server must not
-host (one line on stderr, no traceback, nothing bound).
+Every :class:`~server.config.ServerConfig` field is a flag here and a ``TENSOR_SERVER_*``
+variable (``--help`` lists both); a flag beats the variable. ``--check-config`` validates
+everything, prints the effective settings (token hidden) and exits 0 without binding.
+
+Exit status: 0 after SIGINT or SIGTERM (the first one drains: see :meth:`Server.drain`; a second
+one cuts the drain short), 2 for a bad command line, a bad setting or a device the server must
+not host (one line on stderr, no traceback, nothing bound), 1 when the address cannot be bound
+(one line on stderr).
 """
 
 from __future__ import annotations
 
 import argparse
-import logging
+import json
 import signal
 import sys
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import anyio
+import prometheus_client
 from pydantic import ValidationError
+from pydantic.fields import FieldInfo
+from pydantic_settings import SettingsError
 
-from protocol import DeviceSpecError, parse_device_spec
-from protocol.devices import VALID_KINDS
+from protocol import DeviceSpecError
 
+from . import logs
 from .app import Server
-from .config import ServerConfig, UnsupportedDeviceError
+from .config import ENV_PREFIX, ServerConfig, UnsupportedDeviceError
 
 PROG = "python -m server"
+_SHOWN_DEFAULTS = {"device": "ndarray", "worker_threads": "the number of cores"}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -29,41 +39,112 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{PROG}: error: {message} (see --help)\n")
 
 
-def _parser() -> argparse.ArgumentParser:
+def flag(name: str) -> str:
+    """The command-line flag of a settings field: ``max_message_size`` -> ``--max-message-size``."""
+    return "--" + name.replace("_", "-")
+
+
+def env_var(name: str) -> str:
+    """The environment variable of a settings field: ``port`` -> ``TENSOR_SERVER_PORT``."""
+    return ENV_PREFIX + name.upper()
+
+
+def _help(name: str, info: FieldInfo) -> str:
+    default = _SHOWN_DEFAULTS.get(name, info.default)
+    shown = "unset" if default is None else default
+    text = f"{info.description} (default: {shown}) [env: {env_var(name)}]"
+    return text.replace("%", "%%")  # argparse formats help with %
+
+
+def _metavar(name: str, info: FieldInfo) -> str:
+    choices = getattr(info.annotation, "__args__", None)
+    if choices and all(isinstance(c, str) for c in choices):
+        return "{" + ",".join(choices) + "}"
+    return name.upper()
+
+
+def parser(model: type[ServerConfig] = ServerConfig) -> argparse.ArgumentParser:
+    """A flag for every field of ``model``, plus ``--check-config``. Flags not given are absent
+    from the parsed namespace, so the environment and the defaults apply to them. A ``bool``
+    field ``x`` becomes ``--x``/``--no-x``."""
     p = _Parser(
-        prog=PROG, description="Serve numpy tensor ops to Tensorwire clients over websockets."
+        prog=PROG,
+        description="Serve numpy tensor ops to Tensorwire clients over websockets. Every flag "
+        f"can also be set with the environment variable shown ({ENV_PREFIX}*); a flag wins.",
+        argument_default=argparse.SUPPRESS,
     )
+    for name, info in model.model_fields.items():
+        if info.annotation is bool:
+            p.add_argument(
+                flag(name), action=argparse.BooleanOptionalAction, help=_help(name, info)
+            )
+        else:
+            p.add_argument(
+                flag(name), dest=name, metavar=_metavar(name, info), help=_help(name, info)
+            )
     p.add_argument(
-        "--device",
-        default="ndarray",
-        help=f"device to host (default: ndarray); kinds: {VALID_KINDS}; only ndarray can be hosted",
+        "--check-config",
+        action="store_true",
+        default=False,
+        help="validate the settings (flags, environment, token file, device), print them with "
+        "the token hidden, and exit 0 without binding; exit 2 if they are invalid",
     )
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
-    p.add_argument(
-        "--port", type=int, default=8765, help="port to bind; 0 picks a free one (default: 8765)"
-    )
-    p.add_argument("--token", default=None, help="token clients must present in their hello")
-    p.add_argument("--log-level", default="WARNING", help="logging level (default: WARNING)")
     return p
 
 
-def _fail(message: str) -> NoReturn:
+def _fail(message: str, status: int = 2) -> NoReturn:
     sys.stderr.write(f"{PROG}: error: {message}\n")
-    raise SystemExit(2)
+    raise SystemExit(status)
+
+
+def _os_error(exc: BaseException) -> OSError | None:
+    """The OSError (a failed bind) inside ``exc``, unwrapping single-exception groups."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc if isinstance(exc, OSError) else None
+
+
+def _describe(exc: ValidationError) -> str:
+    """One line for the first error, naming the flag and its variable."""
+    first = exc.errors()[0]
+    cause = first.get("ctx", {}).get("error")
+    if isinstance(cause, DeviceSpecError):
+        return str(cause)  # already one line naming the spec and the valid kinds
+    message = str(cause) if isinstance(cause, ValueError) else first["msg"]
+    if not first["loc"]:
+        return message
+    name = str(first["loc"][0])
+    return f"{flag(name)} ({env_var(name)}): {message}"
+
+
+def _settings(values: dict[str, Any]) -> ServerConfig:
+    try:
+        return ServerConfig(**values)
+    except ValidationError as exc:
+        _fail(_describe(exc))
+    except SettingsError as exc:
+        _fail(str(exc))
 
 
 def build_server(argv: list[str] | None = None) -> Server:
-    """Parse and validate everything; nothing binds here."""
-    args = _parser().parse_args(argv)
+    """Parse flags, read the environment and validate everything; nothing binds here.
+    Exits 2 with one line on stderr for anything invalid."""
+    values = vars(parser().parse_args(argv))
+    values.pop("check_config")
+    config = _settings(values)
     try:
-        device = parse_device_spec(args.device)
-        config = ServerConfig(device=device, host=args.host, port=args.port, token=args.token)
         return Server(config)
     except (DeviceSpecError, UnsupportedDeviceError) as exc:
         _fail(str(exc))
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        _fail(f"--{first['loc'][0]}: {first['msg']}")
+
+
+def describe_config(config: ServerConfig) -> str:
+    """The effective settings as one JSON line, with the token hidden."""
+    shown = config.model_dump(mode="json")
+    if shown["token"] is not None:
+        shown["token"] = "<hidden>"  # noqa: S105 - a placeholder, not a token
+    shown["device"] = str(config.device)
+    return json.dumps(shown, sort_keys=True)
 
 
 async def _main(server: Server) -> None:
@@ -75,18 +156,34 @@ async def _main(server: Server) -> None:
             print(f"listening on ws://{shown}:{port}", flush=True)
             async for _ in signals:
                 break
+            async with anyio.create_task_group() as draining:
+
+                async def second_signal() -> None:
+                    async for _ in signals:
+                        draining.cancel_scope.cancel()  # a second signal: stop waiting
+
+                draining.start_soon(second_signal)
+                await server.drain()
+                draining.cancel_scope.cancel()
         tg.cancel_scope.cancel()
 
 
 def main(argv: list[str] | None = None) -> int:
-    args_preview = [a for a in (argv if argv is not None else sys.argv[1:])]
-    server = build_server(args_preview)
-    logging.basicConfig(
-        level=logging.WARNING,
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-    )
-    anyio.run(_main, server, backend="asyncio")
+    args = list(argv if argv is not None else sys.argv[1:])
+    check = parser().parse_args(args).check_config
+    server = build_server(args)
+    if check:
+        print(f"config ok: {describe_config(server.config)}", flush=True)
+        return 0
+    logs.configure(server.config.log_level, server.config.log_format)
+    prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]  # *_created: noise
+    try:
+        anyio.run(_main, server, backend="asyncio")
+    except (OSError, BaseExceptionGroup) as exc:
+        error = _os_error(exc)
+        if error is None:
+            raise
+        _fail(str(error), status=1)  # e.g. the port is in use: one line, no traceback
     return 0
 
 

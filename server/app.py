@@ -13,6 +13,11 @@ Per connection: one task receives and decodes messages into a bounded queue (a f
 reading the socket, so TCP pushes back on a client that sends faster than the server runs);
 one task takes batches off the queue in order, runs them (cheap ops on the loop, heavy ones in a
 bounded worker-thread pool) and sends the replies.
+
+Plain HTTP requests on the same port get ``/healthz`` and ``/metrics`` (``server.endpoints``)
+from websockets' ``process_request`` hook, before any upgrade. Drain (``Server.drain``, on
+SIGTERM): upgrades get 503, each session keeps a count of messages received but not yet
+answered and is closed (1001) when that count is zero; past the grace, the rest are closed.
 """
 
 from __future__ import annotations
@@ -20,14 +25,17 @@ from __future__ import annotations
 import hmac
 import logging
 import secrets
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 
 import anyio
 import anyio.abc
 from anyio.streams.memory import MemoryObjectReceiveStream
+from websockets.asyncio.server import Server as WsServer
 from websockets.asyncio.server import ServerConnection
 from websockets.asyncio.server import serve as ws_serve
 from websockets.exceptions import ConnectionClosed
+from websockets.http11 import Request, Response
 
 from protocol import (
     CLIENT_ADAPTER,
@@ -38,6 +46,7 @@ from protocol import (
     ErrorInfo,
     Hello,
     MessageDecoder,
+    Read,
     Refused,
     SessionError,
     Welcome,
@@ -46,11 +55,15 @@ from protocol import (
 from protocol.codec import Buffer, to_frames
 from protocol.messages import Message
 
+from . import endpoints
 from .config import ServerConfig, validate_host_device
+from .logs import fields
+from .metrics import REFUSAL_LIMIT, Metrics
 from .session import Session
 
 log = logging.getLogger("tensorwire.server")
 
+CLOSE_AFTER_DRAIN = 2.0  # seconds for close handshakes once a drain has run its grace
 QUEUE_DEPTH = 8  # decoded messages waiting per session before the socket stops being read
 
 
@@ -59,13 +72,17 @@ class _Received:
     message: Hello | Batch | None
     buffers: list[Buffer]
     error: ErrorInfo | None = None
+    nbytes: int = 0
+    at: float = field(default_factory=time.perf_counter)  # when it arrived whole
 
 
 async def _receive(ws: ServerConnection) -> _Received:
     """One whole message, decoded. A decode error drains the rest of the message first."""
     decoder = MessageDecoder(CLIENT_ADAPTER)
     error: DecodeError | None = None
+    nbytes = 0
     async for fragment in ws.recv_streaming(decode=False):
+        nbytes += len(fragment)
         if error is None:
             try:
                 decoder.feed(fragment)
@@ -76,14 +93,18 @@ async def _receive(ws: ServerConnection) -> _Received:
             raise error
         message, buffers = decoder.finish()
     except DecodeError as exc:
-        return _Received(None, [], ErrorInfo(code=ErrorCode.BAD_MESSAGE, message=str(exc)))
-    return _Received(message, buffers)
+        error_info = ErrorInfo(code=ErrorCode.BAD_MESSAGE, message=str(exc))
+        return _Received(None, [], error_info, nbytes)
+    return _Received(message, buffers, nbytes=nbytes)
 
 
 async def _send(
     ws: ServerConnection, message: Message, buffers: tuple[memoryview, ...] = ()
-) -> None:
-    await ws.send(to_frames(encode(message, buffers)))
+) -> int:
+    """Send one message; returns its size in bytes."""
+    chunks = encode(message, buffers)
+    await ws.send(to_frames(chunks))
+    return sum(memoryview(c).nbytes for c in chunks)
 
 
 class Server:
@@ -100,7 +121,21 @@ class Server:
         self.server_id = secrets.token_hex(8)
         self.sessions: dict[str, Session] = {}
         self.port: int | None = None
+        self.metrics_port: int | None = None
+        self.draining = False
         self._limiter = anyio.CapacityLimiter(config.worker_threads)
+        self._sockets: dict[str, ServerConnection] = {}  # by session id
+        self._in_flight: dict[str, int] = {}  # by session id: received, not yet answered
+        self._all_closed: anyio.Event | None = None  # made by drain(); set when none are left
+        self.metrics = Metrics(
+            lambda: self.sessions.values(),
+            lambda: sum(self._in_flight.values()),
+            lambda: self.draining,
+            config.memory_budget,
+        )
+        self._endpoints = endpoints.Endpoints(
+            str(self.device), self.metrics, config.token, config.metrics_auth
+        )
 
     async def serve(
         self, *, task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED
@@ -113,45 +148,138 @@ class Server:
             self._handle,
             config.host,
             config.port,
+            process_request=self._http,
             compression=None,  # tensor bytes do not compress; deflate costs 13x throughput
             max_size=config.max_message_size,
             max_queue=4,
             write_limit=2**20,
         )
+        servers = [ws_server]
         try:
+            if config.metrics_port is not None:
+                servers.append(await self._serve_metrics())
             self.port = ws_server.sockets[0].getsockname()[1]
             log.info(
-                "listening host=%s port=%s server_id=%s", config.host, self.port, self.server_id
+                "listening",
+                extra=fields(
+                    host=config.host,
+                    port=self.port,
+                    metrics_port=self.metrics_port or self.port,
+                    device=str(self.device),
+                    server_id=self.server_id,
+                ),
             )
             task_status.started(self.port)
             await anyio.sleep_forever()
         finally:
-            with anyio.CancelScope(shield=True), anyio.move_on_after(config.shutdown_grace):
-                ws_server.close()
-                await ws_server.wait_closed()
+            with anyio.CancelScope(shield=True):
+                await self._close(servers)
+
+    async def _close(self, servers: list[WsServer]) -> None:
+        """Close every session (1001) and listener; after a drain, or past the shutdown grace,
+        abort the connections still open (a client that does not read cannot hold us)."""
+        bound = CLOSE_AFTER_DRAIN if self.draining else self.config.shutdown_grace
+        with anyio.move_on_after(bound):
+            for each in servers:
+                each.close()
+            for each in servers:
+                await each.wait_closed()
+        for ws in list(self._sockets.values()):
+            ws.transport.abort()
+
+    async def _serve_metrics(self) -> WsServer:
+        """The ``--metrics-port`` listener: HTTP only, never a websocket."""
+
+        async def no_sessions(ws: ServerConnection) -> None:  # unreachable: _http_metrics answers
+            await ws.close(1008, "this port serves /metrics only")
+
+        metrics_server = await ws_serve(
+            no_sessions,
+            self.config.host,
+            self.config.metrics_port,
+            process_request=self._http_metrics,
+        )
+        self.metrics_port = metrics_server.sockets[0].getsockname()[1]
+        return metrics_server
+
+    def _http(self, ws: ServerConnection, request: Request) -> Response | None:
+        """Answer ``/healthz`` and ``/metrics``; refuse upgrades while draining; else None (go
+        on with the websocket handshake)."""
+        with_metrics = self.config.metrics_port is None
+        answer = self._endpoints.answer(request, draining=self.draining, with_metrics=with_metrics)
+        if answer is None and self.draining:
+            self._refused("draining", ws, "server is shutting down")
+            return endpoints.plain(503, "server is shutting down")
+        return answer
+
+    def _http_metrics(self, ws: ServerConnection, request: Request) -> Response:
+        answer = self._endpoints.answer(request, draining=self.draining, with_metrics=True)
+        return answer or endpoints.plain(404, "this port serves GET /metrics and /healthz only")
+
+    def _refused(self, limit: str, ws: ServerConnection, reason: str) -> None:
+        self.metrics.refused(limit)
+        log.info("refused", extra=fields(limit=limit, peer=_peer(ws), reason=reason))
+
+    async def drain(self) -> None:
+        """Stop taking sessions (``/healthz`` answers 503, upgrades get 503), let each session
+        finish the messages it has received, close it (1001) as soon as it has none, and return
+        when every session is closed or ``shutdown_grace`` has passed. Then cancel :meth:`serve`.
+        """
+        self.draining = True
+        self._all_closed = anyio.Event()
+        grace = self.config.shutdown_grace
+        log.info("draining", extra=fields(sessions=len(self.sessions), grace_s=grace))
+        reason = "signal"  # unless the grace runs out first: cancelled from outside
+        try:
+            with anyio.move_on_after(grace) as scope:
+                async with anyio.create_task_group() as tg:
+                    for session_id, ws in list(self._sockets.items()):
+                        if self._in_flight.get(session_id) == 0:
+                            tg.start_soon(ws.close, 1001, "server shutting down")
+                if self.sessions:
+                    await self._all_closed.wait()
+            reason = "grace" if scope.cancelled_caught else reason
+        finally:
+            if left := len(self.sessions):
+                log.info("drain cut short", extra=fields(sessions_left=left, reason=reason))
+            else:
+                log.info("drained")
 
     async def _handle(self, ws: ServerConnection) -> None:
         try:
             with anyio.fail_after(self.config.handshake_timeout):
                 session = await self._handshake(ws)
-        except (TimeoutError, ConnectionClosed):
+        except TimeoutError:
+            self._refused("handshake_timeout", ws, "no hello in time")
             await ws.close(1008, "handshake timed out")
             return
+        except ConnectionClosed:
+            return  # the peer left before its hello
         if session is None:
             return
-        self.sessions[session.session_id] = session
+        sid = session.session_id
+        self.sessions[sid], self._sockets[sid], self._in_flight[sid] = session, ws, 0
+        self.metrics.sessions_opened.inc()
+        peer = _peer(ws)
         log.info(
-            "session opened id=%s peer=%s device=%s",
-            session.session_id,
-            ws.remote_address,
-            session.device_index,
+            "session opened", extra=fields(session=sid, peer=peer, device=session.device_index)
         )
         try:
+            if self.draining:
+                await ws.close(1001, "server shutting down")
             await self._run(ws, session)
+        except* ConnectionClosed:
+            pass  # the peer went away, or was cut off, while a reply was being sent
         finally:
-            del self.sessions[session.session_id]
+            del self.sessions[sid], self._sockets[sid], self._in_flight[sid]
+            self.metrics.retire(session)
             session.close()
-            log.info("session closed id=%s", session.session_id)
+            log.info(
+                "session closed",
+                extra=fields(session=sid, peer=peer, ops=session.ops_run, code=ws.close_code),
+            )
+            if self._all_closed is not None and not self.sessions:
+                self._all_closed.set()
 
     async def _handshake(self, ws: ServerConnection) -> Session | None:
         received = await _receive(ws)
@@ -163,6 +291,7 @@ class Server:
             error = self._check_hello(hello)
         if error is not None or not isinstance(hello, Hello):
             assert error is not None
+            self._refused(REFUSAL_LIMIT.get(error.code, error.code.value), ws, error.message)
             await _send(ws, Refused(protocol=PROTOCOL_VERSION, error=error))
             await ws.close(1000, "handshake refused")
             return None
@@ -210,7 +339,10 @@ class Server:
             try:
                 async with send:
                     while True:
-                        await send.send(await _receive(ws))
+                        item = await _receive(ws)
+                        self._in_flight[session.session_id] += 1
+                        self.metrics.received_bytes.inc(item.nbytes)
+                        await send.send(item)
             except ConnectionClosed:
                 pass
             finally:
@@ -223,19 +355,45 @@ class Server:
         queue: MemoryObjectReceiveStream[_Received],
     ) -> None:
         async with queue:
-            async for item in queue:
-                if item.error is not None or not isinstance(item.message, Batch):
-                    error = item.error or ErrorInfo(
-                        code=ErrorCode.BAD_MESSAGE,
-                        message="hello is only valid as the first message",
-                    )
-                    await _send(ws, SessionError(error=error))
-                    continue
-                job = session.start(item.message, item.buffers)
-                while not session.step(job, inline=True):
-                    await anyio.to_thread.run_sync(session.step, job, False, limiter=self._limiter)
-                for reply, buffers in session.finish(job):
-                    await _send(ws, reply, tuple(buffers))
+            try:
+                async for item in queue:
+                    await self._answer(ws, session, item)
+                    await self._settled(ws, session)
+            except ConnectionClosed:
+                pass  # the receive side sees it too and ends the session
+
+    async def _answer(self, ws: ServerConnection, session: Session, item: _Received) -> None:
+        """Run one received message and send its replies."""
+        if item.error is not None or not isinstance(item.message, Batch):
+            error = item.error or ErrorInfo(
+                code=ErrorCode.BAD_MESSAGE, message="hello is only valid as the first message"
+            )
+            log.warning(
+                "bad message", extra=fields(session=session.session_id, error=error.message)
+            )
+            self.metrics.sent_bytes.inc(await _send(ws, SessionError(error=error)))
+            return
+        job = session.start(item.message, item.buffers)
+        while not session.step(job, inline=True):
+            await anyio.to_thread.run_sync(session.step, job, False, limiter=self._limiter)
+        for reply, buffers in session.finish(job):
+            self.metrics.sent_bytes.inc(await _send(ws, reply, tuple(buffers)))
+        reads = sum(isinstance(r, Read) for r in item.message.requests)
+        self.metrics.read_done(reads, time.perf_counter() - item.at)
+
+    async def _settled(self, ws: ServerConnection, session: Session) -> None:
+        """One received message is answered; while draining, close the idle session."""
+        self._in_flight[session.session_id] -= 1
+        if self.draining and self._in_flight[session.session_id] == 0:
+            await ws.close(1001, "server shutting down")
+
+
+def _peer(ws: ServerConnection) -> str:
+    address = ws.remote_address
+    if isinstance(address, tuple) and len(address) >= 2:
+        host = address[0]
+        return f"[{host}]:{address[1]}" if ":" in str(host) else f"{host}:{address[1]}"
+    return str(address)
 
 
 async def serve(

@@ -1,6 +1,13 @@
-"""Server configuration and the startup validator.
+"""Server configuration, read from flags and ``TENSOR_SERVER_*`` variables, and the startup
+validator.
 
-Rule: imports ``protocol`` and pydantic only; nothing here binds, spawns or starts a loop.
+Rule: imports ``protocol``, pydantic and pydantic-settings only; nothing here binds, spawns or
+starts a loop. (Reading ``--token-file`` and the cgroup memory limit are the only file reads.)
+
+Every field of :class:`ServerConfig` is one setting: ``python -m server`` makes a flag of it
+(``max_message_size`` -> ``--max-message-size``) and pydantic-settings reads the same setting
+from the environment (``TENSOR_SERVER_MAX_MESSAGE_SIZE``); a flag beats the variable, the
+variable beats the default. Adding a setting is adding a field with a ``description``.
 
 The validator is the seed of this project (from Burn's remote backend): a server must never host
 a *remote* device (it would forward ops to another server, forever) nor a *capture* device (it
@@ -10,29 +17,161 @@ records ops instead of executing them). It runs before anything binds.
 from __future__ import annotations
 
 import os
-from typing import Annotated
+from pathlib import Path
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BeforeValidator, ByteSize, Field, TypeAdapter, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from protocol import CaptureSpec, DeviceSpec, NdArraySpec, RemoteSpec
+from protocol import CaptureSpec, DeviceSpec, NdArraySpec, RemoteSpec, parse_device_spec
+
+ENV_PREFIX = "TENSOR_SERVER_"
+CGROUP_MEMORY_MAX = Path("/sys/fs/cgroup/memory.max")  # cgroup v2: the container's memory limit
+AUTO_BUDGET_FRACTION = 0.75  # of the container's limit; the rest is Python, buffers, replies
 
 
 class UnsupportedDeviceError(ValueError):
     """The server was asked to host a device it must never host (remote or capture)."""
 
 
-class ServerConfig(BaseModel):
-    """Everything ``python -m server`` takes. Validated as a whole before anything binds."""
+def _device(value: object) -> object:
+    """A device spec string (flag or variable) becomes a typed spec; models pass through.
+    Raises ``DeviceSpecError`` (a ``ValueError``) for a string that names no device."""
+    return parse_device_spec(value) if isinstance(value, str) else value
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
-    device: DeviceSpec = NdArraySpec()
-    host: str = "127.0.0.1"
-    port: Annotated[int, Field(ge=0, le=65535)] = 8765
-    token: str | None = None
-    max_message_size: Annotated[int, Field(ge=1024)] = 2**31
-    worker_threads: Annotated[int, Field(ge=1)] = max(1, os.cpu_count() or 1)
-    handshake_timeout: Annotated[float, Field(gt=0)] = 10.0
-    shutdown_grace: Annotated[float, Field(ge=0)] = 5.0
+
+def cgroup_memory_limit(path: Path = CGROUP_MEMORY_MAX) -> int | None:
+    """The memory limit of the cgroup this process runs in, or None when there is none."""
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None  # "max" means unlimited
+
+
+_BYTES: TypeAdapter[ByteSize] = TypeAdapter(ByteSize)
+
+
+def _budget(value: object) -> object:
+    """``auto`` -> a fraction of the cgroup memory limit (None without one); ``3GiB`` -> int."""
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        limit = cgroup_memory_limit()
+        return None if limit is None else int(limit * AUTO_BUDGET_FRACTION)
+    if isinstance(value, str) and value.strip().lower() in ("", "none"):
+        return None
+    return value if value is None or isinstance(value, int) else int(_BYTES.validate_python(value))
+
+
+class ServerConfig(BaseSettings):
+    """Everything ``python -m server`` takes. Validated as a whole before anything binds.
+
+    Constructing one reads ``TENSOR_SERVER_*`` variables for the fields not given.
+
+    Raises:
+        pydantic.ValidationError: a value is out of range, malformed, or ``token_file`` cannot
+            be read.
+    """
+
+    model_config = SettingsConfigDict(
+        frozen=True,
+        extra="forbid",
+        env_prefix=ENV_PREFIX,
+        env_ignore_empty=True,  # TENSOR_SERVER_TOKEN= (empty) means unset, not an empty token
+        validate_default=True,
+    )
+    device: Annotated[DeviceSpec, NoDecode, BeforeValidator(_device)] = Field(
+        default=NdArraySpec(),
+        description="device to host: ndarray or ndarray:N (N devices, indices 0..N-1); "
+        "remote:URL and capture:SPEC are refused",
+    )
+    host: str = Field(default="127.0.0.1", description="address to bind")
+    port: Annotated[int, Field(ge=0, le=65535)] = Field(
+        default=8765, description="port to bind; 0 picks a free one"
+    )
+    token: str | None = Field(default=None, description="token clients must present")
+    token_file: Path | None = Field(
+        default=None,
+        description="read the token from this file (a docker/compose secret); "
+        "surrounding whitespace is ignored",
+    )
+    max_message_size: Annotated[int, Field(ge=1024)] = Field(
+        default=2**31, description="largest websocket message accepted, in bytes"
+    )
+    worker_threads: Annotated[int, Field(ge=1)] = Field(
+        default=max(1, os.cpu_count() or 1), description="threads running heavy ops"
+    )
+    handshake_timeout: Annotated[float, Field(gt=0)] = Field(
+        default=10.0, description="seconds a new connection has to send its hello"
+    )
+    shutdown_grace: Annotated[float, Field(ge=0)] = Field(
+        default=5.0,
+        description="seconds in-flight work may take to finish after SIGTERM before every "
+        "session is closed",
+    )
+    memory_budget: Annotated[Annotated[int, Field(ge=0)] | None, BeforeValidator(_budget)] = Field(
+        default=None,
+        description="server-wide budget for tensor bytes (e.g. 3GiB); 'auto' = 75% of the "
+        "container's cgroup memory limit; unset = no budget",
+    )
+    metrics_port: Annotated[int, Field(ge=0, le=65535)] | None = Field(
+        default=None,
+        description="serve GET /metrics on this port (same host) instead of the main port",
+    )
+    metrics_auth: Literal["token", "none"] = Field(
+        default="token",
+        description="token: GET /metrics needs 'Authorization: Bearer TOKEN' when a token is "
+        "set; none: open",
+    )
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
+        default="WARNING", description="least severe log event written (INFO: every session)"
+    )
+    log_format: Literal["text", "json"] = Field(
+        default="text", description="one event per line on stderr: key=value text or JSON"
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _prepare(cls, data: Any) -> Any:
+        """Upper-case ``log_level``; read ``token_file`` into ``token``."""
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        if isinstance(data.get("log_level"), str):
+            data["log_level"] = data["log_level"].upper()
+        if data.get("token_file") not in (None, ""):
+            if data.get("token") is not None:
+                raise ValueError(
+                    f"give --token ({ENV_PREFIX}TOKEN) or --token-file ({ENV_PREFIX}TOKEN_FILE), "
+                    "not both"
+                )
+            data["token"] = read_token_file(Path(data["token_file"]))
+        return data
+
+    @model_validator(mode="after")
+    def _ports_differ(self) -> ServerConfig:
+        if self.metrics_port is not None and self.metrics_port == self.port != 0:
+            raise ValueError(
+                f"--metrics-port ({ENV_PREFIX}METRICS_PORT) must differ from --port "
+                f"({ENV_PREFIX}PORT); leave it unset to serve /metrics on the main port"
+            )
+        return self
+
+
+def read_token_file(path: Path) -> str:
+    """The token in ``path``, without surrounding whitespace.
+
+    Raises:
+        ValueError: the file cannot be read or holds only whitespace (one line, for stderr).
+    """
+    where = f"--token-file ({ENV_PREFIX}TOKEN_FILE)"
+    try:
+        token = path.read_text().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+        raise ValueError(f"{where}: cannot read {path}: {reason}") from None
+    if not token:
+        raise ValueError(f"{where}: {path} is empty")
+    return token
 
 
 def validate_host_device(device: NdArraySpec | RemoteSpec | CaptureSpec) -> NdArraySpec:

@@ -1,6 +1,6 @@
 """One client session: its tensor store and the rules for running a batch. No I/O here.
 
-Rule: imports numpy, ``protocol`` and ``server.store``/``server.executor`` only.
+Rule: imports numpy, ``protocol`` and ``server.store``/``server.executor``/``server.logs`` only.
 
 Theory of operation: the transport hands each decoded :class:`~protocol.Batch` to
 :meth:`Session.start`, then calls :meth:`Session.step` until it returns True — on the event loop
@@ -13,6 +13,8 @@ unchanged, so a read names the op that really failed (invariant 5).
 
 from __future__ import annotations
 
+import logging
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,7 +44,10 @@ from protocol.messages import Request
 from protocol.ops import AnyOp
 
 from . import executor
+from .logs import fields
 from .store import Failure, Stored, StoreError, TensorStore
+
+log = logging.getLogger("tensorwire.session")
 
 INLINE_COST = 1 << 16  # element operations an op may cost and still run on the event loop
 
@@ -68,6 +73,8 @@ class Session:
         self.device_index = device_index
         self.store = TensorStore()
         self.ops_run = 0
+        self.op_counts: Counter[str] = Counter()  # by op name; read by server.metrics
+        self.error_counts: Counter[str] = Counter()  # failed ops by error code
 
     def start(self, batch: Batch, buffers: Sequence[Buffer]) -> Job:
         return Job(batch, buffers)
@@ -148,6 +155,7 @@ class Session:
                 else:
                     self.store.put(out, stored)
             self.ops_run += 1
+            self.op_counts[getattr(op, "op", None) or op.kind] += 1
 
     def _owned(self, tensor_id: int) -> bool:
         value = self.store.get(tensor_id)
@@ -155,6 +163,9 @@ class Session:
 
     def _fail(self, op: AnyOp, code: ErrorCode, message: str, job: Job) -> None:
         error = ErrorInfo(code=code, message=message, op=op.describe())
+        self.error_counts[code.value] += 1
+        level = logging.ERROR if code is ErrorCode.INTERNAL else logging.INFO
+        log.log(level, "op failed", extra=fields(session=self.session_id, op=error.op, code=code))
         if code is ErrorCode.DUPLICATE_TENSOR or (op.inplace and op.out not in self.store):
             job.errors.append(error)  # the id belongs to another tensor: leave it alone
         else:

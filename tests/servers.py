@@ -45,7 +45,9 @@ def _read_line(process: subprocess.Popen[str], timeout: float) -> str:
         if process.poll() is not None:
             break
     stderr = process.stderr.read() if process.stderr and process.poll() is not None else ""
-    raise RuntimeError(f"server printed no line within {timeout}s (exit {process.poll()}): {stderr}")
+    raise RuntimeError(
+        f"server printed no line within {timeout}s (exit {process.poll()}): {stderr}"
+    )
 
 
 @contextmanager

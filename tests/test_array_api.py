@@ -125,9 +125,14 @@ def test_var_std_with_correction(rx: client.Namespace, x: np.ndarray[Any, Any],
 
 
 @SETTINGS
-@given(x=arrays(REAL, shape=hnp.array_shapes(min_dims=1, max_dims=2, max_side=6),
-                elements={"allow_nan": False}),  # fmt: skip
-       descending=st.booleans())
+@given(
+    x=arrays(
+        REAL,
+        shape=hnp.array_shapes(min_dims=1, max_dims=2, max_side=6),
+        elements={"allow_nan": False},
+    ),  # fmt: skip
+    descending=st.booleans(),
+)
 def test_sort_and_stable_argsort(rx: client.Namespace, x: np.ndarray[Any, Any],
                                  descending: bool) -> None:  # fmt: skip
     a = rx.asarray(x)

@@ -30,10 +30,13 @@ all any diff
 bool int8 int16 int32 int64 uint8 uint16 uint32 uint64 float32 float64 complex64 complex128
 __array_namespace_info__
 """.split()
-LINALG = """cholesky cross det diagonal eigh eigvalsh inv matmul matrix_norm matrix_power matrix_rank
-matrix_transpose outer pinv qr slogdet solve svd svdvals tensordot trace vecdot vector_norm""".split()
-FFT = """fft ifft fftn ifftn rfft irfft rfftn irfftn hfft ihfft fftfreq rfftfreq fftshift
-ifftshift""".split()
+LINALG = """
+cholesky cross det diagonal eigh eigvalsh inv matmul matrix_norm matrix_power matrix_rank
+matrix_transpose outer pinv qr slogdet solve svd svdvals tensordot trace vecdot vector_norm
+""".split()
+FFT = """
+fft ifft fftn ifftn rfft irfft rfftn irfftn hfft ihfft fftfreq rfftfreq fftshift ifftshift
+""".split()
 ARRAY = """__abs__ __add__ __and__ __array_namespace__ __bool__ __complex__ __dlpack__
 __dlpack_device__ __eq__ __float__ __floordiv__ __ge__ __getitem__ __gt__ __index__ __int__
 __invert__ __le__ __lshift__ __lt__ __matmul__ __mod__ __mul__ __ne__ __neg__ __or__ __pos__

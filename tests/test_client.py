@@ -54,7 +54,9 @@ def test_creation_and_reductions(xp: client.Namespace) -> None:
     np.testing.assert_array_equal(xp.arange(2, 11, 3).numpy(), np.arange(2, 11, 3))
     np.testing.assert_array_equal(xp.arange(0.0, 1.0, 0.1).numpy(), np.arange(0.0, 1.0, 0.1))
     np.testing.assert_array_equal(xp.eye(3, 4, k=1).numpy(), np.eye(3, 4, k=1))
-    np.testing.assert_array_equal(xp.full((2, 2), 7, dtype=xp.int8).numpy(), np.full((2, 2), 7, np.int8))
+    np.testing.assert_array_equal(
+        xp.full((2, 2), 7, dtype=xp.int8).numpy(), np.full((2, 2), 7, np.int8)
+    )
     a_np = np.arange(24, dtype=np.int32).reshape(2, 3, 4)
     a = xp.asarray(a_np)
     assert a.dtype == np.int32 and a.shape == (2, 3, 4)
@@ -76,8 +78,16 @@ def test_scalars_follow_numpy_2_promotion(xp: client.Namespace) -> None:
     a, i = xp.asarray(a_np), xp.asarray(i_np)
     with np.errstate(all="ignore"):
         inf_np = a_np / 0
-    cases = [(a + 1, a_np + 1), (2.5 * a, 2.5 * a_np), (i + 3, i_np + 3), (i * 1.5, i_np * 1.5),
-             (1 - i, 1 - i_np), (a + 1j, a_np + 1j), (i > 1, i_np > 1), (a / 0, inf_np)]  # fmt: skip
+    cases = [
+        (a + 1, a_np + 1),
+        (2.5 * a, 2.5 * a_np),
+        (i + 3, i_np + 3),
+        (i * 1.5, i_np * 1.5),
+        (1 - i, 1 - i_np),
+        (a + 1j, a_np + 1j),
+        (i > 1, i_np > 1),
+        (a / 0, inf_np),
+    ]
     for remote, local in cases:
         assert remote.dtype == local.dtype, (remote, local.dtype)
         np.testing.assert_array_equal(remote.numpy(), local)
@@ -266,3 +276,12 @@ def test_server_killed_mid_session(server: ServerProcess) -> None:
     with run_server() as proc:
         with client.RemoteDevice(proc.url) as again:
             assert again.server_id != first_id
+
+
+def test_device_specs_name_remote_devices(server: ServerProcess) -> None:
+    with client.RemoteDevice(f"remote:{server.url}") as dev:
+        assert dev.url == server.url
+        assert client.namespace(dev).ones(1).numpy().tolist() == [1.0]
+    for spec in ["ndarray", "capture:ndarray", "bogus"]:
+        with pytest.raises(ValueError):
+            client.RemoteDevice(spec)

@@ -1,0 +1,169 @@
+"""Prometheus metrics of one server, exposed at ``GET /metrics``.
+
+Rule: imports prometheus_client, ``protocol`` and ``server.session`` only; no I/O (the
+transport serves :meth:`Metrics.exposition`). Each :class:`~server.app.Server` owns its own
+registry, so several servers in one process never share counts.
+
+Two kinds of numbers. Counters the transport bumps as things happen (sessions opened, bytes,
+read latency, refusals) are prometheus_client objects. Numbers the sessions already keep (ops
+run by kind, op errors by code, tensors and bytes held, messages in flight) are collected when
+scraped, so the op loop pays a dict increment and no lock: see :class:`_SessionCollector`.
+
+Series (all prefixed ``tensorwire_``)::
+
+    sessions_open                   gauge    sessions now open
+    sessions_opened_total           counter  handshakes that made a session
+    ops_total{kind}                 counter  ops executed, by op name (matmul, exp, ...)
+    op_errors_total{code}           counter  ops that failed, by error code
+    received_bytes_total            counter  websocket message bytes received
+    sent_bytes_total                counter  websocket message bytes sent
+    tensors_held                    gauge    tensors (and failure marks) stored, all sessions
+    tensor_bytes_held               gauge    bytes of stored tensors, all sessions
+    messages_in_flight              gauge    messages received whose replies are not yet sent
+    read_seconds                    histogram  from a read's batch arriving to its reply sent
+    refusals_total{limit}           counter  connections or work refused, by the limit hit
+    draining                        gauge    1 after SIGTERM, while sessions finish
+    memory_budget_bytes             gauge    the configured server-wide budget (absent: none)
+
+Neither this module nor ``/metrics`` ever sees tensor data.
+"""
+
+from __future__ import annotations
+
+from collections import Counter as Tally
+from collections.abc import Callable, Iterable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.registry import Collector
+
+from protocol import ErrorCode
+
+from .session import Session
+
+PREFIX = "tensorwire"
+READ_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+# Labels of refusals_total today; the limits of issue 4 add theirs ("message_size", "memory", ...).
+REFUSAL_LIMITS = ("auth", "version", "device_index", "handshake_timeout", "draining")
+REFUSAL_LIMIT = {  # handshake refusals: the limit label of each error code
+    ErrorCode.AUTH_FAILED: "auth",
+    ErrorCode.VERSION_MISMATCH: "version",
+    ErrorCode.BAD_DEVICE_INDEX: "device_index",
+}
+
+
+class _SessionCollector(Collector):
+    """Reads the live sessions' own counts at scrape time, plus those of closed sessions."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._metrics = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        m = self._metrics
+        sessions = list(m.sessions())
+        ops, errors = Tally(m.retired_ops), Tally(m.retired_errors)
+        for session in sessions:
+            ops.update(dict(session.op_counts))  # dict() copies atomically; threads may add
+            errors.update(dict(session.error_counts))
+        yield _counter("ops", "Ops executed successfully, by op name.", "kind", ops)
+        yield _counter("op_errors", "Ops that failed, by error code.", "code", errors)
+        yield _gauge("sessions_open", "Sessions now open.", len(sessions))
+        yield _gauge(
+            "tensors_held", "Tensors stored, all sessions.", sum(len(s.store) for s in sessions)
+        )
+        yield _gauge(
+            "tensor_bytes_held",
+            "Bytes of stored tensors, all sessions.",
+            sum(s.store.nbytes for s in sessions),
+        )
+        yield _gauge(
+            "messages_in_flight",
+            "Messages received whose replies are not yet sent.",
+            m.in_flight(),
+        )
+        yield _gauge("draining", "1 while the server drains after SIGTERM.", int(m.draining()))
+        if m.memory_budget is not None:
+            yield _gauge(
+                "memory_budget_bytes", "Configured server-wide tensor budget.", m.memory_budget
+            )
+
+
+def _counter(name: str, doc: str, label: str, values: Tally[str]) -> CounterMetricFamily:
+    family = CounterMetricFamily(f"{PREFIX}_{name}", doc, labels=[label])
+    for key, value in sorted(values.items()):
+        family.add_metric([key], value)
+    return family
+
+
+def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(f"{PREFIX}_{name}", doc, value=value)
+
+
+class Metrics:
+    """One server's metrics. The transport calls the ``*_bytes``/``refused``/``read_done``
+    hooks on the event loop and :meth:`retire` when a session closes.
+
+    Args:
+        sessions: returns the open sessions (called at scrape time, on the event loop).
+        in_flight: returns how many received messages still await their replies.
+        draining: returns True once the server drains.
+        memory_budget: the configured budget in bytes, or None.
+    """
+
+    def __init__(
+        self,
+        sessions: Callable[[], Iterable[Session]],
+        in_flight: Callable[[], int],
+        draining: Callable[[], bool],
+        memory_budget: int | None = None,
+    ) -> None:
+        self.sessions = sessions
+        self.in_flight = in_flight
+        self.draining = draining
+        self.memory_budget = memory_budget
+        self.retired_ops: Tally[str] = Tally()
+        self.retired_errors: Tally[str] = Tally()
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.sessions_opened = Counter(
+            f"{PREFIX}_sessions_opened", "Handshakes that made a session.", registry=r
+        )
+        self.received_bytes = Counter(
+            f"{PREFIX}_received_bytes", "Websocket message bytes received.", registry=r
+        )
+        self.sent_bytes = Counter(
+            f"{PREFIX}_sent_bytes", "Websocket message bytes sent.", registry=r
+        )
+        self.read_seconds = Histogram(
+            f"{PREFIX}_read_seconds",
+            "Seconds from a read's batch arriving to its reply being sent.",
+            buckets=READ_BUCKETS,
+            registry=r,
+        )
+        self.refusals = Counter(
+            f"{PREFIX}_refusals", "Connections or work refused, by limit.", ["limit"], registry=r
+        )
+        for limit in REFUSAL_LIMITS:
+            self.refusals.labels(limit)  # every known limit shows up at 0 before it is hit
+        r.register(_SessionCollector(self))
+
+    def refused(self, limit: str) -> None:
+        """Count one refusal because of ``limit`` (see :data:`REFUSAL_LIMITS`)."""
+        self.refusals.labels(limit).inc()
+
+    def read_done(self, reads: int, seconds: float) -> None:
+        """``reads`` read requests were answered ``seconds`` after their batch arrived."""
+        for _ in range(reads):
+            self.read_seconds.observe(seconds)
+
+    def retire(self, session: Session) -> None:
+        """Keep a closing session's op counts in the totals."""
+        self.retired_ops.update(session.op_counts)
+        self.retired_errors.update(session.error_counts)
+
+    def exposition(self) -> bytes:
+        """The Prometheus text format of every series (content type :data:`CONTENT_TYPE`)."""
+        return generate_latest(self.registry)
