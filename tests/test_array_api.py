@@ -105,6 +105,16 @@ def test_floor_divide_special_cases_follow_the_standard(rx: client.Namespace) ->
     same(rx.asarray(x1) // rx.asarray(x2), [np.inf, -np.inf, -0.0, -0.0, 2.0])
 
 
+def test_complex_special_cases_follow_the_standard(rx: client.Namespace) -> None:
+    inf, nan = np.inf, np.nan
+    x = np.array([complex(inf, 3.0), complex(-inf, 2.0), complex(1.0, 2.0)])
+    same(rx.tanh(rx.asarray(x)), np.array([1 + 0j, -1 + 0j, np.tanh(x[2])]))
+    x = np.array([complex(-0.0, 0.0), complex(inf, 0.0), complex(-inf, inf), complex(nan, 0.0)])
+    got = rx.expm1(rx.asarray(x)).numpy()
+    np.testing.assert_array_equal(got, [0j, complex(inf, 0.0), -1 + 0j, complex(nan, 0.0)])
+    assert not np.signbit(got[0].real)
+
+
 def test_clip_keeps_the_dtype(rx: client.Namespace) -> None:
     x = np.array([-5, 0, 7], dtype=np.int8)
     same(rx.clip(rx.asarray(x), min=-2, max=1000), np.array([-2, 0, 7], dtype=np.int8))

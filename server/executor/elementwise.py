@@ -29,7 +29,17 @@ def _wire(a: Array) -> Any:
 
 def unary(op: Unary, args: Sequence[Array], buffers: Sequence[Buffer]) -> Array:
     result = _call(op.op, args)
-    if op.op == "expm1" and result.dtype.kind == "c":
+    if result.dtype.kind != "c":
+        return result
+    if op.op == "tanh":
+        # Note: the standard asks tanh(+-inf + yj) = +-1 + 0j (the zero's sign that of y) for a
+        # finite y; numpy can give NaN parts there.
+        (x,) = args
+        bad = np.isinf(x.real) & np.isfinite(x.imag)
+        if bad.any():
+            fixed = np.copysign(1.0, x.real) + 1j * np.copysign(0.0, x.imag)
+            result = np.where(bad, fixed.astype(result.dtype), result)
+    if op.op == "expm1":
         # Note: numpy's complex expm1 misses the standard's special cases at infinities and
         # NaNs; exp(x) - 1 has them right there.
         (x,) = args
