@@ -166,7 +166,8 @@ def arange(start: int | float, stop: int | float | None, step: int | float, dtyp
 
 
 def eye(n_rows: int, n_cols: int | None, k: int, dtype: DType, device: Device) -> RemoteArray:
-    cols = n_rows if n_cols is None else n_cols
+    n_rows, k = operator.index(n_rows), operator.index(k)
+    cols = n_rows if n_cols is None else operator.index(n_cols)
     return apply(
         lambda out: Eye(out=out, n_rows=n_rows, n_cols=cols, k=k, dtype=dtype), device=device
     )

@@ -54,6 +54,11 @@ def _opt_ints(value: int | Sequence[int] | None) -> tuple[int, ...] | None:
     return None if value is None else _ints(value)
 
 
+def _opt_int(value: int | None) -> int | None:
+    """A Python int (the wire's models are strict: numpy integers are converted here)."""
+    return None if value is None else operator.index(value)
+
+
 class StandardFunctions:
     """Mixed into :class:`~client.namespace.Namespace`; ``self.device`` is the default device."""
 
@@ -68,6 +73,7 @@ class StandardFunctions:
         wire = _f.wire_dtype(dtype) if dtype is not None else "complex128" if is_c else "float64"
         a, b = complex(start), complex(stop)
         dev = self.device if device is None else device
+        num = operator.index(num)
         return _f.apply(
             lambda out: Linspace(out=out, start=a.real, stop=b.real, start_imag=a.imag,
                                  stop_imag=b.imag, num=num, endpoint=endpoint, dtype=wire),
@@ -96,10 +102,12 @@ class StandardFunctions:
 
     @staticmethod
     def tril(x: RemoteArray, /, *, k: int = 0) -> RemoteArray:
+        k = operator.index(k)
         return _f.apply(lambda out: Triangle(out=out, op="tril", x=x.tensor_id, k=k), x)
 
     @staticmethod
     def triu(x: RemoteArray, /, *, k: int = 0) -> RemoteArray:
+        k = operator.index(k)
         return _f.apply(lambda out: Triangle(out=out, op="triu", x=x.tensor_id, k=k), x)
 
     def from_dlpack(self, x: Any, /, *, device: Device | None = None,
@@ -116,11 +124,13 @@ class StandardFunctions:
 
     @staticmethod
     def concat(arrays: Sequence[RemoteArray], /, *, axis: int | None = 0) -> RemoteArray:
+        axis = _opt_int(axis)
         ids = tuple(a.tensor_id for a in arrays)
         return _f.apply(lambda out: Join(out=out, op="concat", xs=ids, axis=axis), *arrays)
 
     @staticmethod
     def stack(arrays: Sequence[RemoteArray], /, *, axis: int = 0) -> RemoteArray:
+        axis = operator.index(axis)
         ids = tuple(a.tensor_id for a in arrays)
         return _f.apply(lambda out: Join(out=out, op="stack", xs=ids, axis=axis), *arrays)
 
@@ -171,6 +181,7 @@ class StandardFunctions:
     @staticmethod
     def repeat(x: RemoteArray, repeats: int | RemoteArray, /, *,
                axis: int | None = None) -> RemoteArray:  # fmt: skip
+        axis = _opt_int(axis)
         if isinstance(repeats, RemoteArray):
             r = repeats
             return _f.apply(
@@ -199,7 +210,7 @@ class StandardFunctions:
             if x.ndim != 1:
                 raise ValueError("take of a multi-dimensional array needs an axis")
             axis = 0
-        a = axis
+        a = operator.index(axis)
         return _f.apply(
             lambda out: Take(out=out, op="take", x=x.tensor_id, indices=indices.tensor_id, axis=a),
             x,
@@ -209,6 +220,7 @@ class StandardFunctions:
     @staticmethod
     def take_along_axis(x: RemoteArray, indices: RemoteArray, /, *,
                         axis: int = -1) -> RemoteArray:  # fmt: skip
+        axis = operator.index(axis)
         return _f.apply(
             lambda out: Take(
                 out=out, op="take_along_axis", x=x.tensor_id, indices=indices.tensor_id, axis=axis
@@ -222,6 +234,7 @@ class StandardFunctions:
     @staticmethod
     def sort(x: RemoteArray, /, *, axis: int = -1, descending: builtins.bool = False,
              stable: builtins.bool = True) -> RemoteArray:  # fmt: skip
+        axis = operator.index(axis)
         return _f.apply(
             lambda out: Sort(out=out, op="sort", x=x.tensor_id, axis=axis,
                              descending=descending, stable=stable),
@@ -231,6 +244,7 @@ class StandardFunctions:
     @staticmethod
     def argsort(x: RemoteArray, /, *, axis: int = -1, descending: builtins.bool = False,
                 stable: builtins.bool = True) -> RemoteArray:  # fmt: skip
+        axis = operator.index(axis)
         return _f.apply(
             lambda out: Sort(out=out, op="argsort", x=x.tensor_id, axis=axis,
                              descending=descending, stable=stable),
@@ -292,6 +306,7 @@ class StandardFunctions:
                     include_initial: builtins.bool) -> RemoteArray:  # fmt: skip
         if dtype is not None:
             x = _f.astype(x, dtype)
+        axis = _opt_int(axis)
         result = _f.apply(
             lambda out: Cumulative(out=out, op=name, x=x.tensor_id, axis=axis,
                                    include_initial=include_initial),
@@ -354,6 +369,7 @@ class StandardFunctions:
         """numpy's ``vecdot`` (conjugates ``x1``); a non-negative ``axis`` counts in the
         broadcast shape."""
         ndim = max(x1.ndim, x2.ndim)
+        axis = operator.index(axis)
         a = axis - ndim if axis >= 0 else axis
         return _f.apply(
             lambda out: Linalg(out=out, op="vecdot", xs=(x1.tensor_id, x2.tensor_id), axis=(a,)),

@@ -48,7 +48,7 @@ class LinalgNamespace:
 
     @staticmethod
     def cross(x1: RemoteArray, x2: RemoteArray, /, *, axis: int = -1) -> RemoteArray:
-        return _one("cross", x1, x2, axis=(axis,))
+        return _one("cross", x1, x2, axis=(operator.index(axis),))
 
     @staticmethod
     def det(x: RemoteArray, /) -> RemoteArray:
@@ -56,7 +56,7 @@ class LinalgNamespace:
 
     @staticmethod
     def diagonal(x: RemoteArray, /, *, offset: int = 0) -> RemoteArray:
-        return _one("diagonal", x, offset=offset)
+        return _one("diagonal", x, offset=operator.index(offset))
 
     @staticmethod
     def eigh(x: RemoteArray, /) -> EighResult:
@@ -129,7 +129,7 @@ class LinalgNamespace:
     def trace(x: RemoteArray, /, *, offset: int = 0, dtype: Any = None) -> RemoteArray:
         if dtype is not None:
             x = _f.astype(x, dtype)
-        result = _one("trace", x, offset=offset)
+        result = _one("trace", x, offset=operator.index(offset))
         return (
             result if dtype is None or result.dtype == np.dtype(dtype) else _f.astype(result, dtype)
         )

@@ -379,3 +379,19 @@ def test_dlpack_exports_a_host_copy(rx: client.Namespace) -> None:
     np.testing.assert_array_equal(np.from_dlpack(x), np.arange(3.0))
     with pytest.raises(BufferError):
         x.__dlpack__(copy=False)
+
+
+def test_numpy_integers_are_accepted_as_python_ints(rx: client.Namespace) -> None:
+    """The wire's models are strict; the namespace converts numpy integers itself."""
+    i = np.int64
+    x = np.arange(12.0).reshape(3, 4)
+    a = rx.asarray(x)
+    same(rx.linspace(0, 1, i(5)), np.linspace(0, 1, 5))
+    same(rx.sort(a, axis=i(0)), np.sort(x, axis=0))
+    same(rx.concat([a, a], axis=i(1)), np.concatenate([x, x], axis=1))
+    same(rx.eye(i(3), i(2), k=i(1)), np.eye(3, 2, k=1))
+    same(rx.tril(a, k=i(1)), np.tril(x, k=1))
+    same(rx.cumulative_sum(a, axis=i(1)), np.cumulative_sum(x, axis=1))
+    same(rx.take(a, rx.asarray(np.array([0])), axis=i(1)), np.take(x, [0], axis=1))
+    same(rx.linalg.diagonal(a, offset=i(1)), np.linalg.diagonal(x, offset=1))
+    same(rx.vecdot(a, a, axis=i(0)), np.vecdot(x, x, axis=0))
