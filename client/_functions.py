@@ -89,12 +89,11 @@ def apply_many(
     op = make(ids[0], tuple(ids[1:]))
     metas = op.infer_all(*(a.meta for a in inputs))
     dev._conn.submit(op)
-    arrays = []
-    for tensor_id, meta in zip(ids, metas, strict=True):
-        if UNKNOWN in meta.shape:
-            meta = dev._describe_blocking(tensor_id)
-        arrays.append(RemoteArray(dev, tensor_id, meta))
-    return tuple(arrays)
+    unknown = [i for i, meta in enumerate(metas) if UNKNOWN in meta.shape]
+    if unknown:  # one round trip for all of them
+        learnt = dict(zip(unknown, dev._describe_blocking([ids[i] for i in unknown]), strict=True))
+        metas = tuple(learnt.get(i, meta) for i, meta in enumerate(metas))
+    return tuple(RemoteArray(dev, i, meta) for i, meta in zip(ids, metas, strict=True))
 
 
 def apply_inplace(make: Callable[[int], AnyOp], target: RemoteArray,

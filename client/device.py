@@ -10,7 +10,9 @@ from __future__ import annotations
 import asyncio
 import os
 import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -91,15 +93,16 @@ class Device:
         result: np.ndarray[Any, Any] = future.result()
         return result
 
-    def _describe_blocking(self, tensor_id: int) -> TensorMeta:
-        """The shape and dtype the server holds for ``tensor_id`` (one round trip).
+    def _describe_blocking(self, tensor_ids: Sequence[int]) -> list[TensorMeta]:
+        """The shapes and dtypes the server holds for ``tensor_ids``: the requests are
+        pipelined, so this costs one round trip however many ids there are.
 
         Raises:
-            RemoteError: the op that produced it failed.
+            RemoteError: the op that produced one of them failed.
         """
-        future = self._conn.request(lambda rid: Describe(request_id=rid, tensor=tensor_id))
-        reply = future.result()
-        return TensorMeta(tuple(reply.shape), reply.dtype)
+        futures = [self._conn.request(partial(_describe, tensor=t)) for t in tensor_ids]
+        replies = [f.result() for f in futures]
+        return [TensorMeta(tuple(r.shape), r.dtype) for r in replies]
 
     def _raise_server_error(self) -> None:
         error = self._conn.take_server_error()
@@ -122,6 +125,10 @@ def _url_of(target: str) -> str:
             f"not {target!r}"
         )
     return spec.url
+
+
+def _describe(request_id: int, tensor: int) -> Describe:
+    return Describe(request_id=request_id, tensor=tensor)
 
 
 def _stats(reply: StatsReply) -> SessionStats:

@@ -395,3 +395,30 @@ def test_numpy_integers_are_accepted_as_python_ints(rx: client.Namespace) -> Non
     same(rx.take(a, rx.asarray(np.array([0])), axis=i(1)), np.take(x, [0], axis=1))
     same(rx.linalg.diagonal(a, offset=i(1)), np.linalg.diagonal(x, offset=1))
     same(rx.vecdot(a, a, axis=i(0)), np.vecdot(x, x, axis=0))
+
+
+def test_several_data_dependent_outputs_cost_one_round_trip(
+    rx: client.Namespace, mdev: client.RemoteDevice, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """unique_all has three outputs of unknown length: the client sends the three describe
+    requests before it waits for any reply."""
+    events: list[str] = []
+    request = mdev._conn.request
+
+    def recording(make: Any) -> Any:
+        future = request(make)
+        events.append("request")
+        result = future.result
+
+        def waiting(*args: Any) -> Any:
+            events.append("wait")
+            return result(*args)
+
+        future.result = waiting  # type: ignore[method-assign]
+        return future
+
+    x = rx.asarray(np.array([3, 1, 3, 2]))
+    monkeypatch.setattr(mdev._conn, "request", recording)
+    u = rx.unique_all(x)
+    assert events == ["request"] * 3 + ["wait"] * 3
+    assert u.values.shape == (3,) and u.counts.shape == (3,) and u.indices.shape == (3,)
