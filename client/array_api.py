@@ -16,13 +16,14 @@ from typing import Any
 
 from .device import RemoteDevice
 from .namespace import Namespace
+from .namespace import namespace as _namespace
 
 _url = os.environ.get("TENSORWIRE_URL")
 if not _url:
     raise RuntimeError("set TENSORWIRE_URL to the server's ws:// address to import this module")
 
 device = RemoteDevice(_url, index=int(os.environ.get("TENSORWIRE_DEVICE", "0")))
-namespace = Namespace(device)
+namespace = _namespace(device)  # the same object as x.__array_namespace__()
 __array_api_version__ = Namespace.__array_api_version__
 linalg = namespace.linalg
 fft = namespace.fft

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import builtins
 import math
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -526,5 +527,12 @@ class Namespace(StandardFunctions):
 
 
 def namespace(device: Device) -> Namespace:
-    """The array namespace whose default device is ``device``."""
-    return Namespace(device)
+    """The array namespace whose default device is ``device``: the same object while one is
+    alive, so ``x.__array_namespace__() is xp``. The device holds it weakly (no cycle: dropping
+    the last reference to a device still closes its session at once)."""
+    ref: weakref.ref[Namespace] | None = device.__dict__.get("_namespace")
+    space = None if ref is None else ref()
+    if space is None:
+        space = Namespace(device)
+        device.__dict__["_namespace"] = weakref.ref(space)
+    return space

@@ -361,6 +361,7 @@ def test_inspection_api(rx: client.Namespace, mdev: client.RemoteDevice) -> None
     assert rx.isdtype(rx.int8, "signed integer") and not rx.isdtype(rx.uint8, "signed integer")
     assert isinstance(rx.finfo(rx.float32).eps, float)
     assert rx.asarray([1.0]).__array_namespace__().device is mdev
+    assert rx.asarray([1.0]).__array_namespace__() is client.namespace(mdev)
 
 
 def test_devices_must_match_and_to_device_moves(server: ServerProcess) -> None:
