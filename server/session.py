@@ -35,6 +35,8 @@ import numpy as np
 from protocol import (
     DTYPES,
     Batch,
+    Describe,
+    DescribeReply,
     ErrorCode,
     ErrorInfo,
     InvalidOpError,
@@ -52,7 +54,7 @@ from protocol import (
 )
 from protocol.codec import Buffer
 from protocol.messages import Request
-from protocol.ops import AnyOp, numel
+from protocol.ops import UNKNOWN, AnyOp, numel
 
 from . import executor
 from .logs import fields
@@ -64,7 +66,8 @@ _ITEMSIZE = {name: to_numpy(name).itemsize for name in DTYPES}
 INLINE_COST = 1 << 16  # element operations an op may cost and still run on the event loop
 
 Reply = tuple[
-    ReadReply | SyncReply | StatsReply | RequestFailed | SessionError, Sequence[memoryview]
+    ReadReply | SyncReply | StatsReply | DescribeReply | RequestFailed | SessionError,
+    Sequence[memoryview],
 ]
 
 
@@ -74,6 +77,38 @@ class Limits:
 
     max_op_bytes: int = 2**63
     max_ndim: int = 64
+
+
+def output_bytes(metas: Sequence[TensorMeta], limits: Limits) -> int:
+    """The bytes to reserve for outputs ``metas`` (their sum; Python ints: no overflow). A
+    data-dependent output (an ``UNKNOWN`` dim) counts 0 here: it is charged after it ran.
+
+    Raises:
+        StoreError: ``limit_exceeded``, for outputs over a per-op cap.
+    """
+    total = 0
+    for meta in metas:
+        if len(meta.shape) > limits.max_ndim:
+            raise StoreError(
+                ErrorCode.LIMIT_EXCEEDED,
+                f"the output has {len(meta.shape)} dimensions; the limit is {limits.max_ndim}",
+            )
+        itemsize = _ITEMSIZE[meta.dtype]
+        known = numel(tuple(d for d in meta.shape if d > 0)) * itemsize
+        if known >= 2**63 and (0 in meta.shape or UNKNOWN in meta.shape):
+            raise StoreError(  # other dims that overflow numpy's intp, even if empty
+                ErrorCode.LIMIT_EXCEEDED,
+                f"the dimensions {list(meta.shape)} overflow numpy's index type, even if empty",
+            )
+        if UNKNOWN not in meta.shape:
+            total += numel(meta.shape) * itemsize
+    if total > limits.max_op_bytes:
+        shapes = ", ".join(f"{m.dtype}{list(m.shape)}" for m in metas)
+        raise StoreError(
+            ErrorCode.LIMIT_EXCEEDED,
+            f"the output {shapes} needs {total} bytes; the per-op limit is {limits.max_op_bytes}",
+        )
+    return total
 
 
 @dataclass
@@ -162,21 +197,22 @@ class Session:
             job.op_started = time.monotonic()
             checked = self._check(op, job)
             if checked is not None:
-                args, meta, nbytes = checked
-                if inline and executor.cost(op, meta, args) > INLINE_COST:
+                args, metas, nbytes = checked
+                if inline and executor.cost(op, metas[0], args) > INLINE_COST:
                     return False
-                self._execute(op, args, meta, nbytes, job)
+                self._execute(op, args, metas, nbytes, job)
             job.next += 1
         return True
 
     def _check(
         self, op: AnyOp, job: Job
-    ) -> tuple[list[np.ndarray[Any, Any]], TensorMeta, int] | None:
-        """Inputs, inferred output and output bytes of ``op``, or None when its output is
-        already settled (failed, refused, or inherited a failure)."""
+    ) -> tuple[list[np.ndarray[Any, Any]], tuple[TensorMeta, ...], int] | None:
+        """Inputs, inferred outputs and their bytes (:func:`output_bytes`) of ``op``, or None
+        when its outputs are already settled (failed, refused, or inherited a failure)."""
         try:
-            if op.out in self.store:
-                raise StoreError(ErrorCode.DUPLICATE_TENSOR, f"tensor id #{op.out} is in use")
+            for out in () if op.inplace else op.outputs():
+                if out in self.store:
+                    raise StoreError(ErrorCode.DUPLICATE_TENSOR, f"tensor id #{out} is in use")
             if job.rejected is not None:
                 raise StoreError(job.rejected.code, job.rejected.message)
             args: list[np.ndarray[Any, Any]] = []
@@ -184,73 +220,100 @@ class Session:
             for tensor_id in op.inputs():
                 value = self.store.get(tensor_id)
                 if isinstance(value, Failure):
-                    self.store.put(op.out, value)  # inherit the original failure
+                    self._settle(op, value)  # inherit the original failure
                     return None
                 args.append(value.array)
                 metas.append(value.meta)
-            meta = op.infer(*metas)
-            return args, meta, self._output_bytes(meta)
+            out_metas = executor.resolve(op, args, op.infer_all(*metas))
+            return args, out_metas, output_bytes(out_metas, self.limits)
         except StoreError as exc:
             self._fail(op, exc.code, str(exc), job)
         except InvalidOpError as exc:
             self._fail(op, ErrorCode.INVALID_OP, str(exc), job)
         return None
 
-    def _output_bytes(self, meta: TensorMeta) -> int:
-        """The output's bytes (Python ints: no overflow).
-
-        Raises:
-            StoreError: ``limit_exceeded``, for an output over a per-op cap.
-        """
-        limits = self.limits
-        if len(meta.shape) > limits.max_ndim:
-            raise StoreError(
-                ErrorCode.LIMIT_EXCEEDED,
-                f"the output has {len(meta.shape)} dimensions; the limit is {limits.max_ndim}",
-            )
-        itemsize = _ITEMSIZE[meta.dtype]
-        nbytes = numel(meta.shape) * itemsize
-        if not nbytes and numel(tuple(d for d in meta.shape if d)) * itemsize >= 2**63:
-            raise StoreError(  # an empty array whose other dims overflow numpy's intp
-                ErrorCode.LIMIT_EXCEEDED,
-                f"the dimensions {list(meta.shape)} overflow numpy's index type, even if empty",
-            )
-        if nbytes > limits.max_op_bytes:
-            raise StoreError(
-                ErrorCode.LIMIT_EXCEEDED,
-                f"the output {meta.dtype}{list(meta.shape)} needs {nbytes} bytes; the per-op "
-                f"limit is {limits.max_op_bytes}",
-            )
-        return nbytes
+    def _settle(self, op: AnyOp, value: Failure) -> None:
+        """Store ``value`` under every output of ``op`` (replacing, for an in-place op)."""
+        for out in op.outputs():
+            if op.inplace:
+                self.store.replace(out, value)
+            else:
+                self.store.put(out, value)
 
     def _execute(
         self,
         op: AnyOp,
         args: list[np.ndarray[Any, Any]],
-        meta: TensorMeta,
+        metas: tuple[TensorMeta, ...],
         nbytes: int,
         job: Job,
     ) -> None:
+        """Reserve ``nbytes``, run ``op``, settle the reservation on what the results really
+        hold (:meth:`_charge`) and store them. An in-place op writes into its target only when
+        the store says nothing else shares it (:meth:`TensorStore.writable`), and reserves
+        nothing then; otherwise it runs on a copy, which is counted (copy-on-write)."""
+        in_place = op.inplace and self.store.writable(op.out)
+        reserved = 0 if in_place else nbytes
         try:
-            self.store.reserve(nbytes)
+            self.store.reserve(reserved)
         except StoreError as exc:
             self._fail(op, exc.code, str(exc), job)
             return
         try:
-            array = self._owned(executor.run(op, args, job.buffers, meta))
+            results = executor.run(op, args, job.buffers, metas, in_place=in_place)
+            arrays = tuple(self._owned(a) for a in results)
+            needs = self._charge(arrays, reserved)
+        except StoreError as exc:  # a data-dependent output over a limit
+            self.store.cancel(reserved)
+            self._fail(op, exc.code, str(exc), job)
         except InvalidOpError as exc:
-            self.store.cancel(nbytes)
+            self.store.cancel(reserved)
             self._fail(op, ErrorCode.INVALID_OP, str(exc), job)
         except executor.InferenceMismatch as exc:
-            self.store.cancel(nbytes)
+            self.store.cancel(reserved)
             self._fail(op, ErrorCode.INTERNAL, str(exc), job)
         except Exception as exc:  # numpy's genuine runtime failures
-            self.store.cancel(nbytes)
+            self.store.cancel(reserved)
             self._fail(op, ErrorCode.EXECUTION_FAILED, f"{type(exc).__name__}: {exc}", job)
         else:
-            self.store.put(op.out, Stored(array, meta), reserved=nbytes)
+            for out, array, meta, need in zip(op.outputs(), arrays, metas, needs, strict=True):
+                stored = Stored(array, TensorMeta(array.shape, meta.dtype))  # known dims now
+                if op.inplace:
+                    self.store.replace(out, stored, reserved=need)
+                else:
+                    self.store.put(out, stored, reserved=need)
             self.ops_run += 1
             self.op_counts[getattr(op, "op", None) or op.kind] += 1
+
+    def _charge(self, arrays: tuple[np.ndarray[Any, Any], ...], reserved: int) -> list[int]:
+        """The bytes each result adds to the store (a view of a held root adds none, a root
+        shared by two results counts once), with the reservation of ``reserved`` bytes grown
+        or shrunk to their sum. A data-dependent output (an ``UNKNOWN`` dim) is only known now:
+        it is checked against the per-op cap, quota and budget here, before it is stored.
+
+        Raises:
+            StoreError: ``limit_exceeded``, ``quota_exceeded`` or ``server_memory_exhausted``;
+                the reservation is then unchanged.
+        """
+        seen: set[int] = set()
+        needs: list[int] = []
+        for array in arrays:
+            root = root_of(array)
+            fresh = not self.store.holds(root) and id(root) not in seen
+            seen.add(id(root))
+            needs.append(root.nbytes if fresh else 0)
+        total = sum(needs)
+        if total > reserved:
+            if total > self.limits.max_op_bytes:
+                raise StoreError(
+                    ErrorCode.LIMIT_EXCEEDED,
+                    f"the outputs need {total} bytes; the per-op limit is "
+                    f"{self.limits.max_op_bytes}",
+                )
+            self.store.reserve(total - reserved)
+        elif total < reserved:
+            self.store.cancel(reserved - total)
+        return needs
 
     def _owned(self, array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
         """``array`` if the store can count it exactly, else a C-contiguous copy.
@@ -273,10 +336,10 @@ class Session:
         self.error_counts[code.value] += 1
         level = logging.ERROR if code is ErrorCode.INTERNAL else logging.INFO
         log.log(level, "op failed", extra=fields(session=self.session_id, op=error.op, code=code))
-        if code is ErrorCode.DUPLICATE_TENSOR:
+        if code is ErrorCode.DUPLICATE_TENSOR or (op.inplace and op.out not in self.store):
             job.errors.append(error)  # the id belongs to another tensor: leave it alone
         else:
-            self.store.put(op.out, Failure(error))
+            self._settle(op, Failure(error))
 
     def finish(self, job: Job) -> list[Reply]:
         """Apply the batch's frees, then answer its requests in order."""
@@ -289,6 +352,8 @@ class Session:
     def _answer(self, request: Request) -> Reply:
         if isinstance(request, Read):
             return self._read(request)
+        if isinstance(request, Describe):
+            return self._describe(request)
         if isinstance(request, Stats):
             store = self.store
             reply = StatsReply(
@@ -302,6 +367,17 @@ class Session:
             return reply, ()
         return SyncReply(request_id=request.request_id), ()
 
+    def _describe(self, request: Describe) -> Reply:
+        try:
+            value = self.store.get(request.tensor)
+        except StoreError as exc:
+            error = ErrorInfo(code=exc.code, message=str(exc))
+            return RequestFailed(request_id=request.request_id, error=error), ()
+        if isinstance(value, Failure):
+            return RequestFailed(request_id=request.request_id, error=value.error), ()
+        meta = value.meta
+        return DescribeReply(request_id=request.request_id, shape=meta.shape, dtype=meta.dtype), ()
+
     def _read(self, request: Read) -> Reply:
         try:
             value = self.store.get(request.tensor)
@@ -310,6 +386,7 @@ class Session:
             return RequestFailed(request_id=request.request_id, error=error), ()
         if isinstance(value, Failure):
             return RequestFailed(request_id=request.request_id, error=value.error), ()
+        self.store.share(request.tensor)  # the reply's bytes are written later
         view = byte_view(value.array)
         reply = ReadReply(
             request_id=request.request_id,

@@ -82,7 +82,7 @@ MALFORMED = {
     "extra bytes": frame(batch_json()) + b"trailing",
     "truncated buffers": frame(batch_json(buffers=[1000]), b"only ten b"),
     "unknown op kind": frame(batch_json(ops=[{"kind": "system", "out": 1, "cmd": "ls"}])),
-    "repeat not in catalogue": frame(batch_json(ops=[{"kind": "repeat", "out": 1, "x": 0}])),
+    "einsum not in catalogue": frame(batch_json(ops=[{"kind": "einsum", "out": 1, "x": 0}])),
     "wrong type: shape": frame(
         batch_json(ops=[{"kind": "full", "out": 1, "shape": "ab", "dtype": "int8", "value": 0}])
     ),
@@ -239,11 +239,24 @@ def _bombs(xp: client.Namespace) -> dict[str, Any]:
         "arange floats": lambda: xp.arange(0.0, 1e15, 1.0),
         "eye": lambda: xp.eye(N, N),
         "astype widening": lambda: xp.astype(xp.ones(2**18, dtype=xp.float32), xp.complex128),
+        # the Array API families: every output size is known from inference
+        "tile": lambda: xp.tile(row, (2**20, 1)),
+        "tile 2**62": lambda: xp.tile(xp.ones((1,), dtype=xp.int8), (2**31, 2**31)),
+        "repeat": lambda: xp.repeat(row, 2**20),
+        "repeat by a tensor": lambda: xp.repeat(xp.ones(4), xp.asarray(np.full(4, 2**40))),
+        "linspace": lambda: xp.linspace(0.0, 1.0, 10**12),
+        "concat": lambda: xp.concat([row, row, row], axis=0),
+        "stack": lambda: xp.stack([row, row, row]),
+        "broadcast_to": lambda: xp.broadcast_to(row, (2**20, M)),
+        "linalg outer": lambda: xp.linalg.outer(xp.reshape(row, (M,)), xp.reshape(row, (M,))),
+        "fft n": lambda: xp.fft.fft(xp.ones(4), n=2**40),
     }
 
 
 BOMB_NAMES = ["zeros", "full 2**62", "broadcast", "outer", "where", "matmul", "arange ints",
-              "arange floats", "eye", "astype widening"]  # fmt: skip
+              "arange floats", "eye", "astype widening", "tile", "tile 2**62", "repeat",
+              "repeat by a tensor", "linspace", "concat", "stack", "broadcast_to",
+              "linalg outer", "fft n"]  # fmt: skip
 
 
 @pytest.mark.parametrize("name", BOMB_NAMES)
@@ -252,13 +265,12 @@ def test_allocation_bomb_is_refused_before_numpy(
 ) -> None:
     xp = client.namespace(dev)
     before = dev.stats()
-    bomb = _bombs(xp)[name]()
-    with pytest.raises(client.RemoteError) as info:
-        bomb.numpy()
+    with pytest.raises(client.RemoteError) as info:  # a data-dependent shape raises at once
+        _bombs(xp)[name]().numpy()
     assert info.value.code == ErrorCode.LIMIT_EXCEEDED
     assert "per-op limit is 1048576" in str(info.value)
     np.testing.assert_array_equal(xp.ones(3).numpy(), np.ones(3))  # the session goes on
-    del bomb, info  # the traceback holds the array too
+    del info  # the traceback holds the array too
     gc.collect()
     after = dev.stats()  # nothing was reserved for the refused op, nothing leaks
     assert (after.tensor_bytes, after.tensors) == (before.tensor_bytes, before.tensors)
@@ -400,4 +412,108 @@ def test_too_many_buffers_in_one_message(raw: Raw, witness: Witness) -> None:
     assert reply.type == "request_failed" and reply.error.code == ErrorCode.LIMIT_EXCEEDED
     assert f"limit of {MAX_BUFFERS}" in reply.error.message
     assert_kept(raw)
+    witness.assert_intact()
+
+
+# --- data-dependent outputs: checked after numpy ran, before they are stored ------------------
+
+
+def test_data_dependent_output_over_the_cap_is_refused(
+    dev: client.RemoteDevice, witness: Witness
+) -> None:
+    """nonzero of 64**3 ones: three int64 index arrays of 2 MiB each, over the 1 MiB cap. The
+    length is only known once numpy ran; the outputs are dropped and nothing stays counted."""
+    xp = client.namespace(dev)
+    mask = xp.ones((64, 64, 64), dtype=xp.bool)  # 256 KiB
+    before = dev.stats()
+    with pytest.raises(client.RemoteError) as info:
+        xp.nonzero(mask)
+    assert info.value.code == ErrorCode.LIMIT_EXCEEDED
+    assert "per-op limit is 1048576" in str(info.value)
+    small = xp.nonzero(mask[:2, :2, :2])  # the same op under the cap is stored
+    assert [i.shape for i in small] == [(8,)] * 3
+    np.testing.assert_array_equal(small[2].numpy(), [0, 1] * 4)
+    del small, info
+    gc.collect()
+    after = dev.stats()
+    assert (after.tensor_bytes, after.tensors) == (before.tensor_bytes, before.tensors)
+    del mask
+    gc.collect()
+    assert dev.stats().tensor_bytes == 0  # also sends the free
+    witness.assert_intact()
+
+
+def test_data_dependent_output_over_the_quota_is_refused(
+    dev: client.RemoteDevice, witness: Witness
+) -> None:
+    xp = client.namespace(dev)
+    held = [xp.full((MIB // 8,), 1.0) for _ in range(2)]  # 2 MiB of the 4 MiB quota
+    values = xp.arange(0, 2**17, dtype=xp.int64)  # 1 MiB
+    mask = xp.ones((2**17,), dtype=xp.bool)  # 128 KiB: 896 KiB left, a 1 MiB result won't fit
+    assert dev.stats().tensor_bytes == 3 * MIB + MIB // 8
+    with pytest.raises(client.RemoteError) as info:
+        xp.nonzero(mask)
+    assert info.value.code == ErrorCode.QUOTA_EXCEEDED and "nonzero" in str(info.value)
+    with pytest.raises(client.RemoteError) as info:
+        _ = values[mask]  # a boolean mask: data-dependent too
+    assert info.value.code == ErrorCode.QUOTA_EXCEEDED and "getitem" in str(info.value)
+    assert dev.stats().tensor_bytes == 3 * MIB + MIB // 8  # nothing of them stays counted
+    assert values.numpy()[-1] == 2**17 - 1  # stored tensors are intact
+    (few,) = xp.nonzero(mask[:8])
+    np.testing.assert_array_equal(few.numpy(), np.arange(8))
+    del held, values, mask, few, info
+    gc.collect()
+    stats = dev.stats()
+    assert (stats.tensor_bytes, stats.tensors) == (0, 0)
+    witness.assert_intact()
+
+
+# --- in-place updates: written in place when nothing shares the memory, else copied -----------
+
+
+def test_setitem_accounting_in_place_and_copy_on_write(
+    dev: client.RemoteDevice, witness: Witness
+) -> None:
+    xp = client.namespace(dev)
+    a = xp.zeros((128,), dtype=xp.int64)  # 1 KiB
+    a[0] = 1  # nothing shares a: written in place, nothing new counted
+    assert dev.stats().tensor_bytes == 1024  # (the value's scalar is freed with it)
+    view = a[...]  # shares a's memory
+    a[1] = 2  # copy-on-write: the view must not change, and the copy is counted
+    assert dev.stats().tensor_bytes == 2 * 1024
+    np.testing.assert_array_equal(view.numpy()[:2], [1, 0])
+    np.testing.assert_array_equal(a.numpy()[:2], [1, 2])
+    del view
+    gc.collect()
+    assert dev.stats().tensor_bytes == 1024  # the old memory went with the view
+    first = a.numpy()  # a read reply held a's bytes: the next update copies, then frees
+    a[2] = 3
+    assert first[2] == 0 and a.numpy()[2] == 3
+    assert dev.stats().tensor_bytes == 1024
+    del a, first
+    gc.collect()
+    stats = dev.stats()
+    assert (stats.tensor_bytes, stats.tensors) == (0, 0)
+    witness.assert_intact()
+
+
+def test_setitem_copy_over_the_quota_fails_the_target(
+    dev: client.RemoteDevice, witness: Witness
+) -> None:
+    """A copy-on-write copy needs room: without it the update fails like any refused op."""
+    xp = client.namespace(dev)
+    a = xp.full((MIB // 8,), 1.0)
+    held = [xp.full((MIB // 8,), 2.0) for _ in range(2)]
+    view = a[...]  # a's memory is shared: an update must copy 1 MiB
+    dev.sync()
+    filler = xp.full((MIB // 8 - 16,), 3.0)  # the quota is (nearly) full
+    a[0] = 5.0
+    with pytest.raises(client.RemoteError) as info:
+        a.numpy()
+    assert info.value.code == ErrorCode.QUOTA_EXCEEDED and "setitem" in str(info.value)
+    assert view.numpy()[0] == 1.0  # the view is unchanged
+    del a, held, view, filler, info
+    gc.collect()
+    stats = dev.stats()
+    assert (stats.tensor_bytes, stats.tensors, stats.failed) == (0, 0, 0)
     witness.assert_intact()

@@ -18,6 +18,8 @@ from protocol import (
     SERVER_ADAPTER,
     Batch,
     DecodeError,
+    Describe,
+    DescribeReply,
     ErrorCode,
     ErrorInfo,
     Hello,
@@ -58,6 +60,20 @@ from protocol.ops import (
     broadcast_shapes,
     matmul_shape,
 )
+from protocol.ops_data import Cumulative, Nonzero, SearchSorted, Sort, Unique
+from protocol.ops_index import ArrayIndex, SetItem, Take
+from protocol.ops_linalg import FFT, Linalg
+from protocol.ops_shape import (
+    Axes,
+    BroadcastTo,
+    Join,
+    Linspace,
+    MoveAxis,
+    Repeat,
+    Roll,
+    Tile,
+    Triangle,
+)
 from protocol.schema import protocol_schema
 
 ALL_OPS = [
@@ -76,6 +92,26 @@ ALL_OPS = [
     Reshape(out=13, x=1, shape=(3, -1)),
     PermuteDims(out=14, x=1, axes=(1, 0)),
     GetItem(out=15, x=1, key=(0, None, "...", SliceSpec(start=-1, stop=None, step=-2))),
+    GetItem(out=16, x=1, key=(ArrayIndex(tensor=5), SliceSpec())),
+    SetItem(out=1, key=(0, ArrayIndex(tensor=12)), value=10),
+    Take(out=17, op="take_along_axis", x=1, indices=12, axis=-1),
+    Join(out=18, op="concat", xs=(1, 1), axis=None),
+    Axes(out=19, op="squeeze", x=1, axis=(0,)),
+    Roll(out=20, x=1, shift=(1, -2), axis=(0, 1)),
+    MoveAxis(out=21, x=1, source=(0,), destination=(-1,)),
+    BroadcastTo(out=22, x=1, shape=(4, 2, 3)),
+    Tile(out=23, x=1, reps=(2, 1)),
+    Repeat(out=24, x=1, repeats_tensor=12, axis=0),
+    Triangle(out=25, op="tril", x=1, k=-1),
+    Linspace(out=26, start=0.0, stop=1.0, stop_imag=2.0, num=5, endpoint=False, dtype="complex64"),
+    Sort(out=27, op="argsort", x=1, axis=0, descending=True),
+    Cumulative(out=28, op="cumulative_prod", x=1, axis=1, include_initial=True),
+    SearchSorted(out=29, x1=3, x2=1, side="right"),
+    Nonzero(out=30, more=(31,), x=1),
+    Unique(out=32, more=(33, 34, 35), op="unique_all", x=1),
+    Linalg(out=36, more=(37, 38), op="svd", xs=(1,), full_matrices=False),
+    Linalg(out=39, op="matrix_norm", xs=(1,), ord="nuc", keepdims=True),
+    FFT(out=40, op="irfftn", x=2, n=(4, None), axes=(0, 1), norm="ortho"),
 ]
 ERROR = ErrorInfo(code=ErrorCode.INVALID_OP, message="bad", op="matmul(#1, #2) -> #3")
 CLIENT_MESSAGES: list[Any] = [
@@ -85,7 +121,12 @@ CLIENT_MESSAGES: list[Any] = [
     Batch(
         ops=ALL_OPS,
         frees=[1, 2**62],
-        requests=[Read(request_id=1, tensor=9), Sync(request_id=2), Stats(request_id=3)],
+        requests=[
+            Read(request_id=1, tensor=9),
+            Sync(request_id=2),
+            Stats(request_id=3),
+            Describe(request_id=4, tensor=30),
+        ],
         buffers=[24],
     ),
 ]
@@ -95,6 +136,7 @@ SERVER_MESSAGES: list[Any] = [
     ReadReply(request_id=7, shape=(2, 3), dtype="float32", nbytes=24),
     SyncReply(request_id=1),
     StatsReply(request_id=2, tensors=3, tensor_bytes=4, failed=1),
+    DescribeReply(request_id=4, shape=(7,), dtype="int64"),
     RequestFailed(request_id=3, error=ERROR),
     SessionError(error=ErrorInfo(code=ErrorCode.BAD_MESSAGE, message="x")),
 ]
@@ -316,7 +358,7 @@ def _check_against_executor(op: Any, args: list[Any]) -> None:
         meta = op.infer(*metas)
     except OpDTypeError:
         return  # refused before numpy ever runs
-    result = executor.run(op, args, [], meta)  # raises InferenceMismatch if they differ
+    (result,) = executor.run(op, args, [], (meta,))  # raises InferenceMismatch if they differ
     assert result.dtype == protocol.to_numpy(meta.dtype)
 
 
