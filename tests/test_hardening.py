@@ -5,6 +5,7 @@ error codes are only ever appended."""
 from __future__ import annotations
 
 import ast
+import hmac
 import tomllib
 from pathlib import Path
 
@@ -162,7 +163,6 @@ def test_error_codes_are_only_appended() -> None:
 
 
 def test_the_token_is_compared_in_constant_time(monkeypatch: pytest.MonkeyPatch) -> None:
-    import hmac
 
     from websockets.datastructures import Headers
     from websockets.http11 import Request
@@ -176,7 +176,7 @@ def test_the_token_is_compared_in_constant_time(monkeypatch: pytest.MonkeyPatch)
         calls.append((a, b))
         return original(a, b)
 
-    monkeypatch.setattr(guard.hmac, "compare_digest", spy)
+    monkeypatch.setattr(hmac, "compare_digest", spy)
     request = Request("/", Headers({"Authorization": "Bearer nope"}))
     assert not guard.token_matches(request, "s3cret")
     assert guard.token_matches(Request("/", Headers({"Authorization": "bearer s3cret"})), "s3cret")

@@ -17,8 +17,9 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 
 import client
-from protocol import Batch, ErrorCode, Read, Sync
-from protocol.ops import Arange, Binary, Eye, FromBuffer, Full, Reshape
+from protocol import Batch, DType, ErrorCode, Read, Sync
+from protocol.messages import Request
+from protocol.ops import AnyOp, Arange, Binary, Eye, FromBuffer, Full, Reshape
 
 from .raw import TOKEN, Raw, Witness
 from .servers import ServerProcess, run_server
@@ -144,7 +145,14 @@ def test_non_standard_dtypes_are_refused_at_decode(raw: Raw, witness: Witness, d
     reply = raw.recv()
     assert reply.error.code == ErrorCode.BAD_MESSAGE and "dtype" in reply.error.message
     for op_kind in ("full", "astype"):
-        bad = {"kind": op_kind, "out": 2, "x": 1, "shape": [], "dtype": dtype, "value": 0}
+        bad: dict[str, Any] = {
+            "kind": op_kind,
+            "out": 2,
+            "x": 1,
+            "shape": [],
+            "dtype": dtype,
+            "value": 0,
+        }
         raw.send_raw(frame(batch_json(ops=[bad])))
         assert raw.recv().error.code == ErrorCode.BAD_MESSAGE
     assert_kept(raw)
@@ -212,7 +220,8 @@ def test_too_many_dimensions(raw: Raw, witness: Witness) -> None:
 
 
 def test_fill_value_too_big_for_dtype(raw: Raw, witness: Witness) -> None:
-    for out, dtype in ((1, "float64"), (2, "int64"), (3, "complex128")):
+    dtypes: list[tuple[int, DType]] = [(1, "float64"), (2, "int64"), (3, "complex128")]
+    for out, dtype in dtypes:
         op = Full(out=out, shape=(2,), dtype=dtype, value=10**400)
         error = read_error(raw, Batch(ops=[op], requests=[Read(request_id=out, tensor=out)]))
         assert error.code == ErrorCode.INVALID_OP and "out of" in error.message
@@ -381,14 +390,14 @@ def test_views_are_zero_copy_and_counted_once(dev: client.RemoteDevice, witness:
 
 
 def test_limit_ops_named_in_errors(raw: Raw, witness: Witness) -> None:
-    ops = [
+    ops: list[AnyOp] = [
         Arange(out=1, start=0, stop=2**40, dtype="int64"),
         Eye(out=2, n_rows=2**20, n_cols=2**20, dtype="bool"),
         Full(out=3, shape=(4,), dtype="float32", value=1.0),
         Reshape(out=4, x=3, shape=(2, 2)),
         Binary(op="add", out=5, x1=1, x2=3),  # inherits arange's failure
     ]
-    requests = [Read(request_id=i, tensor=i) for i in (1, 2, 4, 5)]
+    requests: list[Request] = [Read(request_id=i, tensor=i) for i in (1, 2, 4, 5)]
     replies = raw.request(Batch(ops=ops, requests=requests))
     assert [r.type for r in replies] == ["request_failed", "request_failed", "read_reply",
                                          "request_failed"]  # fmt: skip

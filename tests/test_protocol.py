@@ -41,6 +41,7 @@ from protocol import (
 )
 from protocol.codec import to_frames
 from protocol.ops import (
+    AnyOp,
     Arange,
     AsType,
     Binary,
@@ -76,7 +77,7 @@ from protocol.ops_shape import (
 )
 from protocol.schema import protocol_schema
 
-ALL_OPS = [
+ALL_OPS: list[AnyOp] = [
     FromBuffer(out=1, shape=(2, 3), dtype="float32", buffer=0),
     Full(out=2, shape=(), dtype="complex64", value=ComplexValue(real=1.0, imag=-2.5)),
     Full(out=3, shape=(4,), dtype="float64", value=float("inf")),
@@ -143,7 +144,7 @@ SERVER_MESSAGES: list[Any] = [
 
 
 def _buffers(message: Any) -> list[memoryview]:
-    return [memoryview((np.arange(n) % 256).astype(np.uint8)) for n in message.buffer_sizes()]
+    return [byte_view((np.arange(n) % 256).astype(np.uint8)) for n in message.buffer_sizes()]
 
 
 def _wire(message: Any, buffers: list[memoryview]) -> bytes:
@@ -156,7 +157,7 @@ def _same(a: Any, b: Any) -> bool:  # NaN-tolerant model comparison
 
 @pytest.mark.parametrize("message", CLIENT_MESSAGES + SERVER_MESSAGES, ids=lambda m: m.type)
 def test_every_message_round_trips(message: Any) -> None:
-    adapter = CLIENT_ADAPTER if message in CLIENT_MESSAGES else SERVER_ADAPTER
+    adapter: Any = CLIENT_ADAPTER if message in CLIENT_MESSAGES else SERVER_ADAPTER
     buffers = _buffers(message)
     decoded, got = decode(adapter, _wire(message, buffers))
     assert type(decoded) is type(message) and _same(decoded, message)
@@ -165,7 +166,7 @@ def test_every_message_round_trips(message: Any) -> None:
 
 def test_every_op_family_is_covered() -> None:
     families = {type(op) for op in ALL_OPS}
-    assert families == set(protocol.ops.AnyOp.__args__)  # type: ignore[attr-defined]
+    assert families == set(protocol.ops.AnyOp.__args__)
 
 
 @settings(max_examples=60, deadline=None)
@@ -174,7 +175,9 @@ def test_every_op_family_is_covered() -> None:
     cuts=st.lists(st.integers(0, 20000), max_size=6),
 )
 def test_fragmented_messages_decode_into_buffers(sizes: list[int], cuts: list[int]) -> None:
-    ops = [FromBuffer(out=i + 1, shape=(n,), dtype="uint8", buffer=i) for i, n in enumerate(sizes)]
+    ops: list[AnyOp] = [
+        FromBuffer(out=i + 1, shape=(n,), dtype="uint8", buffer=i) for i, n in enumerate(sizes)
+    ]
     batch = Batch(ops=ops, buffers=sizes)
     payloads = [np.random.default_rng(n).integers(0, 256, n, dtype=np.uint8) for n in sizes]
     data = _wire(batch, [byte_view(p) for p in payloads])
@@ -306,7 +309,7 @@ def test_matmul_shape_matches_numpy(a: tuple[int, ...], b: tuple[int, ...]) -> N
 def test_getitem_shape_matches_numpy(shape: tuple[int, ...], data: st.DataObject) -> None:
     key = data.draw(hnp.basic_indices(shape, allow_newaxis=True, allow_ellipsis=True))
     items = key if isinstance(key, tuple) else (key,)
-    wire = tuple(
+    wire: Any = tuple(
         "..." if k is Ellipsis else SliceSpec(start=k.start, stop=k.stop, step=k.step)
         if isinstance(k, slice) else k
         for k in items
