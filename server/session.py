@@ -1,6 +1,6 @@
 """One client session: its tensor store and the rules for running a batch. No I/O here.
 
-Rule: imports numpy, ``protocol`` and ``server.store``/``server.executor``/``server.logs`` only.
+Rule: imports numpy, ``protocol`` and ``server.store``/``limits``/``executor``/``logs`` only.
 
 Theory of operation: the transport hands each decoded :class:`~protocol.Batch` to
 :meth:`Session.start`, then calls :meth:`Session.step` until it returns True — on the event loop
@@ -10,12 +10,16 @@ and answers the requests. Ops run strictly in submission order (invariant 6). A 
 a :class:`Failure` under its output id; ops that read a failed tensor inherit the failure
 unchanged, so a read names the op that really failed (invariant 5).
 
-Limits (invariant 8): :meth:`Session._check` refuses an op whose inferred output exceeds the
-ndim cap or the per-op byte cap (``limit_exceeded``) before numpy runs; :meth:`_execute`
-reserves the output's bytes in the store (``quota_exceeded``, ``server_memory_exhausted``)
-before numpy allocates them. A refused op fails like any other: its output is marked failed
-and the session goes on. A result that is a view of a tensor the session holds is stored as it
-is (counted once, see ``server/store.py``); a view of anything else is copied first.
+Limits (invariant 8): :meth:`Session._check` refuses an op whose inferred outputs exceed the
+ndim cap or the per-op byte cap (``limit_exceeded``, on the sum of an op's outputs) before
+numpy runs; :meth:`_execute` reserves their bytes in the store (``quota_exceeded``,
+``server_memory_exhausted``) before numpy allocates them. An output of data-dependent length
+(an ``UNKNOWN`` dim) is charged after numpy ran and before it is stored, with the same codes
+(:meth:`_charge`). A refused op fails like any other: its outputs are marked failed and the
+session goes on. A result that is a view of a tensor the session holds is stored as it is
+(counted once, see ``server/store.py``); a view of anything else is copied first. An in-place
+op (``setitem``) replaces its target under the same id: it writes into the target's array when
+the store says nothing shares it (:meth:`TensorStore.writable`), else into a counted copy.
 Deadline: :attr:`Job.op_started` is the monotonic time the running op began; the transport
 watches it and, past the deadline, closes the session (:meth:`close`): the op itself cannot be
 interrupted, so its result is discarded when numpy returns.
@@ -33,7 +37,6 @@ from typing import Any
 import numpy as np
 
 from protocol import (
-    DTYPES,
     Batch,
     Describe,
     DescribeReply,
@@ -50,65 +53,25 @@ from protocol import (
     SyncReply,
     TensorMeta,
     byte_view,
-    to_numpy,
 )
 from protocol.codec import Buffer
 from protocol.messages import Request
-from protocol.ops import UNKNOWN, AnyOp, numel
+from protocol.ops import AnyOp
 
 from . import executor
+from .limits import Limits as Limits
+from .limits import output_bytes
 from .logs import fields
 from .store import Failure, Stored, StoreError, TensorStore, root_of
 
 log = logging.getLogger("tensorwire.session")
 
-_ITEMSIZE = {name: to_numpy(name).itemsize for name in DTYPES}
 INLINE_COST = 1 << 16  # element operations an op may cost and still run on the event loop
 
 Reply = tuple[
     ReadReply | SyncReply | StatsReply | DescribeReply | RequestFailed | SessionError,
     Sequence[memoryview],
 ]
-
-
-@dataclass(frozen=True)
-class Limits:
-    """Per-op caps checked on the inferred output before numpy runs."""
-
-    max_op_bytes: int = 2**63
-    max_ndim: int = 64
-
-
-def output_bytes(metas: Sequence[TensorMeta], limits: Limits) -> int:
-    """The bytes to reserve for outputs ``metas`` (their sum; Python ints: no overflow). A
-    data-dependent output (an ``UNKNOWN`` dim) counts 0 here: it is charged after it ran.
-
-    Raises:
-        StoreError: ``limit_exceeded``, for outputs over a per-op cap.
-    """
-    total = 0
-    for meta in metas:
-        if len(meta.shape) > limits.max_ndim:
-            raise StoreError(
-                ErrorCode.LIMIT_EXCEEDED,
-                f"the output has {len(meta.shape)} dimensions; the limit is {limits.max_ndim}",
-            )
-        itemsize = _ITEMSIZE[meta.dtype]
-        known = numel(tuple(d for d in meta.shape if d > 0)) * itemsize
-        if known >= 2**63 and (0 in meta.shape or UNKNOWN in meta.shape):
-            raise StoreError(  # other dims that overflow numpy's intp, even if empty
-                ErrorCode.LIMIT_EXCEEDED,
-                f"the dimensions {list(meta.shape)} overflow numpy's index type, even if empty",
-            )
-        if UNKNOWN not in meta.shape:
-            total += numel(meta.shape) * itemsize
-    if total > limits.max_op_bytes:
-        shapes = ", ".join(f"{m.dtype}{list(m.shape)}" for m in metas)
-        raise StoreError(
-            ErrorCode.LIMIT_EXCEEDED,
-            f"the output {shapes} needs {total} bytes; the per-op limit is {limits.max_op_bytes}",
-        )
-    return total
 
 
 @dataclass

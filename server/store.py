@@ -11,8 +11,10 @@ received message or of a temporary) is copied by the session before it is stored
 is held that is not counted. Bytes are *reserved* before numpy runs, from the inferred output
 size, against the session's quota and the server-wide :class:`MemoryBudget`; the reservation
 becomes the new root, is given back when the result is a view of a held root, or is cancelled
-if the op fails. When full, new work is refused (``quota_exceeded`` /
-``server_memory_exhausted``); stored tensors are never dropped.
+if the op fails. The roots also decide copy-on-write for in-place ops
+(:meth:`TensorStore.writable`): a root used by one tensor, whose bytes no read reply holds
+(:meth:`TensorStore.share`), may be written in place. When full, new work is refused
+(``quota_exceeded`` / ``server_memory_exhausted``); stored tensors are never dropped.
 
 Threads: a store is changed by one thread at a time — the event loop, or the worker thread
 running its session's ops (the session defers :meth:`TensorStore.close` until that thread has
