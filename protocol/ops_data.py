@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Literal
 
+from pydantic import model_validator
+
 from .ops import (
     I64,
     UNKNOWN,
@@ -28,6 +30,13 @@ from .ops_shape import result_dtype
 
 class _MultiOp(_Op):
     more: tuple[TensorId, ...] = ()
+
+    @model_validator(mode="after")
+    def _distinct_outputs(self) -> _MultiOp:
+        """Two outputs cannot share an id: the message is malformed (refused at decode)."""
+        if len(set(self.outputs())) != len(self.outputs()):
+            raise ValueError(f"output ids {list(self.outputs())} are not distinct")
+        return self
 
     def outputs(self) -> tuple[int, ...]:
         return (self.out, *self.more)

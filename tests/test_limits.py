@@ -106,6 +106,49 @@ MALFORMED = {
             ops=[{"kind": "eye", "out": 1, "n_rows": 2, "n_cols": 2, "k": 10**30, "dtype": "int64"}]
         )  # fmt: skip
     ),
+    # the Array API families' integer fields are int64 too
+    "huge int: roll shift": frame(
+        batch_json(ops=[{"kind": "roll", "out": 2, "x": 1, "shift": [10**30]}])
+    ),
+    "huge int: take axis": frame(
+        batch_json(
+            ops=[{"kind": "take", "op": "take", "out": 3, "x": 1, "indices": 2, "axis": -(10**30)}]
+        )
+    ),  # fmt: skip
+    "huge int: setitem slice": frame(
+        batch_json(
+            ops=[{"kind": "setitem", "out": 1, "value": 2, "key": [{"start": 0, "stop": 2**63}]}]
+        )
+    ),  # fmt: skip
+    "huge int: tile reps": frame(
+        batch_json(ops=[{"kind": "tile", "out": 2, "x": 1, "reps": [2**64]}])
+    ),
+    "huge int: repeat": frame(
+        batch_json(ops=[{"kind": "repeat", "out": 2, "x": 1, "repeats": 2**64}])
+    ),
+    "huge int: linspace num": frame(
+        batch_json(
+            ops=[
+                {
+                    "kind": "linspace",
+                    "out": 2,
+                    "start": 0.0,
+                    "stop": 1.0,
+                    "num": 2**63,
+                    "dtype": "float64",
+                }
+            ]
+        )
+    ),  # fmt: skip
+    "huge int: fft n": frame(
+        batch_json(ops=[{"kind": "fft", "op": "fft", "out": 2, "x": 1, "n": [10**30]}])
+    ),
+    "huge int: matrix_power n": frame(
+        batch_json(ops=[{"kind": "linalg", "op": "matrix_power", "out": 2, "xs": [1], "n": 10**30}])
+    ),  # fmt: skip
+    "repeated output id": frame(
+        batch_json(ops=[{"kind": "nonzero", "out": 2, "more": [2], "x": 1}])
+    ),
     "negative dim": frame(
         batch_json(ops=[{"kind": "full", "out": 1, "shape": [-1], "dtype": "int8", "value": 0}])
     ),

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
+from pydantic import ValidationError
 
 import protocol
 from protocol import (
@@ -401,3 +402,11 @@ def test_json_schema_export(tmp_path: Any) -> None:
     target = tmp_path / "schema.json"
     assert main([str(target)]) == 0
     assert json.loads(target.read_text()) == json.loads(json.dumps(schema, sort_keys=True))
+
+
+def test_outputs_of_one_op_are_distinct() -> None:
+    with pytest.raises(ValidationError, match="not distinct"):
+        Nonzero(out=8, more=(9, 8), x=1)
+    with pytest.raises(ValidationError, match="not distinct"):
+        Unique(op="unique_counts", out=8, more=(8,), x=1)
+    assert Nonzero(out=8, more=(9,), x=1).outputs() == (8, 9)
