@@ -473,14 +473,20 @@ def test_too_many_buffers_in_one_message(raw: Raw, witness: Witness) -> None:
 def test_data_dependent_output_over_the_cap_is_refused(
     dev: client.RemoteDevice, witness: Witness
 ) -> None:
-    """nonzero of 64**3 ones: three int64 index arrays of 2 MiB each, over the 1 MiB cap. The
-    length is only known once numpy ran; the outputs are dropped and nothing stays counted."""
+    """nonzero of 64**3 ones: three int64 index arrays of 2 MiB each, over the 1 MiB cap (the
+    mask's count is known before numpy runs). unique_counts of 2**17 distinct values: 2 MiB of
+    outputs, only known once numpy ran. Both fail; nothing of them stays counted."""
     xp = client.namespace(dev)
     mask = xp.ones((64, 64, 64), dtype=xp.bool)  # 256 KiB
+    values = xp.arange(0, 2**17, dtype=xp.int64)  # 1 MiB
     before = dev.stats()
     with pytest.raises(client.RemoteError) as info:
         xp.nonzero(mask)
     assert info.value.code == ErrorCode.LIMIT_EXCEEDED
+    assert "per-op limit is 1048576" in str(info.value)
+    with pytest.raises(client.RemoteError) as info:
+        xp.unique_counts(values)
+    assert info.value.code == ErrorCode.LIMIT_EXCEEDED and "unique_counts" in str(info.value)
     assert "per-op limit is 1048576" in str(info.value)
     small = xp.nonzero(mask[:2, :2, :2])  # the same op under the cap is stored
     assert [i.shape for i in small] == [(8,)] * 3
@@ -489,9 +495,9 @@ def test_data_dependent_output_over_the_cap_is_refused(
     gc.collect()
     after = dev.stats()
     assert (after.tensor_bytes, after.tensors) == (before.tensor_bytes, before.tensors)
-    del mask
+    del mask, values
     gc.collect()
-    assert dev.stats().tensor_bytes == 0  # also sends the free
+    assert dev.stats().tensor_bytes == 0  # also sends the frees
     witness.assert_intact()
 
 
@@ -509,6 +515,9 @@ def test_data_dependent_output_over_the_quota_is_refused(
     with pytest.raises(client.RemoteError) as info:
         _ = values[mask]  # a boolean mask: data-dependent too
     assert info.value.code == ErrorCode.QUOTA_EXCEEDED and "getitem" in str(info.value)
+    with pytest.raises(client.RemoteError) as info:  # its length is known only after numpy
+        xp.unique_values(values)
+    assert info.value.code == ErrorCode.QUOTA_EXCEEDED and "unique_values" in str(info.value)
     assert dev.stats().tensor_bytes == 3 * MIB + MIB // 8  # nothing of them stays counted
     assert values.numpy()[-1] == 2**17 - 1  # stored tensors are intact
     (few,) = xp.nonzero(mask[:8])

@@ -129,9 +129,20 @@ def resolve(
 ) -> tuple[TensorMeta, ...]:
     """``metas`` with the data-dependent lengths that the inputs tell cheaply filled in, so
     that the output is capped and reserved before numpy allocates it: ``repeat`` by a tensor
-    has the sum of its repeats (an exact Python int). Other ``UNKNOWN`` dims stay; so does
-    this one when a repeat is negative (numpy refuses the op then).
+    has the sum of its repeats (an exact Python int); ``nonzero`` and an index by one boolean
+    mask have the mask's count of true elements. Other ``UNKNOWN`` dims stay (``unique_*``,
+    several masks; a negative repeat, which numpy refuses).
     """
+    if isinstance(op, Nonzero):
+        count = int(np.count_nonzero(args[0]))
+        return tuple(TensorMeta((count,), m.dtype) for m in metas)
+    if isinstance(op, GetItem):
+        masks = [a for a in args[1:] if a.dtype == np.bool_]
+        if len(masks) != 1 or metas[0].shape.count(UNKNOWN) != 1:
+            return metas
+        count = int(np.count_nonzero(masks[0]))
+        shape = tuple(count if d == UNKNOWN else d for d in metas[0].shape)
+        return (TensorMeta(shape, metas[0].dtype),)
     if not isinstance(op, Repeat) or len(args) != 2:
         return metas
     x, repeats = args
