@@ -160,10 +160,16 @@ class Session:
             job.op_started = time.monotonic()
             checked = self._check(op, job)
             if checked is not None:
-                args, metas, nbytes = checked
+                args, metas, known = checked
+                nbytes: int | None = known
                 if inline and executor.cost(op, metas[0], args) > INLINE_COST:
                     return False
-                self._execute(op, args, metas, nbytes, job)
+                resolved = executor.resolve(op, args, metas)  # O(inputs): bounded just above
+                if resolved is not metas:
+                    if inline and executor.cost(op, resolved[0], args) > INLINE_COST:
+                        return False
+                    nbytes = None  # sized again from the resolved lengths
+                self._execute(op, args, resolved, nbytes, job)
             job.next += 1
         return True
 
@@ -187,7 +193,7 @@ class Session:
                     return None
                 args.append(value.array)
                 metas.append(value.meta)
-            out_metas = executor.resolve(op, args, op.infer_all(*metas))
+            out_metas = op.infer_all(*metas)
             return args, out_metas, output_bytes(out_metas, self.limits)
         except StoreError as exc:
             self._fail(op, exc.code, str(exc), job)
@@ -208,16 +214,19 @@ class Session:
         op: AnyOp,
         args: list[np.ndarray[Any, Any]],
         metas: tuple[TensorMeta, ...],
-        nbytes: int,
+        nbytes: int | None,
         job: Job,
     ) -> None:
-        """Reserve ``nbytes``, run ``op``, settle the reservation on what the results really
-        hold (:meth:`_charge`) and store them. An in-place op writes into its target only when
-        the store says nothing else shares it (:meth:`TensorStore.writable`), and reserves
-        nothing then; otherwise it runs on a copy, which is counted (copy-on-write)."""
+        """Reserve ``nbytes`` (None: :func:`output_bytes` of ``metas``), run ``op``, settle
+        the reservation on what the results really hold (:meth:`_charge`) and store them. An
+        in-place op writes into its target only when the store says nothing else shares it
+        (:meth:`TensorStore.writable`), and reserves nothing then; otherwise it runs on a
+        copy, which is counted (copy-on-write)."""
         in_place = op.inplace and self.store.writable(op.out)
-        reserved = 0 if in_place else nbytes
         try:
+            if nbytes is None:
+                nbytes = output_bytes(metas, self.limits)
+            reserved = 0 if in_place else nbytes
             self.store.reserve(reserved)
         except StoreError as exc:
             self._fail(op, exc.code, str(exc), job)
