@@ -199,7 +199,7 @@ class FromBuffer(_Op):
     kind: Literal["from_buffer"] = "from_buffer"
     shape: tuple[Dim, ...]
     dtype: DType
-    buffer: Annotated[int, Field(ge=0)]
+    buffer: Annotated[int, Field(ge=0, lt=2**63)]
 
     def infer(self, *args: TensorMeta) -> TensorMeta:
         return TensorMeta(_check_shape(self.shape), self.dtype)
