@@ -168,4 +168,6 @@ def cost(op: AnyOp, meta: TensorMeta, args: Sequence[Array]) -> int:
         work = max(work, a.size)
     if isinstance(op, Binary) and op.op == "matmul" and args[0].ndim:
         work *= args[0].shape[-1]
+    elif isinstance(op, Linalg) and args and args[0].ndim:  # factorizations: O(n**3)
+        work *= args[0].shape[-1]
     return work
