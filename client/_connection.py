@@ -49,6 +49,7 @@ from protocol import (
     SERVER_ADAPTER,
     Batch,
     DecodeError,
+    DescribeReply,
     ErrorCode,
     ErrorInfo,
     Hello,
@@ -287,7 +288,7 @@ class Connection:
             future.set_result(array.reshape(message.shape))
         elif isinstance(message, RequestFailed):
             future.set_exception(RemoteError(message.error))
-        elif isinstance(message, StatsReply | SyncReply):
+        elif isinstance(message, StatsReply | SyncReply | DescribeReply):
             future.set_result(message)
         return future
 

@@ -17,6 +17,7 @@ from protocol import DType, TensorMeta, from_numpy
 from protocol.codec import byte_view
 from protocol.dtypes import is_bool, is_complex, is_floating
 from protocol.ops import (
+    UNKNOWN,
     AnyOp,
     Arange,
     AsType,
@@ -37,6 +38,7 @@ from protocol.ops import (
     Where,
     scalar_from_python,
 )
+from protocol.ops_index import ArrayIndex, SetItem, key_tensors
 
 from .array import RemoteArray
 
@@ -66,12 +68,49 @@ def apply(
     make: Callable[[int], AnyOp], *inputs: RemoteArray, device: Device | None = None
 ) -> RemoteArray:
     """Build ``make(out)``, check it locally, queue it and return the output handle."""
+    return apply_many(lambda out, more: make(out), 1, *inputs, device=device)[0]
+
+
+def apply_many(
+    make: Callable[[int, tuple[int, ...]], AnyOp],
+    count: int,
+    *inputs: RemoteArray,
+    device: Device | None = None,
+) -> tuple[RemoteArray, ...]:
+    """Build ``make(out, more)`` for an op with ``count`` outputs, check it locally, queue it
+    and return the output handles. An output whose shape is data-dependent costs one round
+    trip: the server runs the op and describes the output before this returns.
+
+    Raises:
+        RemoteError: the server could not run an op with a data-dependent output.
+    """
     dev = device if device is not None else common_device(inputs)
-    out = dev._conn.new_id()
-    op = make(out)
-    meta = op.infer(*[a.meta for a in inputs])
+    ids = [dev._conn.new_id() for _ in range(count)]
+    op = make(ids[0], tuple(ids[1:]))
+    metas = op.infer_all(*[a.meta for a in inputs])
     dev._conn.submit(op)
-    return RemoteArray(dev, out, meta)
+    unknown = [i for i, meta in enumerate(metas) if UNKNOWN in meta.shape]
+    if unknown:  # one round trip for all of them
+        try:
+            described = dev._describe_blocking([ids[i] for i in unknown])
+        except BaseException:
+            for tensor_id in ids:  # no handle will own them: free the failed outputs
+                dev._conn.release(tensor_id)
+            raise
+        learnt = dict(zip(unknown, described, strict=True))
+        metas = tuple(learnt.get(i, meta) for i, meta in enumerate(metas))
+    return tuple(RemoteArray(dev, i, meta) for i, meta in zip(ids, metas, strict=True))
+
+
+def apply_inplace(make: Callable[[int], AnyOp], target: RemoteArray,
+                  *inputs: RemoteArray) -> RemoteArray:  # fmt: skip
+    """Queue the in-place op ``make(target id)``, whose inputs are ``target`` then ``inputs``;
+    ``target`` keeps its id, shape and dtype. Returns ``target``."""
+    common_device((target, *inputs))
+    op = make(target.tensor_id)
+    op.infer_all(target.meta, *(a.meta for a in inputs))
+    target.device._conn.submit(op)
+    return target
 
 
 # --- creation ---------------------------------------------------------------------------------
@@ -80,7 +119,8 @@ def apply(
 def upload(values: np.ndarray[Any, Any], device: Device) -> RemoteArray:
     """Copy a local numpy array to ``device`` (raw bytes, little-endian, C order)."""
     dtype = from_numpy(values.dtype)
-    values = np.ascontiguousarray(values, dtype=values.dtype.newbyteorder("<"))
+    # Note: not np.ascontiguousarray, which turns a 0-d array into a 1-d one
+    values = np.asarray(values, dtype=values.dtype.newbyteorder("<"), order="C")
     shape = values.shape
     out = device._conn.new_id()
     device._conn.submit_upload(
@@ -131,7 +171,8 @@ def arange(start: int | float, stop: int | float | None, step: int | float, dtyp
 
 
 def eye(n_rows: int, n_cols: int | None, k: int, dtype: DType, device: Device) -> RemoteArray:
-    cols = n_rows if n_cols is None else n_cols
+    n_rows, k = operator.index(n_rows), operator.index(k)
+    cols = n_rows if n_cols is None else operator.index(n_cols)
     return apply(
         lambda out: Eye(out=out, n_rows=n_rows, n_cols=cols, k=k, dtype=dtype), device=device
     )
@@ -250,12 +291,15 @@ def _axes(axis: int | Sequence[int] | None) -> tuple[int, ...] | None:
 
 
 def reduce(name: ReduceName, x: RemoteArray, axis: int | Sequence[int] | None, keepdims: bool,
-           dtype: Any = None) -> RemoteArray:  # fmt: skip
+           dtype: Any = None, correction: float = 0.0) -> RemoteArray:  # fmt: skip
     if dtype is not None:
         x = astype(x, dtype)
     axes = _axes(axis)
     result = apply(
-        lambda out: Reduce(op=name, out=out, x=x.tensor_id, axis=axes, keepdims=keepdims), x
+        lambda out: Reduce(
+            op=name, out=out, x=x.tensor_id, axis=axes, keepdims=keepdims, correction=correction
+        ),
+        x,
     )
     if dtype is not None and result.dtype != np.dtype(dtype):
         result = astype(result, dtype)
@@ -283,7 +327,7 @@ def matrix_transpose(x: RemoteArray) -> RemoteArray:
     return permute_dims(x, axes)
 
 
-def _index_item(item: Any) -> IndexItem:
+def _index_item(item: Any, x: RemoteArray, arrays: list[RemoteArray]) -> IndexItem:
     if item is None:
         return None
     if item is Ellipsis:
@@ -293,15 +337,60 @@ def _index_item(item: Any) -> IndexItem:
             None if v is None else operator.index(v) for v in (item.start, item.stop, item.step)
         ]
         return SliceSpec(start=parts[0], stop=parts[1], step=parts[2])
-    if isinstance(item, bool) or isinstance(item, RemoteArray | np.ndarray | list):
-        raise IndexError(
-            "only integers, slices, None and ... are valid indices here; "
-            "boolean and integer-array indexing are not supported yet"
-        )
+    if isinstance(item, bool | np.bool_ | list | np.ndarray | RemoteArray):
+        array = item if isinstance(item, RemoteArray) else upload(np.asarray(item), x.device)
+        if array.device is not x.device:
+            raise ValueError("an index array must be on the indexed array's device")
+        arrays.append(array)
+        return ArrayIndex(tensor=array.tensor_id)
     return operator.index(item)
 
 
-def getitem(x: RemoteArray, key: Any) -> RemoteArray:
+def _key(x: RemoteArray, key: Any) -> tuple[tuple[IndexItem, ...], list[RemoteArray]]:
     items = key if isinstance(key, tuple) else (key,)
-    index = tuple(_index_item(k) for k in items)
-    return apply(lambda out: GetItem(out=out, x=x.tensor_id, key=index), x)
+    arrays: list[RemoteArray] = []
+    index = tuple(_index_item(k, x, arrays) for k in items)
+    assert key_tensors(index) == tuple(a.tensor_id for a in arrays)
+    return index, arrays
+
+
+def getitem(x: RemoteArray, key: Any) -> RemoteArray:
+    index, arrays = _key(x, key)
+    return apply(lambda out: GetItem(out=out, x=x.tensor_id, key=index), x, *arrays)
+
+
+def setitem(x: RemoteArray, key: Any, value: Any) -> None:
+    """``x[key] = value`` as an in-place op: ``x`` keeps its id; nothing travels back."""
+    index, arrays = _key(x, key)
+    if isinstance(value, RemoteArray):
+        if value.wire_dtype != x.wire_dtype:
+            value = astype(value, x.dtype)
+    else:
+        value_array = operand(value, x)
+        if value_array is None:
+            raise TypeError(f"cannot assign {type(value).__name__} to an array")
+        value = (
+            value_array if value_array.wire_dtype == x.wire_dtype else astype(value_array, x.dtype)
+        )
+    v = value
+    apply_inplace(lambda out: SetItem(out=out, key=index, value=v.tensor_id), x, v, *arrays)
+
+
+def inplace_operator(name: BinaryName, self: RemoteArray, other: Any) -> RemoteArray:
+    """``self op= other``: computes ``self op other``, then stores it under ``self``'s id.
+
+    Raises:
+        ValueError: the result would not have ``self``'s shape.
+        TypeError: the result's dtype cannot be cast back to ``self``'s (int ``/=``, ...).
+    """
+    result = binary_operator(name, self, other, reflected=False)
+    if result is NotImplemented:
+        return NotImplemented  # type: ignore[no-any-return]
+    if result.shape != self.shape:
+        raise ValueError(f"in-place {name} would change the shape {self.shape} to {result.shape}")
+    if result.wire_dtype != self.wire_dtype:
+        if not np.can_cast(result.dtype, self.dtype, casting="same_kind"):
+            raise TypeError(f"in-place {name} cannot store {result.dtype} into {self.dtype}")
+        result = astype(result, self.dtype)
+    r = result
+    return apply_inplace(lambda out: SetItem(out=out, key=("...",), value=r.tensor_id), self, r)

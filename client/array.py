@@ -142,6 +142,8 @@ class RemoteArray:
     def __array_namespace__(self, *, api_version: str | None = None) -> Namespace:
         from .namespace import namespace
 
+        if api_version not in (None, "2021.12", "2022.12", "2023.12", "2024.12"):
+            raise ValueError(f"unsupported array API version {api_version!r}")
         return namespace(self._device)
 
     def astype(self, dtype: Any) -> RemoteArray:
@@ -154,6 +156,37 @@ class RemoteArray:
 
     def __getitem__(self, key: Any) -> RemoteArray:
         return _f.getitem(self, key)
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        _f.setitem(self, key, value)
+
+    def to_device(self, device: Any, /, *, stream: Any = None) -> RemoteArray:
+        """This array on ``device``: itself when already there, else a copy (between two
+        servers the bytes go through the client for now)."""
+        if stream is not None:
+            raise ValueError("remote devices have no streams")
+        if device is self._device:
+            return self
+        return _f.upload(self.numpy(), device)
+
+    def __dlpack__(self, *, stream: Any = None, max_version: Any = None,
+                   dl_device: Any = None, copy: Any = None) -> Any:  # fmt: skip
+        """A DLPack capsule of a *host copy* (one read): a remote array's memory is on a
+        server, so it cannot be shared. The capsule describes CPU memory.
+
+        Raises:
+            BufferError: ``copy=False`` (sharing is impossible) or a non-CPU ``dl_device``.
+        """
+        if copy is False:
+            raise BufferError("a remote array's memory is on a server: it can only be copied")
+        if dl_device is not None and tuple(dl_device) != (1, 0):
+            raise BufferError("a remote array can only be exported to the host CPU")
+        kwargs = {} if max_version is None else {"max_version": max_version}
+        return self.numpy().__dlpack__(**kwargs)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        """``(kDLCPU, 0)``: :meth:`__dlpack__` exports a host copy."""
+        return (1, 0)
 
     def __neg__(self) -> RemoteArray:
         return _f.negative(self)
@@ -244,6 +277,45 @@ class RemoteArray:
 
     def __rrshift__(self, other: Any) -> RemoteArray:
         return _f.binary_operator("bitwise_right_shift", self, other, reflected=True)
+
+    def __iadd__(self, other: Any) -> RemoteArray:
+        return _f.inplace_operator("add", self, other)
+
+    def __isub__(self, other: Any) -> RemoteArray:
+        return _f.inplace_operator("subtract", self, other)
+
+    def __imul__(self, other: Any) -> RemoteArray:
+        return _f.inplace_operator("multiply", self, other)
+
+    def __itruediv__(self, other: Any) -> RemoteArray:
+        return _f.inplace_operator("divide", self, other)
+
+    def __ifloordiv__(self, other: Any) -> RemoteArray:
+        return _f.inplace_operator("floor_divide", self, other)
+
+    def __imod__(self, other: Any) -> RemoteArray:
+        return _f.inplace_operator("remainder", self, other)
+
+    def __ipow__(self, other: Any) -> RemoteArray:
+        return _f.inplace_operator("pow", self, other)
+
+    def __imatmul__(self, other: Any) -> RemoteArray:
+        return _f.inplace_operator("matmul", self, other)
+
+    def __iand__(self, other: Any) -> RemoteArray:
+        return _f.inplace_operator("bitwise_and", self, other)
+
+    def __ior__(self, other: Any) -> RemoteArray:
+        return _f.inplace_operator("bitwise_or", self, other)
+
+    def __ixor__(self, other: Any) -> RemoteArray:
+        return _f.inplace_operator("bitwise_xor", self, other)
+
+    def __ilshift__(self, other: Any) -> RemoteArray:
+        return _f.inplace_operator("bitwise_left_shift", self, other)
+
+    def __irshift__(self, other: Any) -> RemoteArray:
+        return _f.inplace_operator("bitwise_right_shift", self, other)
 
     def __lt__(self, other: Any) -> RemoteArray:
         return _f.binary_operator("less", self, other, reflected=False)

@@ -11,13 +11,24 @@ from __future__ import annotations
 import asyncio
 import os
 import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from protocol import Read, RemoteSpec, Stats, StatsReply, Sync, TensorMeta, parse_device_spec
+from protocol import (
+    Describe,
+    Read,
+    RemoteSpec,
+    Stats,
+    StatsReply,
+    Sync,
+    TensorMeta,
+    parse_device_spec,
+)
 from protocol.ops import AnyOp
 
 from ._connection import Connection
@@ -91,6 +102,17 @@ class Device:
         result: np.ndarray[Any, Any] = future.result()
         return result
 
+    def _describe_blocking(self, tensor_ids: Sequence[int]) -> list[TensorMeta]:
+        """The shapes and dtypes the server holds for ``tensor_ids``: the requests are
+        pipelined, so this costs one round trip however many ids there are.
+
+        Raises:
+            RemoteError: the op that produced one of them failed.
+        """
+        futures = [self._conn.request(partial(_describe, tensor=t)) for t in tensor_ids]
+        replies = [f.result() for f in futures]
+        return [TensorMeta(tuple(r.shape), r.dtype) for r in replies]
+
     def _raise_server_error(self) -> None:
         error = self._conn.take_server_error()
         if error is not None:
@@ -112,6 +134,10 @@ def _url_of(target: str) -> str:
             f"not {target!r}"
         )
     return spec.url
+
+
+def _describe(request_id: int, tensor: int) -> Describe:
+    return Describe(request_id=request_id, tensor=tensor)
 
 
 def _stats(reply: StatsReply) -> SessionStats:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import builtins
 import math
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -17,14 +18,19 @@ import numpy as np
 from protocol import to_numpy
 
 from . import _functions as _f
+from ._info import FInfo, IInfo, Info, finfo, iinfo, isdtype
+from ._standard import StandardFunctions
 from .array import RemoteArray
 from .device import Device
+from .linalg import FFTNamespace, LinalgNamespace
 
 PyScalar = bool | int | float | complex
 
 
-class Namespace:
+class Namespace(StandardFunctions):
     """Array functions with ``device`` as the default device for new arrays."""
+
+    __array_api_version__ = "2024.12"
 
     bool = np.dtype("bool")
     int8 = np.dtype("int8")
@@ -47,6 +53,11 @@ class Namespace:
 
     def __init__(self, device: Device) -> None:
         self.device = device
+        self.linalg = LinalgNamespace(device)
+        self.fft = FFTNamespace(device)
+
+    def __array_namespace_info__(self) -> Info:
+        return Info(self.device)
 
     def __repr__(self) -> str:
         return f"Namespace({self.device!r})"
@@ -66,6 +77,8 @@ class Namespace:
             if dtype is not None and obj.dtype != np.dtype(dtype):
                 return _f.astype(obj, dtype)
             return _f.astype(obj, obj.dtype) if copy else obj
+        if copy is False:
+            raise ValueError("copy=False: a local object cannot reach the device without a copy")
         values = np.asarray(obj, dtype=None if dtype is None else np.dtype(dtype))
         return _f.upload(values, dev)
 
@@ -128,8 +141,34 @@ class Namespace:
         return _f.astype(x, dtype)
 
     def result_type(self, *arrays_and_dtypes: Any) -> np.dtype[Any]:
-        dtypes = [a.dtype if isinstance(a, RemoteArray) else a for a in arrays_and_dtypes]
-        return to_numpy(_f.wire_dtype(np.result_type(*dtypes)))
+        """The standard's promotion; Python scalars are weak (they take the arrays' dtype
+        where their kind fits)."""
+        items = [a.dtype if isinstance(a, RemoteArray) else a for a in arrays_and_dtypes]
+        dtypes = [np.dtype(a) for a in items if not isinstance(a, bool | int | float | complex)]
+        scalars = [a for a in items if isinstance(a, bool | int | float | complex)]
+        if not dtypes:
+            raise TypeError("result_type needs at least one array or dtype")
+        result = _f.wire_dtype(np.result_type(*dtypes))
+        for value in scalars:
+            result = _f.wire_dtype(np.result_type(result, _f.scalar_dtype(value, result)))
+        return to_numpy(result)
+
+    @staticmethod
+    def can_cast(from_: Any, to: Any, /) -> builtins.bool:
+        source = from_.dtype if isinstance(from_, RemoteArray) else from_
+        return builtins.bool(np.can_cast(np.dtype(source), np.dtype(to), casting="safe"))
+
+    @staticmethod
+    def finfo(type: Any, /) -> FInfo:  # noqa: A002
+        return finfo(type.dtype if isinstance(type, RemoteArray) else type)
+
+    @staticmethod
+    def iinfo(type: Any, /) -> IInfo:  # noqa: A002
+        return iinfo(type.dtype if isinstance(type, RemoteArray) else type)
+
+    @staticmethod
+    def isdtype(dtype: Any, kind: Any) -> builtins.bool:
+        return isdtype(dtype, kind)
 
     # --- element-wise -------------------------------------------------------------------------
 
@@ -400,6 +439,10 @@ class Namespace:
     def logaddexp(x1: Any, x2: Any, /) -> RemoteArray:
         return _f.binary_function("logaddexp", x1, x2)
 
+    @staticmethod
+    def nextafter(x1: Any, x2: Any, /) -> RemoteArray:
+        return _f.binary_function("nextafter", x1, x2)
+
     # --- reductions ---------------------------------------------------------------------------
 
     @staticmethod
@@ -451,13 +494,15 @@ class Namespace:
 
     @staticmethod
     def std(x: RemoteArray, /, *, axis: int | Sequence[int] | None = None,
+            correction: int | float = 0.0,
             keepdims: builtins.bool = False) -> RemoteArray:  # fmt: skip
-        return _f.reduce("std", x, axis, keepdims)
+        return _f.reduce("std", x, axis, keepdims, correction=float(correction))
 
     @staticmethod
     def var(x: RemoteArray, /, *, axis: int | Sequence[int] | None = None,
+            correction: int | float = 0.0,
             keepdims: builtins.bool = False) -> RemoteArray:  # fmt: skip
-        return _f.reduce("var", x, axis, keepdims)
+        return _f.reduce("var", x, axis, keepdims, correction=float(correction))
 
     # --- manipulation -------------------------------------------------------------------------
 
@@ -482,5 +527,12 @@ class Namespace:
 
 
 def namespace(device: Device) -> Namespace:
-    """The array namespace whose default device is ``device``."""
-    return Namespace(device)
+    """The array namespace whose default device is ``device``: the same object while one is
+    alive, so ``x.__array_namespace__() is xp``. The device holds it weakly (no cycle: dropping
+    the last reference to a device still closes its session at once)."""
+    ref: weakref.ref[Namespace] | None = device.__dict__.get("_namespace")
+    space = None if ref is None else ref()
+    if space is None:
+        space = Namespace(device)
+        device.__dict__["_namespace"] = weakref.ref(space)
+    return space

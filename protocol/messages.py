@@ -74,7 +74,17 @@ class Stats(BaseModel):
     request_id: RequestId
 
 
-Request = Annotated[Read | Sync | Stats, Field(discriminator="kind")]
+class Describe(BaseModel):
+    """Send back tensor ``tensor``'s shape and dtype once every op before it has run: how the
+    client learns a data-dependent shape (``nonzero``, ``unique_*``, boolean masks)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+    kind: Literal["describe"] = "describe"
+    request_id: RequestId
+    tensor: TensorId
+
+
+Request = Annotated[Read | Sync | Stats | Describe, Field(discriminator="kind")]
 
 
 class Batch(Message):
@@ -146,6 +156,13 @@ class StatsReply(Message):
     connections: int = 0  # open sessions on the server
 
 
+class DescribeReply(Message):
+    type: Literal["describe_reply"] = "describe_reply"
+    request_id: RequestId
+    shape: tuple[Dim, ...]
+    dtype: DType
+
+
 class RequestFailed(Message):
     """A request that could not be answered, e.g. a read of a tensor whose op failed."""
 
@@ -162,11 +179,25 @@ class SessionError(Message):
 
 
 ServerMessage = Annotated[
-    Welcome | Refused | ReadReply | SyncReply | StatsReply | RequestFailed | SessionError,
+    Welcome
+    | Refused
+    | ReadReply
+    | SyncReply
+    | StatsReply
+    | DescribeReply
+    | RequestFailed
+    | SessionError,
     Field(discriminator="type"),
 ]
 
 CLIENT_ADAPTER: TypeAdapter[Hello | Batch] = TypeAdapter(ClientMessage)
 SERVER_ADAPTER: TypeAdapter[
-    Welcome | Refused | ReadReply | SyncReply | StatsReply | RequestFailed | SessionError
+    Welcome
+    | Refused
+    | ReadReply
+    | SyncReply
+    | StatsReply
+    | DescribeReply
+    | RequestFailed
+    | SessionError
 ] = TypeAdapter(ServerMessage)

@@ -19,7 +19,7 @@ import math
 import warnings
 from collections.abc import Callable
 from functools import lru_cache
-from typing import Annotated, Any, Literal, NamedTuple
+from typing import Annotated, Any, ClassVar, Literal, NamedTuple
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from .dtypes import DTYPES, DType, from_numpy, is_integer, to_numpy
 
 MAX_NDIM = 64  # numpy's own limit
+UNKNOWN = -1  # a dimension that only running the op tells (nonzero, unique_*, boolean masks)
 TensorId = Annotated[int, Field(ge=0, lt=2**63)]
 Dim = Annotated[int, Field(ge=0, lt=2**63)]
 I64 = Annotated[int, Field(ge=-(2**63), lt=2**63)]  # any other integer on the wire: no bignums
@@ -45,6 +46,11 @@ class InvalidOpError(Exception):
 
 class OpShapeError(InvalidOpError, ValueError):
     """Shapes that do not fit the op (matmul mismatch, bad axis, bad reshape, ...)."""
+
+
+class OpAxisError(OpShapeError, IndexError):
+    """An axis out of range: both a ``ValueError`` and an ``IndexError``, as numpy's AxisError
+    (the standard asks for an ``IndexError`` in places)."""
 
 
 class OpDTypeError(InvalidOpError, TypeError):
@@ -84,13 +90,24 @@ class _Op(BaseModel):
     )
     kind: str
     out: TensorId
+    # An in-place op replaces the tensor stored under ``out``, which must exist (and is also
+    # its first input); every other op creates ``out``, which must not exist yet.
+    inplace: ClassVar[bool] = False
 
     def inputs(self) -> tuple[int, ...]:
         """The tensor ids this op reads, in the order :meth:`infer` takes their metas."""
         return ()
 
+    def outputs(self) -> tuple[int, ...]:
+        """The tensor ids this op writes, in the order :meth:`infer_all` describes them."""
+        return (self.out,)
+
     def infer(self, *args: TensorMeta) -> TensorMeta:
         raise NotImplementedError
+
+    def infer_all(self, *args: TensorMeta) -> tuple[TensorMeta, ...]:
+        """One meta per output. A dimension of :data:`UNKNOWN` is data-dependent."""
+        return (self.infer(*args),)
 
     def describe(self) -> str:
         """One line naming the op, for error messages: ``matmul(#3, #4) -> #5``."""
@@ -134,7 +151,7 @@ def elementwise_rule(name: str, dtypes: tuple[DType, ...]) -> tuple[DType, DType
 
 def _normalize_axis(axis: int, ndim: int) -> int:
     if not -ndim <= axis < ndim:
-        raise OpShapeError(f"axis {axis} is out of bounds for an array of {ndim} dimensions")
+        raise OpAxisError(f"axis {axis} is out of bounds for an array of {ndim} dimensions")
     return axis % ndim
 
 
@@ -182,7 +199,7 @@ class FromBuffer(_Op):
     kind: Literal["from_buffer"] = "from_buffer"
     shape: tuple[Dim, ...]
     dtype: DType
-    buffer: Annotated[int, Field(ge=0)]
+    buffer: Annotated[int, Field(ge=0, lt=2**63)]
 
     def infer(self, *args: TensorMeta) -> TensorMeta:
         return TensorMeta(_check_shape(self.shape), self.dtype)
@@ -266,7 +283,7 @@ BinaryName = Literal[
     "maximum", "minimum", "equal", "not_equal", "less", "less_equal", "greater",
     "greater_equal", "logical_and", "logical_or", "logical_xor", "bitwise_and", "bitwise_or",
     "bitwise_xor", "bitwise_left_shift", "bitwise_right_shift", "atan2", "hypot", "copysign",
-    "logaddexp",
+    "logaddexp", "nextafter",
 ]  # fmt: skip
 
 
@@ -373,6 +390,7 @@ class Reduce(_Op):
     x: TensorId
     axis: tuple[I64, ...] | None = None
     keepdims: bool = False
+    correction: float = 0.0  # std and var: degrees of freedom removed (numpy's ddof)
 
     def inputs(self) -> tuple[int, ...]:
         return (self.x,)
@@ -437,76 +455,36 @@ class PermuteDims(_Op):
         return TensorMeta(tuple(x.shape[a] for a in axes), x.dtype)
 
 
-class SliceSpec(BaseModel):
-    """``start:stop:step`` of a basic index; ``None`` means the default."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
-    start: I64 | None = None
-    stop: I64 | None = None
-    step: I64 | None = None
-
-    def to_slice(self) -> slice:
-        return slice(self.start, self.stop, self.step)
-
-
-IndexItem = I64 | SliceSpec | None | Literal["..."]  # None is newaxis
-
-
-def expand_key(key: tuple[IndexItem, ...], ndim: int) -> tuple[IndexItem, ...]:
-    """Replace the ellipsis (or the implicit trailing one) by full slices."""
-    consumed = sum(1 for k in key if k is not None and k != "...")
-    ellipses = sum(1 for k in key if k == "...")
-    if ellipses > 1:
-        raise OpShapeError("an index can only have a single ellipsis")
-    if consumed > ndim:
-        raise OpShapeError(f"too many indices: {consumed} for {ndim} dimensions")
-    fill: tuple[IndexItem, ...] = (SliceSpec(),) * (ndim - consumed)
-    if ellipses:
-        at = key.index("...")
-        return key[:at] + fill + key[at + 1 :]
-    return key + fill
-
-
-class GetItem(_Op):
-    """Basic indexing: integers, slices, ``None`` (new axis) and one ellipsis."""
-
-    kind: Literal["getitem"] = "getitem"
-    x: TensorId
-    key: tuple[IndexItem, ...]
-
-    def inputs(self) -> tuple[int, ...]:
-        return (self.x,)
-
-    def infer(self, *args: TensorMeta) -> TensorMeta:
-        (x,) = args
-        shape: list[int] = []
-        dim = 0
-        for item in expand_key(self.key, len(x.shape)):
-            if item is None:
-                shape.append(1)
-                continue
-            n = x.shape[dim]
-            dim += 1
-            if isinstance(item, SliceSpec):
-                if item.step == 0:
-                    raise OpShapeError("slice step cannot be zero")
-                shape.append(len(range(*item.to_slice().indices(n))))
-            elif isinstance(item, int) and not -n <= item < n:
-                raise OpShapeError(f"index {item} is out of bounds for axis of size {n}")
-        return TensorMeta(_check_shape(tuple(shape)), x.dtype)
-
-    def numpy_key(self) -> tuple[Any, ...]:
-        return tuple(
-            k.to_slice() if isinstance(k, SliceSpec) else (Ellipsis if k == "..." else k)
-            for k in self.key
-        )
-
+# The other families live in sibling modules, which import this one's base (no cycle at run
+# time: ``protocol/__init__`` always imports this module first).
+from .ops_data import Cumulative as Cumulative  # noqa: E402
+from .ops_data import Nonzero as Nonzero  # noqa: E402
+from .ops_data import SearchSorted as SearchSorted  # noqa: E402
+from .ops_data import Sort as Sort  # noqa: E402
+from .ops_data import Unique as Unique  # noqa: E402
+from .ops_index import GetItem as GetItem  # noqa: E402
+from .ops_index import IndexItem as IndexItem  # noqa: E402
+from .ops_index import SetItem as SetItem  # noqa: E402
+from .ops_index import SliceSpec as SliceSpec  # noqa: E402
+from .ops_index import Take as Take  # noqa: E402
+from .ops_linalg import FFT as FFT  # noqa: E402
+from .ops_linalg import Linalg as Linalg  # noqa: E402
+from .ops_shape import Axes as Axes  # noqa: E402
+from .ops_shape import BroadcastTo as BroadcastTo  # noqa: E402
+from .ops_shape import Join as Join  # noqa: E402
+from .ops_shape import Linspace as Linspace  # noqa: E402
+from .ops_shape import MoveAxis as MoveAxis  # noqa: E402
+from .ops_shape import Repeat as Repeat  # noqa: E402
+from .ops_shape import Roll as Roll  # noqa: E402
+from .ops_shape import Tile as Tile  # noqa: E402
+from .ops_shape import Triangle as Triangle  # noqa: E402
 
 AnyOp = (
     FromBuffer
     | Full
     | Arange
     | Eye
+    | Linspace
     | Unary
     | Binary
     | Where
@@ -515,5 +493,22 @@ AnyOp = (
     | Reshape
     | PermuteDims
     | GetItem
+    | SetItem
+    | Take
+    | Join
+    | Axes
+    | Roll
+    | MoveAxis
+    | BroadcastTo
+    | Tile
+    | Repeat
+    | Triangle
+    | Sort
+    | Cumulative
+    | SearchSorted
+    | Nonzero
+    | Unique
+    | Linalg
+    | FFT
 )
 Op = Annotated[AnyOp, Field(discriminator="kind")]

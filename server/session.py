@@ -1,6 +1,6 @@
 """One client session: its tensor store and the rules for running a batch. No I/O here.
 
-Rule: imports numpy, ``protocol`` and ``server.store``/``server.executor``/``server.logs`` only.
+Rule: imports numpy, ``protocol`` and ``server.store``/``limits``/``executor``/``logs`` only.
 
 Theory of operation: the transport hands each decoded :class:`~protocol.Batch` to
 :meth:`Session.start`, then calls :meth:`Session.step` until it returns True — on the event loop
@@ -10,12 +10,16 @@ and answers the requests. Ops run strictly in submission order (invariant 6). A 
 a :class:`Failure` under its output id; ops that read a failed tensor inherit the failure
 unchanged, so a read names the op that really failed (invariant 5).
 
-Limits (invariant 8): :meth:`Session._check` refuses an op whose inferred output exceeds the
-ndim cap or the per-op byte cap (``limit_exceeded``) before numpy runs; :meth:`_execute`
-reserves the output's bytes in the store (``quota_exceeded``, ``server_memory_exhausted``)
-before numpy allocates them. A refused op fails like any other: its output is marked failed
-and the session goes on. A result that is a view of a tensor the session holds is stored as it
-is (counted once, see ``server/store.py``); a view of anything else is copied first.
+Limits (invariant 8): :meth:`Session._check` refuses an op whose inferred outputs exceed the
+ndim cap or the per-op byte cap (``limit_exceeded``, on the sum of an op's outputs) before
+numpy runs; :meth:`_execute` reserves their bytes in the store (``quota_exceeded``,
+``server_memory_exhausted``) before numpy allocates them. An output of data-dependent length
+(an ``UNKNOWN`` dim) is charged after numpy ran and before it is stored, with the same codes
+(:meth:`_charge`). A refused op fails like any other: its outputs are marked failed and the
+session goes on. A result that is a view of a tensor the session holds is stored as it is
+(counted once, see ``server/store.py``); a view of anything else is copied first. An in-place
+op (``setitem``) replaces its target under the same id: it writes into the target's array when
+the store says nothing shares it (:meth:`TensorStore.writable`), else into a counted copy.
 Deadline: :attr:`Job.op_started` is the monotonic time the running op began; the transport
 watches it and, past the deadline, closes the session (:meth:`close`): the op itself cannot be
 interrupted, so its result is discarded when numpy returns.
@@ -33,8 +37,9 @@ from typing import Any
 import numpy as np
 
 from protocol import (
-    DTYPES,
     Batch,
+    Describe,
+    DescribeReply,
     ErrorCode,
     ErrorInfo,
     InvalidOpError,
@@ -48,32 +53,25 @@ from protocol import (
     SyncReply,
     TensorMeta,
     byte_view,
-    to_numpy,
 )
 from protocol.codec import Buffer
 from protocol.messages import Request
-from protocol.ops import AnyOp, numel
+from protocol.ops import AnyOp
 
 from . import executor
+from .limits import Limits as Limits
+from .limits import output_bytes
 from .logs import fields
 from .store import Failure, Stored, StoreError, TensorStore, root_of
 
 log = logging.getLogger("tensorwire.session")
 
-_ITEMSIZE = {name: to_numpy(name).itemsize for name in DTYPES}
 INLINE_COST = 1 << 16  # element operations an op may cost and still run on the event loop
 
 Reply = tuple[
-    ReadReply | SyncReply | StatsReply | RequestFailed | SessionError, Sequence[memoryview]
+    ReadReply | SyncReply | StatsReply | DescribeReply | RequestFailed | SessionError,
+    Sequence[memoryview],
 ]
-
-
-@dataclass(frozen=True)
-class Limits:
-    """Per-op caps checked on the inferred output before numpy runs."""
-
-    max_op_bytes: int = 2**63
-    max_ndim: int = 64
 
 
 @dataclass
@@ -162,21 +160,28 @@ class Session:
             job.op_started = time.monotonic()
             checked = self._check(op, job)
             if checked is not None:
-                args, meta, nbytes = checked
-                if inline and executor.cost(op, meta, args) > INLINE_COST:
+                args, metas, known = checked
+                nbytes: int | None = known
+                if inline and executor.cost(op, metas[0], args) > INLINE_COST:
                     return False
-                self._execute(op, args, meta, nbytes, job)
+                resolved = executor.resolve(op, args, metas)  # O(inputs): bounded just above
+                if resolved is not metas:
+                    if inline and executor.cost(op, resolved[0], args) > INLINE_COST:
+                        return False
+                    nbytes = None  # sized again from the resolved lengths
+                self._execute(op, args, resolved, nbytes, job)
             job.next += 1
         return True
 
     def _check(
         self, op: AnyOp, job: Job
-    ) -> tuple[list[np.ndarray[Any, Any]], TensorMeta, int] | None:
-        """Inputs, inferred output and output bytes of ``op``, or None when its output is
-        already settled (failed, refused, or inherited a failure)."""
+    ) -> tuple[list[np.ndarray[Any, Any]], tuple[TensorMeta, ...], int] | None:
+        """Inputs, inferred outputs and their bytes (:func:`output_bytes`) of ``op``, or None
+        when its outputs are already settled (failed, refused, or inherited a failure)."""
         try:
-            if op.out in self.store:
-                raise StoreError(ErrorCode.DUPLICATE_TENSOR, f"tensor id #{op.out} is in use")
+            for out in () if op.inplace else op.outputs():
+                if out in self.store:
+                    raise StoreError(ErrorCode.DUPLICATE_TENSOR, f"tensor id #{out} is in use")
             if job.rejected is not None:
                 raise StoreError(job.rejected.code, job.rejected.message)
             args: list[np.ndarray[Any, Any]] = []
@@ -184,73 +189,103 @@ class Session:
             for tensor_id in op.inputs():
                 value = self.store.get(tensor_id)
                 if isinstance(value, Failure):
-                    self.store.put(op.out, value)  # inherit the original failure
+                    self._settle(op, value)  # inherit the original failure
                     return None
                 args.append(value.array)
                 metas.append(value.meta)
-            meta = op.infer(*metas)
-            return args, meta, self._output_bytes(meta)
+            out_metas = op.infer_all(*metas)
+            return args, out_metas, output_bytes(out_metas, self.limits)
         except StoreError as exc:
             self._fail(op, exc.code, str(exc), job)
         except InvalidOpError as exc:
             self._fail(op, ErrorCode.INVALID_OP, str(exc), job)
         return None
 
-    def _output_bytes(self, meta: TensorMeta) -> int:
-        """The output's bytes (Python ints: no overflow).
-
-        Raises:
-            StoreError: ``limit_exceeded``, for an output over a per-op cap.
-        """
-        limits = self.limits
-        if len(meta.shape) > limits.max_ndim:
-            raise StoreError(
-                ErrorCode.LIMIT_EXCEEDED,
-                f"the output has {len(meta.shape)} dimensions; the limit is {limits.max_ndim}",
-            )
-        itemsize = _ITEMSIZE[meta.dtype]
-        nbytes = numel(meta.shape) * itemsize
-        if not nbytes and numel(tuple(d for d in meta.shape if d)) * itemsize >= 2**63:
-            raise StoreError(  # an empty array whose other dims overflow numpy's intp
-                ErrorCode.LIMIT_EXCEEDED,
-                f"the dimensions {list(meta.shape)} overflow numpy's index type, even if empty",
-            )
-        if nbytes > limits.max_op_bytes:
-            raise StoreError(
-                ErrorCode.LIMIT_EXCEEDED,
-                f"the output {meta.dtype}{list(meta.shape)} needs {nbytes} bytes; the per-op "
-                f"limit is {limits.max_op_bytes}",
-            )
-        return nbytes
+    def _settle(self, op: AnyOp, value: Failure) -> None:
+        """Store ``value`` under every output of ``op`` (replacing, for an in-place op)."""
+        for out in op.outputs():
+            if op.inplace:
+                self.store.replace(out, value)
+            else:
+                self.store.put(out, value)
 
     def _execute(
         self,
         op: AnyOp,
         args: list[np.ndarray[Any, Any]],
-        meta: TensorMeta,
-        nbytes: int,
+        metas: tuple[TensorMeta, ...],
+        nbytes: int | None,
         job: Job,
     ) -> None:
+        """Reserve ``nbytes`` (None: :func:`output_bytes` of ``metas``), run ``op``, settle
+        the reservation on what the results really hold (:meth:`_charge`) and store them. An
+        in-place op writes into its target only when the store says nothing else shares it
+        (:meth:`TensorStore.writable`), and reserves nothing then; otherwise it runs on a
+        copy, which is counted (copy-on-write)."""
+        in_place = op.inplace and self.store.writable(op.out)
         try:
-            self.store.reserve(nbytes)
+            if nbytes is None:
+                nbytes = output_bytes(metas, self.limits)
+            reserved = 0 if in_place else nbytes
+            self.store.reserve(reserved)
         except StoreError as exc:
             self._fail(op, exc.code, str(exc), job)
             return
         try:
-            array = self._owned(executor.run(op, args, job.buffers, meta))
+            results = executor.run(op, args, job.buffers, metas, in_place=in_place)
+            arrays = tuple(self._owned(a) for a in results)
+            needs = self._charge(arrays, reserved)
+        except StoreError as exc:  # a data-dependent output over a limit
+            self.store.cancel(reserved)
+            self._fail(op, exc.code, str(exc), job)
         except InvalidOpError as exc:
-            self.store.cancel(nbytes)
+            self.store.cancel(reserved)
             self._fail(op, ErrorCode.INVALID_OP, str(exc), job)
         except executor.InferenceMismatch as exc:
-            self.store.cancel(nbytes)
+            self.store.cancel(reserved)
             self._fail(op, ErrorCode.INTERNAL, str(exc), job)
         except Exception as exc:  # numpy's genuine runtime failures
-            self.store.cancel(nbytes)
+            self.store.cancel(reserved)
             self._fail(op, ErrorCode.EXECUTION_FAILED, f"{type(exc).__name__}: {exc}", job)
         else:
-            self.store.put(op.out, Stored(array, meta), reserved=nbytes)
+            for out, array, meta, need in zip(op.outputs(), arrays, metas, needs, strict=True):
+                stored = Stored(array, TensorMeta(array.shape, meta.dtype))  # known dims now
+                if op.inplace:
+                    self.store.replace(out, stored, reserved=need)
+                else:
+                    self.store.put(out, stored, reserved=need)
             self.ops_run += 1
             self.op_counts[getattr(op, "op", None) or op.kind] += 1
+
+    def _charge(self, arrays: tuple[np.ndarray[Any, Any], ...], reserved: int) -> list[int]:
+        """The bytes each result adds to the store (a view of a held root adds none, a root
+        shared by two results counts once), with the reservation of ``reserved`` bytes grown
+        or shrunk to their sum. A data-dependent output (an ``UNKNOWN`` dim) is only known now:
+        it is checked against the per-op cap, quota and budget here, before it is stored.
+
+        Raises:
+            StoreError: ``limit_exceeded``, ``quota_exceeded`` or ``server_memory_exhausted``;
+                the reservation is then unchanged.
+        """
+        seen: set[int] = set()
+        needs: list[int] = []
+        for array in arrays:
+            root = root_of(array)
+            fresh = not self.store.holds(root) and id(root) not in seen
+            seen.add(id(root))
+            needs.append(root.nbytes if fresh else 0)
+        total = sum(needs)
+        if total > reserved:
+            if total > self.limits.max_op_bytes:
+                raise StoreError(
+                    ErrorCode.LIMIT_EXCEEDED,
+                    f"the outputs need {total} bytes; the per-op limit is "
+                    f"{self.limits.max_op_bytes}",
+                )
+            self.store.reserve(total - reserved)
+        elif total < reserved:
+            self.store.cancel(reserved - total)
+        return needs
 
     def _owned(self, array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
         """``array`` if the store can count it exactly, else a C-contiguous copy.
@@ -273,10 +308,10 @@ class Session:
         self.error_counts[code.value] += 1
         level = logging.ERROR if code is ErrorCode.INTERNAL else logging.INFO
         log.log(level, "op failed", extra=fields(session=self.session_id, op=error.op, code=code))
-        if code is ErrorCode.DUPLICATE_TENSOR:
+        if code is ErrorCode.DUPLICATE_TENSOR or (op.inplace and op.out not in self.store):
             job.errors.append(error)  # the id belongs to another tensor: leave it alone
         else:
-            self.store.put(op.out, Failure(error))
+            self._settle(op, Failure(error))
 
     def finish(self, job: Job) -> list[Reply]:
         """Apply the batch's frees, then answer its requests in order."""
@@ -289,6 +324,8 @@ class Session:
     def _answer(self, request: Request) -> Reply:
         if isinstance(request, Read):
             return self._read(request)
+        if isinstance(request, Describe):
+            return self._describe(request)
         if isinstance(request, Stats):
             store = self.store
             reply = StatsReply(
@@ -302,6 +339,17 @@ class Session:
             return reply, ()
         return SyncReply(request_id=request.request_id), ()
 
+    def _describe(self, request: Describe) -> Reply:
+        try:
+            value = self.store.get(request.tensor)
+        except StoreError as exc:
+            error = ErrorInfo(code=exc.code, message=str(exc))
+            return RequestFailed(request_id=request.request_id, error=error), ()
+        if isinstance(value, Failure):
+            return RequestFailed(request_id=request.request_id, error=value.error), ()
+        meta = value.meta
+        return DescribeReply(request_id=request.request_id, shape=meta.shape, dtype=meta.dtype), ()
+
     def _read(self, request: Read) -> Reply:
         try:
             value = self.store.get(request.tensor)
@@ -310,6 +358,7 @@ class Session:
             return RequestFailed(request_id=request.request_id, error=error), ()
         if isinstance(value, Failure):
             return RequestFailed(request_id=request.request_id, error=value.error), ()
+        self.store.share(request.tensor)  # the reply's bytes are written later
         view = byte_view(value.array)
         reply = ReadReply(
             request_id=request.request_id,

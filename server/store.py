@@ -11,8 +11,10 @@ received message or of a temporary) is copied by the session before it is stored
 is held that is not counted. Bytes are *reserved* before numpy runs, from the inferred output
 size, against the session's quota and the server-wide :class:`MemoryBudget`; the reservation
 becomes the new root, is given back when the result is a view of a held root, or is cancelled
-if the op fails. When full, new work is refused (``quota_exceeded`` /
-``server_memory_exhausted``); stored tensors are never dropped.
+if the op fails. The roots also decide copy-on-write for in-place ops
+(:meth:`TensorStore.writable`): a root used by one tensor, whose bytes no read reply holds
+(:meth:`TensorStore.share`), may be written in place. When full, new work is refused
+(``quota_exceeded`` / ``server_memory_exhausted``); stored tensors are never dropped.
 
 Threads: a store is changed by one thread at a time — the event loop, or the worker thread
 running its session's ops (the session defers :meth:`TensorStore.close` until that thread has
@@ -41,6 +43,8 @@ class Failure:
 
 @dataclass(frozen=True, slots=True)
 class Stored:
+    """A tensor's array (``meta`` has its real shape: no ``UNKNOWN`` dim)."""
+
     array: np.ndarray[Any, Any]
     meta: TensorMeta
 
@@ -96,7 +100,8 @@ class TensorStore:
 
     def __init__(self, quota: int | None = None, budget: MemoryBudget | None = None) -> None:
         self._items: dict[int, Stored | Failure] = {}
-        self._roots: dict[int, list[Any]] = {}  # id(root) -> [root, tensors using it]
+        # id(root) -> [root, tensors using it, read: a reply may still hold its bytes]
+        self._roots: dict[int, list[Any]] = {}
         self.quota = quota
         self.budget = budget if budget is not None else MemoryBudget(2**63)
         self.nbytes = 0  # bytes of the roots the stored arrays use
@@ -180,12 +185,47 @@ class TensorStore:
             self.budget.release(reserved)  # already counted
             return
         assert root.base is None and root.nbytes == reserved, (root.nbytes, reserved)
-        self._roots[id(root)] = [root, 1]
+        self._roots[id(root)] = [root, 1, False]
         self.nbytes += reserved
+
+    def share(self, tensor_id: int) -> None:
+        """Record that a read reply holds the bytes of ``tensor_id`` (they are sent later): its
+        memory is never written in place again (the next in-place op copies it)."""
+        value = self._items.get(tensor_id)
+        if isinstance(value, Stored):
+            self._roots[id(root_of(value.array))][2] = True
+
+    def writable(self, tensor_id: int) -> bool:
+        """True if an in-place op may write into the array of ``tensor_id``: its root is used
+        by this tensor alone, no read reply holds its bytes, and numpy allows writing (copy-on-
+        write: otherwise the op runs on a copy). Unknown and failed ids are not writable."""
+        value = self._items.get(tensor_id)
+        if not isinstance(value, Stored):
+            return False
+        entry = self._roots[id(root_of(value.array))]
+        return entry[1] == 1 and not entry[2] and bool(value.array.flags.writeable)
+
+    def replace(self, tensor_id: int, value: Stored | Failure, reserved: int = 0) -> None:
+        """Store ``value`` under an id that exists (an in-place update keeps the id), as
+        :meth:`put` does; the old value's root is released after ``value`` is counted, so a
+        result written into the old array is not counted twice nor given back.
+
+        Raises:
+            StoreError: ``unknown_tensor`` if the id does not exist.
+        """
+        if self.closed:
+            self.put(tensor_id, value, reserved)  # dropped, its reservation given back
+            return
+        self.get(tensor_id)
+        old = self._items.pop(tensor_id)
+        self.put(tensor_id, value, reserved)
+        self._forget(old)
 
     def free(self, tensor_id: int) -> None:
         """Forget an id. Freeing an unknown id does nothing (frees are idempotent)."""
-        value = self._items.pop(tensor_id, None)
+        self._forget(self._items.pop(tensor_id, None))
+
+    def _forget(self, value: Stored | Failure | None) -> None:
         if isinstance(value, Failure):
             self.failed -= 1
         elif value is not None:

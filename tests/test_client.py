@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import threading
+from typing import Any
 
 import numpy as np
 import pytest
@@ -36,12 +37,12 @@ def test_op_chain_matches_numpy(xp: client.Namespace) -> None:
     x_np = rng.standard_normal((16, 8)).astype(np.float32)
     w, x = xp.asarray(w_np), xp.asarray(x_np)
 
-    def chain(m: object, w: object, x: object) -> object:
-        h = m.tanh(x @ w) * 2.0 - 1  # type: ignore[attr-defined, operator]
-        h = m.where(h > 0, h, m.abs(h) / 3)  # type: ignore[attr-defined, operator]
-        h = m.maximum(m.sqrt(m.abs(h)), m.exp(-h))  # type: ignore[attr-defined, operator]
-        s = m.mean(h, axis=1, keepdims=True) + m.max(h, axis=0)  # type: ignore[attr-defined]
-        return m.astype(s.T, m.float64)[1:3, ::2] ** 2  # type: ignore[attr-defined, union-attr]
+    def chain(m: Any, w: Any, x: Any) -> Any:
+        h = m.tanh(x @ w) * 2.0 - 1
+        h = m.where(h > 0, h, m.abs(h) / 3)
+        h = m.maximum(m.sqrt(m.abs(h)), m.exp(-h))
+        s = m.mean(h, axis=1, keepdims=True) + m.max(h, axis=0)
+        return m.astype(s.T, m.float64)[1:3, ::2] ** 2
 
     remote = chain(xp, w, x)
     local = chain(np, w_np, x_np)

@@ -17,6 +17,10 @@ from hypothesis import strategies as st
 
 from protocol import CLIENT_ADAPTER, DTYPES, Batch, DecodeError, ErrorCode, MessageDecoder, decode
 from protocol.ops import BinaryName, ReduceName, UnaryName
+from protocol.ops_data import Cumulative, Sort, Unique
+from protocol.ops_index import Take
+from protocol.ops_linalg import FFT, Linalg
+from protocol.ops_shape import Axes, Join, Triangle
 from server.session import Limits, Session
 from server.store import Failure, MemoryBudget, Stored, TensorStore, root_of
 
@@ -84,6 +88,7 @@ index_items = st.one_of(
     st.none(),
     st.just("..."),
     st.fixed_dictionaries({}, optional={"start": small_int, "stop": small_int, "step": small_int}),
+    st.fixed_dictionaries({"tensor": st.integers(0, 7)}),  # an integer or boolean index array
 )
 FIELDS: dict[str, st.SearchStrategy[Any]] = {
     "shape": dims,
@@ -133,7 +138,7 @@ def _op_of(kind: str) -> st.SearchStrategy[dict[str, Any]]:
 
 op_dicts = st.one_of([_op_of(kind) for kind in REQUIRED])
 INPUTS = {1: ((3, 4), "float64"), 2: ((4,), "int8"), 3: ((2, 1, 4), "bool"), 4: ((), "complex64"),
-          5: ((0, 3), "uint64"), 6: ((4,), "int64")}  # fmt: skip
+          5: ((0, 3), "uint64"), 6: ((4,), "int64"), 7: ((3, 3), "float32")}  # fmt: skip
 DOCUMENTED_OP_ERRORS = {ErrorCode.INVALID_OP, ErrorCode.LIMIT_EXCEEDED, ErrorCode.UNKNOWN_TENSOR,
                         ErrorCode.DUPLICATE_TENSOR, ErrorCode.EXECUTION_FAILED,
                         ErrorCode.QUOTA_EXCEEDED, ErrorCode.SERVER_MEMORY_EXHAUSTED}  # fmt: skip
@@ -177,13 +182,89 @@ def test_ops_are_run_or_refused_with_documented_errors(
         elif isinstance(value, Stored):
             assert value.array.shape == value.meta.shape
             assert value.array.dtype == np.dtype(value.meta.dtype)
-    roots = {id(r): r for i in range(13) if isinstance(v := _get(store, i), Stored)
+    assert_accounting_exact(session)
+
+
+def assert_accounting_exact(session: Session) -> None:
+    """Every held root counted once, nothing reserved, and all of it given back on free."""
+    store = session.store
+    roots = {id(r): r for i in range(ALL_IDS) if isinstance(v := _get(store, i), Stored)
              for r in [root_of(v.array)]}  # fmt: skip
     assert all(r.base is None for r in roots.values())  # nothing held that is not counted
     held = sum(r.nbytes for r in roots.values())
     assert store.nbytes == held == store.budget.used and store.reserved == 0
-    run(session, Batch(frees=list(range(13))), [])
+    run(session, Batch(frees=list(range(ALL_IDS))), [])
     assert (store.nbytes, store.budget.used, len(store)) == (0, 0, 0)
+
+
+# --- the Array API families: several outputs, data-dependent shapes, in-place updates -------
+
+ALL_IDS = 16  # inputs 0-7, outputs 8-15
+
+
+def _names(model: Any) -> st.SearchStrategy[str]:
+    return st.sampled_from([*get_args(model.model_fields["op"].annotation), "x"])
+
+
+id_lists = st.lists(ids, max_size=3)
+more = st.lists(st.integers(8, 15), max_size=3)
+axis_or_none = st.one_of(st.none(), wild_int)
+ARRAY_API: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {  # kind: (required, optional)
+    "setitem": ({"out": ids, "key": st.lists(index_items, max_size=3), "value": ids}, {}),
+    "take": ({"op": _names(Take), "x": ids, "indices": ids, "axis": wild_int}, {}),
+    "join": ({"op": _names(Join), "xs": id_lists}, {"axis": axis_or_none}),
+    "axes": ({"op": _names(Axes), "x": ids}, {"axis": st.lists(wild_int, max_size=3)}),
+    "roll": ({"x": ids, "shift": st.lists(wild_int, max_size=3)},
+             {"axis": st.lists(small_int, max_size=3)}),
+    "moveaxis": ({"x": ids, "source": st.lists(small_int, max_size=2),
+                  "destination": st.lists(small_int, max_size=2)}, {}),
+    "broadcast_to": ({"x": ids, "shape": dims}, {}),
+    "tile": ({"x": ids, "reps": dims}, {}),
+    "repeat": ({"x": ids}, {"repeats": wild_int, "repeats_tensor": ids, "axis": axis_or_none}),
+    "triangle": ({"op": _names(Triangle), "x": ids}, {"k": wild_int}),
+    "linspace": ({"start": st.floats(), "stop": st.floats(), "num": wild_int,
+                  "dtype": FIELDS["dtype"]}, {"endpoint": st.booleans()}),
+    "sort": ({"op": _names(Sort), "x": ids}, {"axis": wild_int, "descending": st.booleans()}),
+    "cumulative": ({"op": _names(Cumulative), "x": ids},
+                   {"axis": axis_or_none, "include_initial": st.booleans()}),
+    "searchsorted": ({"x1": ids, "x2": ids}, {"side": st.sampled_from(["left", "right"])}),
+    "nonzero": ({"x": ids}, {"more": more}),
+    "unique": ({"op": _names(Unique), "x": ids}, {"more": more}),
+    "linalg": ({"op": _names(Linalg), "xs": id_lists},
+               {"more": more, "n": wild_int, "offset": wild_int, "keepdims": st.booleans()}),
+    "fft": ({"op": _names(FFT), "x": ids},
+            {"n": st.lists(st.one_of(st.none(), wild_int), max_size=2),
+             "axes": st.lists(small_int, max_size=2)}),
+}  # fmt: skip
+
+
+def _array_api_op(kind: str) -> st.SearchStrategy[dict[str, Any]]:
+    required, optional = ARRAY_API[kind]
+    return st.fixed_dictionaries(
+        {"kind": st.just(kind), "out": st.integers(8, 15)} | required, optional=optional
+    )
+
+
+@FUZZ
+@given(st.lists(st.one_of([_array_api_op(kind) for kind in ARRAY_API]), min_size=1, max_size=4))
+def test_array_api_ops_keep_accounting_exact(ops: list[dict[str, Any]]) -> None:
+    """Multi-output, data-dependent and in-place ops under a 64 KiB per-op cap and a 1 MiB
+    quota: each is run or refused with a documented code, and the bytes held are exactly the
+    roots held (copy-on-write copies included), with nothing left reserved."""
+    try:
+        batch = Batch.model_validate_json(json.dumps({"ops": ops}))
+    except ValueError:
+        return
+    session = new_session()
+    run(session, batch, [])
+    for tensor_id in range(ALL_IDS):
+        value = _get(session.store, tensor_id)
+        if isinstance(value, Failure):
+            assert value.error.code in DOCUMENTED_OP_ERRORS, value.error
+        elif isinstance(value, Stored):
+            assert value.array.shape == value.meta.shape
+            assert value.array.dtype == np.dtype(value.meta.dtype)
+    assert_accounting_exact(session)
 
 
 def _get(store: TensorStore, tensor_id: int) -> Stored | Failure | None:

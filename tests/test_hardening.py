@@ -5,13 +5,19 @@ error codes are only ever appended."""
 from __future__ import annotations
 
 import ast
+import hmac
 import tomllib
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Annotated, Any, get_args, get_origin
 
 import numpy as np
 import pytest
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
+import protocol.messages
+import protocol.ops
+import protocol.ops_index
 from protocol import CLIENT_ADAPTER, DTYPES, ErrorCode, from_numpy
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -162,7 +168,6 @@ def test_error_codes_are_only_appended() -> None:
 
 
 def test_the_token_is_compared_in_constant_time(monkeypatch: pytest.MonkeyPatch) -> None:
-    import hmac
 
     from websockets.datastructures import Headers
     from websockets.http11 import Request
@@ -176,7 +181,7 @@ def test_the_token_is_compared_in_constant_time(monkeypatch: pytest.MonkeyPatch)
         calls.append((a, b))
         return original(a, b)
 
-    monkeypatch.setattr(guard.hmac, "compare_digest", spy)
+    monkeypatch.setattr(hmac, "compare_digest", spy)
     request = Request("/", Headers({"Authorization": "Bearer nope"}))
     assert not guard.token_matches(request, "s3cret")
     assert guard.token_matches(Request("/", Headers({"Authorization": "bearer s3cret"})), "s3cret")
@@ -185,3 +190,44 @@ def test_the_token_is_compared_in_constant_time(monkeypatch: pytest.MonkeyPatch)
     )
     assert not guard.token_matches(Request("/", Headers()), "s3cret")
     assert len(calls) == 4  # every check went through hmac.compare_digest, even a wrong scheme
+
+
+def _unbounded_int(tp: Any, metadata: Sequence[Any] = ()) -> bool:
+    """True if annotation ``tp`` lets a bare, unbounded ``int`` through."""
+    if tp is int:
+        bounds = {name for m in metadata for name in ("ge", "gt", "le", "lt")
+                  if getattr(m, name, None) is not None}  # fmt: skip
+        return not ({"ge", "gt"} & bounds and {"le", "lt"} & bounds)
+    if get_origin(tp) is Annotated:
+        base, *meta = get_args(tp)
+        flat = [x for m in meta for x in (*getattr(m, "metadata", ()), m)]
+        return _unbounded_int(base, flat)
+    return any(_unbounded_int(arg) for arg in get_args(tp))
+
+
+def _wire_models() -> set[type[BaseModel]]:
+    found: set[type[BaseModel]] = set()
+    todo: list[Any] = [*get_args(protocol.ops.AnyOp), *get_args(protocol.messages.ClientMessage)]
+    while todo:
+        tp = todo.pop()
+        if isinstance(tp, type) and issubclass(tp, BaseModel):
+            if tp not in found:
+                found.add(tp)
+                todo.extend(f.annotation for f in tp.model_fields.values())
+        else:
+            todo.extend(get_args(tp))
+    return found
+
+
+def test_every_integer_on_the_wire_is_bounded() -> None:
+    """No op field (of any family) or client message field takes a bignum: every int is
+    bounded on both sides (``I64``, ``Dim``, ``TensorId``), so none reaches numpy."""
+    models = _wire_models()
+    assert protocol.ops.Linalg in models and protocol.ops_index.SliceSpec in models
+    # Full.value is range-checked against its dtype by inference (test_limits); Hello's ints
+    # are only compared (protocol version, device count) and never reach numpy.
+    exempt = {"Full.value", "Hello.protocol", "Hello.device_index"}
+    loose = [f"{model.__name__}.{name}" for model in models
+             for name, field in model.model_fields.items()
+             if _unbounded_int(field.annotation, field.metadata)]  # fmt: skip
+    assert set(loose) == exempt, loose

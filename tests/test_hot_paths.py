@@ -13,7 +13,7 @@ from hypothesis.extra import numpy as hnp
 
 import client
 from protocol import DTYPES, TensorMeta, to_numpy
-from protocol.ops import Binary, OpShapeError, Unary, broadcast_shapes
+from protocol.ops import Binary, Linalg, OpShapeError, Unary, broadcast_shapes
 from server import executor
 from server.executor import elementwise
 
@@ -44,6 +44,8 @@ def test_cost_counts_elements_and_matmul_work() -> None:
     exp = Unary(op="exp", out=2, x=1)
     assert executor.cost(exp, TensorMeta((), "float64"), [np.zeros(())]) == 1
     assert executor.cost(exp, TensorMeta((5,), "float64"), [np.zeros(5)]) == 5
+    inv = Linalg(op="inv", out=2, xs=(1,))  # a factorization: n**3 for an n x n matrix
+    assert executor.cost(inv, TensorMeta((200, 200), "float64"), [np.zeros((200, 200))]) == 200**3
 
 
 def test_connection_has_nodelay_and_no_compression(dev: client.RemoteDevice) -> None:

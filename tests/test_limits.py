@@ -17,8 +17,9 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 
 import client
-from protocol import Batch, ErrorCode, Read, Sync
-from protocol.ops import Arange, Binary, Eye, FromBuffer, Full, Reshape
+from protocol import Batch, DType, ErrorCode, Read, Sync
+from protocol.messages import Request
+from protocol.ops import AnyOp, Arange, Binary, Eye, FromBuffer, Full, Reshape
 
 from .raw import TOKEN, Raw, Witness
 from .servers import ServerProcess, run_server
@@ -82,7 +83,7 @@ MALFORMED = {
     "extra bytes": frame(batch_json()) + b"trailing",
     "truncated buffers": frame(batch_json(buffers=[1000]), b"only ten b"),
     "unknown op kind": frame(batch_json(ops=[{"kind": "system", "out": 1, "cmd": "ls"}])),
-    "repeat not in catalogue": frame(batch_json(ops=[{"kind": "repeat", "out": 1, "x": 0}])),
+    "einsum not in catalogue": frame(batch_json(ops=[{"kind": "einsum", "out": 1, "x": 0}])),
     "wrong type: shape": frame(
         batch_json(ops=[{"kind": "full", "out": 1, "shape": "ab", "dtype": "int8", "value": 0}])
     ),
@@ -104,6 +105,49 @@ MALFORMED = {
         batch_json(
             ops=[{"kind": "eye", "out": 1, "n_rows": 2, "n_cols": 2, "k": 10**30, "dtype": "int64"}]
         )  # fmt: skip
+    ),
+    # the Array API families' integer fields are int64 too
+    "huge int: roll shift": frame(
+        batch_json(ops=[{"kind": "roll", "out": 2, "x": 1, "shift": [10**30]}])
+    ),
+    "huge int: take axis": frame(
+        batch_json(
+            ops=[{"kind": "take", "op": "take", "out": 3, "x": 1, "indices": 2, "axis": -(10**30)}]
+        )
+    ),  # fmt: skip
+    "huge int: setitem slice": frame(
+        batch_json(
+            ops=[{"kind": "setitem", "out": 1, "value": 2, "key": [{"start": 0, "stop": 2**63}]}]
+        )
+    ),  # fmt: skip
+    "huge int: tile reps": frame(
+        batch_json(ops=[{"kind": "tile", "out": 2, "x": 1, "reps": [2**64]}])
+    ),
+    "huge int: repeat": frame(
+        batch_json(ops=[{"kind": "repeat", "out": 2, "x": 1, "repeats": 2**64}])
+    ),
+    "huge int: linspace num": frame(
+        batch_json(
+            ops=[
+                {
+                    "kind": "linspace",
+                    "out": 2,
+                    "start": 0.0,
+                    "stop": 1.0,
+                    "num": 2**63,
+                    "dtype": "float64",
+                }
+            ]
+        )
+    ),  # fmt: skip
+    "huge int: fft n": frame(
+        batch_json(ops=[{"kind": "fft", "op": "fft", "out": 2, "x": 1, "n": [10**30]}])
+    ),
+    "huge int: matrix_power n": frame(
+        batch_json(ops=[{"kind": "linalg", "op": "matrix_power", "out": 2, "xs": [1], "n": 10**30}])
+    ),  # fmt: skip
+    "repeated output id": frame(
+        batch_json(ops=[{"kind": "nonzero", "out": 2, "more": [2], "x": 1}])
     ),
     "negative dim": frame(
         batch_json(ops=[{"kind": "full", "out": 1, "shape": [-1], "dtype": "int8", "value": 0}])
@@ -144,7 +188,14 @@ def test_non_standard_dtypes_are_refused_at_decode(raw: Raw, witness: Witness, d
     reply = raw.recv()
     assert reply.error.code == ErrorCode.BAD_MESSAGE and "dtype" in reply.error.message
     for op_kind in ("full", "astype"):
-        bad = {"kind": op_kind, "out": 2, "x": 1, "shape": [], "dtype": dtype, "value": 0}
+        bad: dict[str, Any] = {
+            "kind": op_kind,
+            "out": 2,
+            "x": 1,
+            "shape": [],
+            "dtype": dtype,
+            "value": 0,
+        }
         raw.send_raw(frame(batch_json(ops=[bad])))
         assert raw.recv().error.code == ErrorCode.BAD_MESSAGE
     assert_kept(raw)
@@ -212,7 +263,8 @@ def test_too_many_dimensions(raw: Raw, witness: Witness) -> None:
 
 
 def test_fill_value_too_big_for_dtype(raw: Raw, witness: Witness) -> None:
-    for out, dtype in ((1, "float64"), (2, "int64"), (3, "complex128")):
+    dtypes: list[tuple[int, DType]] = [(1, "float64"), (2, "int64"), (3, "complex128")]
+    for out, dtype in dtypes:
         op = Full(out=out, shape=(2,), dtype=dtype, value=10**400)
         error = read_error(raw, Batch(ops=[op], requests=[Read(request_id=out, tensor=out)]))
         assert error.code == ErrorCode.INVALID_OP and "out of" in error.message
@@ -239,11 +291,24 @@ def _bombs(xp: client.Namespace) -> dict[str, Any]:
         "arange floats": lambda: xp.arange(0.0, 1e15, 1.0),
         "eye": lambda: xp.eye(N, N),
         "astype widening": lambda: xp.astype(xp.ones(2**18, dtype=xp.float32), xp.complex128),
+        # the Array API families: every output size is known from inference
+        "tile": lambda: xp.tile(row, (2**20, 1)),
+        "tile 2**62": lambda: xp.tile(xp.ones((1,), dtype=xp.int8), (2**31, 2**31)),
+        "repeat": lambda: xp.repeat(row, 2**20),
+        "repeat by a tensor": lambda: xp.repeat(xp.ones(4), xp.asarray(np.full(4, 2**40))),
+        "linspace": lambda: xp.linspace(0.0, 1.0, 10**12),
+        "concat": lambda: xp.concat([row, row, row], axis=0),
+        "stack": lambda: xp.stack([row, row, row]),
+        "broadcast_to": lambda: xp.broadcast_to(row, (2**20, M)),
+        "linalg outer": lambda: xp.linalg.outer(xp.reshape(row, (M,)), xp.reshape(row, (M,))),
+        "fft n": lambda: xp.fft.fft(xp.ones(4), n=2**40),
     }
 
 
 BOMB_NAMES = ["zeros", "full 2**62", "broadcast", "outer", "where", "matmul", "arange ints",
-              "arange floats", "eye", "astype widening"]  # fmt: skip
+              "arange floats", "eye", "astype widening", "tile", "tile 2**62", "repeat",
+              "repeat by a tensor", "linspace", "concat", "stack", "broadcast_to",
+              "linalg outer", "fft n"]  # fmt: skip
 
 
 @pytest.mark.parametrize("name", BOMB_NAMES)
@@ -252,13 +317,12 @@ def test_allocation_bomb_is_refused_before_numpy(
 ) -> None:
     xp = client.namespace(dev)
     before = dev.stats()
-    bomb = _bombs(xp)[name]()
-    with pytest.raises(client.RemoteError) as info:
-        bomb.numpy()
+    with pytest.raises(client.RemoteError) as info:  # a data-dependent shape raises at once
+        _bombs(xp)[name]().numpy()
     assert info.value.code == ErrorCode.LIMIT_EXCEEDED
     assert "per-op limit is 1048576" in str(info.value)
     np.testing.assert_array_equal(xp.ones(3).numpy(), np.ones(3))  # the session goes on
-    del bomb, info  # the traceback holds the array too
+    del info  # the traceback holds the array too
     gc.collect()
     after = dev.stats()  # nothing was reserved for the refused op, nothing leaks
     assert (after.tensor_bytes, after.tensors) == (before.tensor_bytes, before.tensors)
@@ -369,14 +433,14 @@ def test_views_are_zero_copy_and_counted_once(dev: client.RemoteDevice, witness:
 
 
 def test_limit_ops_named_in_errors(raw: Raw, witness: Witness) -> None:
-    ops = [
+    ops: list[AnyOp] = [
         Arange(out=1, start=0, stop=2**40, dtype="int64"),
         Eye(out=2, n_rows=2**20, n_cols=2**20, dtype="bool"),
         Full(out=3, shape=(4,), dtype="float32", value=1.0),
         Reshape(out=4, x=3, shape=(2, 2)),
         Binary(op="add", out=5, x1=1, x2=3),  # inherits arange's failure
     ]
-    requests = [Read(request_id=i, tensor=i) for i in (1, 2, 4, 5)]
+    requests: list[Request] = [Read(request_id=i, tensor=i) for i in (1, 2, 4, 5)]
     replies = raw.request(Batch(ops=ops, requests=requests))
     assert [r.type for r in replies] == ["request_failed", "request_failed", "read_reply",
                                          "request_failed"]  # fmt: skip
@@ -400,4 +464,117 @@ def test_too_many_buffers_in_one_message(raw: Raw, witness: Witness) -> None:
     assert reply.type == "request_failed" and reply.error.code == ErrorCode.LIMIT_EXCEEDED
     assert f"limit of {MAX_BUFFERS}" in reply.error.message
     assert_kept(raw)
+    witness.assert_intact()
+
+
+# --- data-dependent outputs: checked after numpy ran, before they are stored ------------------
+
+
+def test_data_dependent_output_over_the_cap_is_refused(
+    dev: client.RemoteDevice, witness: Witness
+) -> None:
+    """nonzero of 64**3 ones: three int64 index arrays of 2 MiB each, over the 1 MiB cap (the
+    mask's count is known before numpy runs). unique_counts of 2**17 distinct values: 2 MiB of
+    outputs, only known once numpy ran. Both fail; nothing of them stays counted."""
+    xp = client.namespace(dev)
+    mask = xp.ones((64, 64, 64), dtype=xp.bool)  # 256 KiB
+    values = xp.arange(0, 2**17, dtype=xp.int64)  # 1 MiB
+    before = dev.stats()
+    with pytest.raises(client.RemoteError) as info:
+        xp.nonzero(mask)
+    assert info.value.code == ErrorCode.LIMIT_EXCEEDED
+    assert "per-op limit is 1048576" in str(info.value)
+    with pytest.raises(client.RemoteError) as info:
+        xp.unique_counts(values)
+    assert info.value.code == ErrorCode.LIMIT_EXCEEDED and "unique_counts" in str(info.value)
+    assert "per-op limit is 1048576" in str(info.value)
+    small = xp.nonzero(mask[:2, :2, :2])  # the same op under the cap is stored
+    assert [i.shape for i in small] == [(8,)] * 3
+    np.testing.assert_array_equal(small[2].numpy(), [0, 1] * 4)
+    del small, info
+    gc.collect()
+    after = dev.stats()
+    assert (after.tensor_bytes, after.tensors) == (before.tensor_bytes, before.tensors)
+    del mask, values
+    gc.collect()
+    assert dev.stats().tensor_bytes == 0  # also sends the frees
+    witness.assert_intact()
+
+
+def test_data_dependent_output_over_the_quota_is_refused(
+    dev: client.RemoteDevice, witness: Witness
+) -> None:
+    xp = client.namespace(dev)
+    held = [xp.full((MIB // 8,), 1.0) for _ in range(2)]  # 2 MiB of the 4 MiB quota
+    values = xp.arange(0, 2**17, dtype=xp.int64)  # 1 MiB
+    mask = xp.ones((2**17,), dtype=xp.bool)  # 128 KiB: 896 KiB left, a 1 MiB result won't fit
+    assert dev.stats().tensor_bytes == 3 * MIB + MIB // 8
+    with pytest.raises(client.RemoteError) as info:
+        xp.nonzero(mask)
+    assert info.value.code == ErrorCode.QUOTA_EXCEEDED and "nonzero" in str(info.value)
+    with pytest.raises(client.RemoteError) as info:
+        _ = values[mask]  # a boolean mask: data-dependent too
+    assert info.value.code == ErrorCode.QUOTA_EXCEEDED and "getitem" in str(info.value)
+    with pytest.raises(client.RemoteError) as info:  # its length is known only after numpy
+        xp.unique_values(values)
+    assert info.value.code == ErrorCode.QUOTA_EXCEEDED and "unique_values" in str(info.value)
+    assert dev.stats().tensor_bytes == 3 * MIB + MIB // 8  # nothing of them stays counted
+    assert values.numpy()[-1] == 2**17 - 1  # stored tensors are intact
+    (few,) = xp.nonzero(mask[:8])
+    np.testing.assert_array_equal(few.numpy(), np.arange(8))
+    del held, values, mask, few, info
+    gc.collect()
+    stats = dev.stats()
+    assert (stats.tensor_bytes, stats.tensors) == (0, 0)
+    witness.assert_intact()
+
+
+# --- in-place updates: written in place when nothing shares the memory, else copied -----------
+
+
+def test_setitem_accounting_in_place_and_copy_on_write(
+    dev: client.RemoteDevice, witness: Witness
+) -> None:
+    xp = client.namespace(dev)
+    a = xp.zeros((128,), dtype=xp.int64)  # 1 KiB
+    a[0] = 1  # nothing shares a: written in place, nothing new counted
+    assert dev.stats().tensor_bytes == 1024  # (the value's scalar is freed with it)
+    view = a[...]  # shares a's memory
+    a[1] = 2  # copy-on-write: the view must not change, and the copy is counted
+    assert dev.stats().tensor_bytes == 2 * 1024
+    np.testing.assert_array_equal(view.numpy()[:2], [1, 0])
+    np.testing.assert_array_equal(a.numpy()[:2], [1, 2])
+    del view
+    gc.collect()
+    assert dev.stats().tensor_bytes == 1024  # the old memory went with the view
+    first = a.numpy()  # a read reply held a's bytes: the next update copies, then frees
+    a[2] = 3
+    assert first[2] == 0 and a.numpy()[2] == 3
+    assert dev.stats().tensor_bytes == 1024
+    del a, first
+    gc.collect()
+    stats = dev.stats()
+    assert (stats.tensor_bytes, stats.tensors) == (0, 0)
+    witness.assert_intact()
+
+
+def test_setitem_copy_over_the_quota_fails_the_target(
+    dev: client.RemoteDevice, witness: Witness
+) -> None:
+    """A copy-on-write copy needs room: without it the update fails like any refused op."""
+    xp = client.namespace(dev)
+    a = xp.full((MIB // 8,), 1.0)
+    held = [xp.full((MIB // 8,), 2.0) for _ in range(2)]
+    view = a[...]  # a's memory is shared: an update must copy 1 MiB
+    dev.sync()
+    filler = xp.full((MIB // 8 - 16,), 3.0)  # the quota is (nearly) full
+    a[0] = 5.0
+    with pytest.raises(client.RemoteError) as info:
+        a.numpy()
+    assert info.value.code == ErrorCode.QUOTA_EXCEEDED and "setitem" in str(info.value)
+    assert view.numpy()[0] == 1.0  # the view is unchanged
+    del a, held, view, filler, info
+    gc.collect()
+    stats = dev.stats()
+    assert (stats.tensor_bytes, stats.tensors, stats.failed) == (0, 0, 0)
     witness.assert_intact()

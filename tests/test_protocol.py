@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
+from pydantic import ValidationError
 
 import protocol
 from protocol import (
@@ -18,6 +19,8 @@ from protocol import (
     SERVER_ADAPTER,
     Batch,
     DecodeError,
+    Describe,
+    DescribeReply,
     ErrorCode,
     ErrorInfo,
     Hello,
@@ -39,6 +42,7 @@ from protocol import (
 )
 from protocol.codec import to_frames
 from protocol.ops import (
+    AnyOp,
     Arange,
     AsType,
     Binary,
@@ -58,9 +62,23 @@ from protocol.ops import (
     broadcast_shapes,
     matmul_shape,
 )
+from protocol.ops_data import Cumulative, Nonzero, SearchSorted, Sort, Unique
+from protocol.ops_index import ArrayIndex, SetItem, Take
+from protocol.ops_linalg import FFT, Linalg
+from protocol.ops_shape import (
+    Axes,
+    BroadcastTo,
+    Join,
+    Linspace,
+    MoveAxis,
+    Repeat,
+    Roll,
+    Tile,
+    Triangle,
+)
 from protocol.schema import protocol_schema
 
-ALL_OPS = [
+ALL_OPS: list[AnyOp] = [
     FromBuffer(out=1, shape=(2, 3), dtype="float32", buffer=0),
     Full(out=2, shape=(), dtype="complex64", value=ComplexValue(real=1.0, imag=-2.5)),
     Full(out=3, shape=(4,), dtype="float64", value=float("inf")),
@@ -76,6 +94,26 @@ ALL_OPS = [
     Reshape(out=13, x=1, shape=(3, -1)),
     PermuteDims(out=14, x=1, axes=(1, 0)),
     GetItem(out=15, x=1, key=(0, None, "...", SliceSpec(start=-1, stop=None, step=-2))),
+    GetItem(out=16, x=1, key=(ArrayIndex(tensor=5), SliceSpec())),
+    SetItem(out=1, key=(0, ArrayIndex(tensor=12)), value=10),
+    Take(out=17, op="take_along_axis", x=1, indices=12, axis=-1),
+    Join(out=18, op="concat", xs=(1, 1), axis=None),
+    Axes(out=19, op="squeeze", x=1, axis=(0,)),
+    Roll(out=20, x=1, shift=(1, -2), axis=(0, 1)),
+    MoveAxis(out=21, x=1, source=(0,), destination=(-1,)),
+    BroadcastTo(out=22, x=1, shape=(4, 2, 3)),
+    Tile(out=23, x=1, reps=(2, 1)),
+    Repeat(out=24, x=1, repeats_tensor=12, axis=0),
+    Triangle(out=25, op="tril", x=1, k=-1),
+    Linspace(out=26, start=0.0, stop=1.0, stop_imag=2.0, num=5, endpoint=False, dtype="complex64"),
+    Sort(out=27, op="argsort", x=1, axis=0, descending=True),
+    Cumulative(out=28, op="cumulative_prod", x=1, axis=1, include_initial=True),
+    SearchSorted(out=29, x1=3, x2=1, side="right"),
+    Nonzero(out=30, more=(31,), x=1),
+    Unique(out=32, more=(33, 34, 35), op="unique_all", x=1),
+    Linalg(out=36, more=(37, 38), op="svd", xs=(1,), full_matrices=False),
+    Linalg(out=39, op="matrix_norm", xs=(1,), ord="nuc", keepdims=True),
+    FFT(out=40, op="irfftn", x=2, n=(4, None), axes=(0, 1), norm="ortho"),
 ]
 ERROR = ErrorInfo(code=ErrorCode.INVALID_OP, message="bad", op="matmul(#1, #2) -> #3")
 CLIENT_MESSAGES: list[Any] = [
@@ -85,7 +123,12 @@ CLIENT_MESSAGES: list[Any] = [
     Batch(
         ops=ALL_OPS,
         frees=[1, 2**62],
-        requests=[Read(request_id=1, tensor=9), Sync(request_id=2), Stats(request_id=3)],
+        requests=[
+            Read(request_id=1, tensor=9),
+            Sync(request_id=2),
+            Stats(request_id=3),
+            Describe(request_id=4, tensor=30),
+        ],
         buffers=[24],
     ),
 ]
@@ -95,13 +138,14 @@ SERVER_MESSAGES: list[Any] = [
     ReadReply(request_id=7, shape=(2, 3), dtype="float32", nbytes=24),
     SyncReply(request_id=1),
     StatsReply(request_id=2, tensors=3, tensor_bytes=4, failed=1),
+    DescribeReply(request_id=4, shape=(7,), dtype="int64"),
     RequestFailed(request_id=3, error=ERROR),
     SessionError(error=ErrorInfo(code=ErrorCode.BAD_MESSAGE, message="x")),
 ]
 
 
 def _buffers(message: Any) -> list[memoryview]:
-    return [memoryview((np.arange(n) % 256).astype(np.uint8)) for n in message.buffer_sizes()]
+    return [byte_view((np.arange(n) % 256).astype(np.uint8)) for n in message.buffer_sizes()]
 
 
 def _wire(message: Any, buffers: list[memoryview]) -> bytes:
@@ -114,7 +158,7 @@ def _same(a: Any, b: Any) -> bool:  # NaN-tolerant model comparison
 
 @pytest.mark.parametrize("message", CLIENT_MESSAGES + SERVER_MESSAGES, ids=lambda m: m.type)
 def test_every_message_round_trips(message: Any) -> None:
-    adapter = CLIENT_ADAPTER if message in CLIENT_MESSAGES else SERVER_ADAPTER
+    adapter: Any = CLIENT_ADAPTER if message in CLIENT_MESSAGES else SERVER_ADAPTER
     buffers = _buffers(message)
     decoded, got = decode(adapter, _wire(message, buffers))
     assert type(decoded) is type(message) and _same(decoded, message)
@@ -123,7 +167,7 @@ def test_every_message_round_trips(message: Any) -> None:
 
 def test_every_op_family_is_covered() -> None:
     families = {type(op) for op in ALL_OPS}
-    assert families == set(protocol.ops.AnyOp.__args__)  # type: ignore[attr-defined]
+    assert families == set(protocol.ops.AnyOp.__args__)
 
 
 @settings(max_examples=60, deadline=None)
@@ -132,7 +176,9 @@ def test_every_op_family_is_covered() -> None:
     cuts=st.lists(st.integers(0, 20000), max_size=6),
 )
 def test_fragmented_messages_decode_into_buffers(sizes: list[int], cuts: list[int]) -> None:
-    ops = [FromBuffer(out=i + 1, shape=(n,), dtype="uint8", buffer=i) for i, n in enumerate(sizes)]
+    ops: list[AnyOp] = [
+        FromBuffer(out=i + 1, shape=(n,), dtype="uint8", buffer=i) for i, n in enumerate(sizes)
+    ]
     batch = Batch(ops=ops, buffers=sizes)
     payloads = [np.random.default_rng(n).integers(0, 256, n, dtype=np.uint8) for n in sizes]
     data = _wire(batch, [byte_view(p) for p in payloads])
@@ -264,7 +310,7 @@ def test_matmul_shape_matches_numpy(a: tuple[int, ...], b: tuple[int, ...]) -> N
 def test_getitem_shape_matches_numpy(shape: tuple[int, ...], data: st.DataObject) -> None:
     key = data.draw(hnp.basic_indices(shape, allow_newaxis=True, allow_ellipsis=True))
     items = key if isinstance(key, tuple) else (key,)
-    wire = tuple(
+    wire: Any = tuple(
         "..." if k is Ellipsis else SliceSpec(start=k.start, stop=k.stop, step=k.step)
         if isinstance(k, slice) else k
         for k in items
@@ -316,7 +362,7 @@ def _check_against_executor(op: Any, args: list[Any]) -> None:
         meta = op.infer(*metas)
     except OpDTypeError:
         return  # refused before numpy ever runs
-    result = executor.run(op, args, [], meta)  # raises InferenceMismatch if they differ
+    (result,) = executor.run(op, args, [], (meta,))  # raises InferenceMismatch if they differ
     assert result.dtype == protocol.to_numpy(meta.dtype)
 
 
@@ -376,3 +422,11 @@ def test_decoder_takes_buffer_bytes_written_in_place() -> None:
     assert decoder.writable() is None  # every buffer is full
     _, buffers = decoder.finish()
     np.testing.assert_array_equal(np.frombuffer(buffers[0], np.float32), values)
+
+
+def test_outputs_of_one_op_are_distinct() -> None:
+    with pytest.raises(ValidationError, match="not distinct"):
+        Nonzero(out=8, more=(9, 8), x=1)
+    with pytest.raises(ValidationError, match="not distinct"):
+        Unique(op="unique_counts", out=8, more=(8,), x=1)
+    assert Nonzero(out=8, more=(9,), x=1).outputs() == (8, 9)

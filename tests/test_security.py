@@ -18,7 +18,7 @@ from websockets.frames import Frame, Opcode
 
 import client
 from protocol import PROTOCOL_VERSION, Batch, ErrorCode, ErrorInfo, Read, Sync, encode
-from protocol.ops import Binary, Full
+from protocol.ops import AnyOp, Binary, Full
 from server.__main__ import build_server
 
 from .raw import TOKEN, Raw, RawSocket, Witness, wait_for
@@ -249,9 +249,9 @@ def test_slowloris_upload_is_closed(impatient: ServerProcess) -> None:
 def test_client_that_never_reads_is_dropped(impatient: ServerProcess) -> None:
     sock = RawSocket(impatient.url)
     sock.hello()
-    ops = [Full(out=1, shape=(2**21,), dtype="float64", value=1.0)]  # 16 MiB, read 16 times
+    ops: list[AnyOp] = [Full(out=1, shape=(2**21,), dtype="float64", value=1.0)]  # 16 MiB x16
     batch = Batch(ops=ops, requests=[Read(request_id=i, tensor=1) for i in range(16)])
-    sock.frame(b"".join(encode(batch)))  # type: ignore[arg-type]
+    sock.frame(b"".join(encode(batch)))
     with client.RemoteDevice(impatient.url, token=TOKEN) as probe:
         wait_for(lambda: probe.stats().server_tensor_bytes == 16 * 2**20)
         wait_for(lambda: probe.stats().connections == 1)  # dropped after --send-timeout
@@ -321,8 +321,8 @@ def test_op_past_its_deadline_closes_the_session() -> None:
 
 def test_matmul_op_types_are_still_checked(secured: ServerProcess, witness: Witness) -> None:
     raw = Raw(secured.url)
-    ops = [Full(out=1, shape=(2, 3), dtype="float64", value=1.0),
-           Binary(op="matmul", out=2, x1=1, x2=1)]  # fmt: skip
+    ops: list[AnyOp] = [Full(out=1, shape=(2, 3), dtype="float64", value=1.0),
+                        Binary(op="matmul", out=2, x1=1, x2=1)]  # fmt: skip
     (reply,) = raw.request(Batch(ops=ops, frees=[1], requests=[Read(request_id=1, tensor=2)]))
     assert reply.error.code == ErrorCode.INVALID_OP
     raw.request(Batch(frees=[2], requests=[Sync(request_id=2)]))
@@ -369,12 +369,12 @@ def test_a_flooding_client_is_held_back_by_tcp() -> None:
         w = Witness(proc.url)
         sock = RawSocket(proc.url)
         sock.hello()
-        ops = [Full(out=1, shape=(1500, 1500), dtype="float64", value=1.0)]
+        ops: list[AnyOp] = [Full(out=1, shape=(1500, 1500), dtype="float64", value=1.0)]
         ops += [Binary(op="matmul", out=i, x1=i - 1, x2=1) for i in range(2, 10)]
-        sock.frame(b"".join(encode(Batch(ops=ops))))  # type: ignore[arg-type]
+        sock.frame(b"".join(encode(Batch(ops=ops))))
         upload = Batch(buffers=[2**20])
         message = Frame(Opcode.BINARY, b"".join(encode(upload, [memoryview(bytes(2**20))])))
-        wire = message.serialize(mask=True, extensions=[])  # type: ignore[arg-type]
+        wire = message.serialize(mask=True, extensions=[])
         sock.sock.setblocking(False)
         sent = 0
         with pytest.raises(BlockingIOError):

@@ -136,7 +136,7 @@ def test_device_from_the_environment_is_served() -> None:
 
 
 def test_programmatic_config() -> None:
-    config = ServerConfig(device="ndarray:2", port=0)  # type: ignore[arg-type]
+    config = ServerConfig(device="ndarray:2", port=0)
     assert server.Server(config).device.count == 2
     with pytest.raises(server.UnsupportedDeviceError):
         server.Server(ServerConfig(device=RemoteSpec(url="ws://gpu-box:8765")))

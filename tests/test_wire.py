@@ -29,7 +29,7 @@ from protocol import (
     encode,
 )
 from protocol.codec import encode_header
-from protocol.messages import Message
+from protocol.messages import Message, Request
 from protocol.ops import Binary, FromBuffer, Unary
 
 from .servers import ServerProcess, run_server
@@ -111,7 +111,11 @@ def test_malformed_messages_keep_the_session(raw: ClientConnection) -> None:
 
 
 def test_replies_come_in_request_order(raw: ClientConnection) -> None:
-    requests = [Sync(request_id=5), Read(request_id=6, tensor=77), Sync(request_id=7)]
+    requests: list[Request] = [
+        Sync(request_id=5),
+        Read(request_id=6, tensor=77),
+        Sync(request_id=7),
+    ]
     _send(raw, Batch(requests=requests))
     replies = [_recv(raw)[0] for _ in requests]
     assert [r.request_id for r in replies] == [5, 6, 7]

@@ -18,25 +18,44 @@ import numpy as np
 from protocol import TensorMeta, to_numpy
 from protocol.codec import Buffer
 from protocol.ops import (
+    FFT,
+    UNKNOWN,
     AnyOp,
     Arange,
     AsType,
+    Axes,
     Binary,
+    BroadcastTo,
+    Cumulative,
     Eye,
     FromBuffer,
     Full,
     GetItem,
+    Join,
+    Linalg,
+    Linspace,
+    MoveAxis,
+    Nonzero,
     PermuteDims,
     Reduce,
+    Repeat,
     Reshape,
+    Roll,
+    SearchSorted,
+    SetItem,
+    Sort,
+    Take,
+    Tile,
+    Triangle,
     Unary,
+    Unique,
     Where,
 )
 
-from . import creation, elementwise, manipulation, reduction
+from . import creation, data, elementwise, linalg, manipulation, reduction
 
 Array = np.ndarray[Any, Any]
-Runner = Callable[[Any, Sequence[Array], Sequence[Buffer]], Array]
+Runner = Callable[[Any, Sequence[Array], Sequence[Buffer]], Array | tuple[Array, ...]]
 
 
 class InferenceMismatch(AssertionError):
@@ -56,24 +75,90 @@ _RUNNERS: dict[type[AnyOp], Runner] = {
     Reshape: manipulation.reshape,
     PermuteDims: manipulation.permute_dims,
     GetItem: manipulation.getitem,
+    SetItem: manipulation.setitem,
+    Take: manipulation.take,
+    Join: manipulation.join,
+    Axes: manipulation.axes,
+    Roll: manipulation.roll,
+    MoveAxis: manipulation.moveaxis,
+    BroadcastTo: manipulation.broadcast_to,
+    Tile: manipulation.tile,
+    Repeat: manipulation.repeat,
+    Triangle: manipulation.triangle,
+    Linspace: creation.linspace,
+    Sort: data.sort,
+    Cumulative: data.cumulative,
+    SearchSorted: data.searchsorted,
+    Nonzero: data.nonzero,
+    Unique: data.unique,
+    Linalg: linalg.linalg,
+    FFT: linalg.fft,
 }
 
 
-def run(op: AnyOp, args: Sequence[Array], buffers: Sequence[Buffer], meta: TensorMeta) -> Array:
-    """Run ``op`` on ``args`` (arrays of ``op.inputs()``); ``meta`` is ``op.infer(...)``.
+def run(
+    op: AnyOp,
+    args: Sequence[Array],
+    buffers: Sequence[Buffer],
+    metas: Sequence[TensorMeta],
+    in_place: bool = False,
+) -> tuple[Array, ...]:
+    """Run ``op`` on ``args`` (arrays of ``op.inputs()``); ``metas`` is ``op.infer_all(...)``.
+    Returns one array per output; a dimension inferred as ``UNKNOWN`` may take any length.
+    ``in_place``: an in-place op may write into its target's array (nothing else shares it).
 
     Raises:
         Exception: whatever numpy raises for a genuine runtime failure.
-        InferenceMismatch: the result differs from ``meta``.
+        InferenceMismatch: a result differs from its meta.
     """
     with np.errstate(all="ignore"):
-        result = np.asarray(_RUNNERS[type(op)](op, args, buffers))
-    if result.shape != meta.shape or result.dtype != to_numpy(meta.dtype):
-        raise InferenceMismatch(
-            f"{op.describe()} gave {result.dtype}{list(result.shape)}, "
-            f"inferred {meta.dtype}{list(meta.shape)}"
-        )
-    return result
+        if isinstance(op, SetItem):
+            raw: Array | tuple[Array, ...] = manipulation.setitem(op, args, buffers, in_place)
+        else:
+            raw = _RUNNERS[type(op)](op, args, buffers)
+    results = tuple(np.asarray(r) for r in (raw if isinstance(raw, tuple) else (raw,)))
+    if len(results) != len(metas) or not all(map(_matches, results, metas)):
+        got = ", ".join(f"{r.dtype}{list(r.shape)}" for r in results)
+        want = ", ".join(f"{m.dtype}{list(m.shape)}" for m in metas)
+        raise InferenceMismatch(f"{op.describe()} gave {got}, inferred {want}")
+    return results
+
+
+def resolve(
+    op: AnyOp, args: Sequence[Array], metas: tuple[TensorMeta, ...]
+) -> tuple[TensorMeta, ...]:
+    """``metas`` with the data-dependent lengths that the inputs tell cheaply filled in, so
+    that the output is capped and reserved before numpy allocates it: ``repeat`` by a tensor
+    has the sum of its repeats (an exact Python int); ``nonzero`` and an index by one boolean
+    mask have the mask's count of true elements. Other ``UNKNOWN`` dims stay (``unique_*``,
+    several masks; a negative repeat, which numpy refuses).
+    """
+    if isinstance(op, Nonzero):
+        count = int(np.count_nonzero(args[0]))
+        return tuple(TensorMeta((count,), m.dtype) for m in metas)
+    if isinstance(op, GetItem):
+        masks = [a for a in args[1:] if a.dtype == np.bool_]
+        if len(masks) != 1 or metas[0].shape.count(UNKNOWN) != 1:
+            return metas
+        count = int(np.count_nonzero(masks[0]))
+        shape = tuple(count if d == UNKNOWN else d for d in metas[0].shape)
+        return (TensorMeta(shape, metas[0].dtype),)
+    if not isinstance(op, Repeat) or len(args) != 2:
+        return metas
+    x, repeats = args
+    length = x.size if op.axis is None else x.shape[op.axis % x.ndim]
+    counts = repeats.reshape(-1).tolist()  # Python ints: the sum cannot overflow
+    if counts and min(counts) < 0:
+        return metas
+    total = length * counts[0] if len(counts) == 1 else sum(counts)
+    shape = tuple(total if d == UNKNOWN else d for d in metas[0].shape)
+    return (TensorMeta(shape, metas[0].dtype),)
+
+
+def _matches(result: Array, meta: TensorMeta) -> bool:
+    if result.dtype != to_numpy(meta.dtype) or result.ndim != len(meta.shape):
+        return False
+    return all(d == m or m == UNKNOWN for d, m in zip(result.shape, meta.shape, strict=True))
 
 
 def cost(op: AnyOp, meta: TensorMeta, args: Sequence[Array]) -> int:
@@ -82,5 +167,7 @@ def cost(op: AnyOp, meta: TensorMeta, args: Sequence[Array]) -> int:
     for a in args:
         work = max(work, a.size)
     if isinstance(op, Binary) and op.op == "matmul" and args[0].ndim:
+        work *= args[0].shape[-1]
+    elif isinstance(op, Linalg) and args and args[0].ndim:  # factorizations: O(n**3)
         work *= args[0].shape[-1]
     return work

@@ -9,7 +9,15 @@ import numpy as np
 
 from protocol import to_numpy
 from protocol.codec import Buffer
-from protocol.ops import Arange, Eye, FromBuffer, Full, InvalidOpError, scalar_to_python
+from protocol.ops import (
+    Arange,
+    Eye,
+    FromBuffer,
+    Full,
+    InvalidOpError,
+    Linspace,
+    scalar_to_python,
+)
 
 Array = np.ndarray[Any, Any]
 
@@ -43,3 +51,13 @@ def arange(op: Arange, args: Sequence[Array], buffers: Sequence[Buffer]) -> Arra
 
 def eye(op: Eye, args: Sequence[Array], buffers: Sequence[Buffer]) -> Array:
     return np.eye(op.n_rows, op.n_cols, k=op.k, dtype=to_numpy(op.dtype))
+
+
+def linspace(op: Linspace, args: Sequence[Array], buffers: Sequence[Buffer]) -> Array:
+    dtype = to_numpy(op.dtype)
+    if dtype.kind == "c":
+        start: complex | float = complex(op.start, op.start_imag)
+        stop: complex | float = complex(op.stop, op.stop_imag)
+    else:
+        start, stop = op.start, op.stop
+    return np.linspace(start, stop, op.num, endpoint=op.endpoint, dtype=dtype)

@@ -31,11 +31,40 @@ def _wire(a: Array) -> Any:
 
 
 def unary(op: Unary, args: Sequence[Array], buffers: Sequence[Buffer]) -> Array:
-    return _call(op.op, args)
+    result = _call(op.op, args)
+    if result.dtype.kind != "c":
+        return result
+    if op.op == "tanh":
+        # Note: the standard asks tanh(+-inf + yj) = +-1 + 0j (the zero's sign that of y) for a
+        # finite y; numpy can give NaN parts there.
+        (x,) = args
+        bad = np.isinf(x.real) & np.isfinite(x.imag)
+        if bad.any():
+            fixed = np.copysign(1.0, x.real) + 1j * np.copysign(0.0, x.imag)
+            result = np.where(bad, fixed.astype(result.dtype), result)
+    if op.op == "expm1":
+        # Note: numpy's complex expm1 misses the standard's special cases at infinities and
+        # NaNs; exp(x) - 1 has them right there.
+        (x,) = args
+        bad = ~np.isfinite(x)
+        if bad.any():
+            result = np.where(bad, np.exp(x) - 1, result)
+        zero = (x == 0) & ~np.signbit(x.imag)  # expm1(+-0 + 0j) is +0 + 0j
+        if zero.any():
+            result = np.where(zero, np.zeros((), result.dtype), result)
+    return result
 
 
 def binary(op: Binary, args: Sequence[Array], buffers: Sequence[Buffer]) -> Array:
-    return _call(op.op, args)
+    result = _call(op.op, args)
+    if op.op == "floor_divide" and result.dtype.kind == "f":
+        # Note: numpy's floor_divide gives NaN for inf // finite and -1 for -finite // inf;
+        # the standard asks for floor(x1 / x2) there (+-inf, -0).
+        x1, x2 = args
+        bad = np.isinf(x1) | np.isinf(x2)
+        if bad.any():
+            result = np.where(bad, np.floor(np.divide(x1, x2)), result).astype(result.dtype)
+    return result
 
 
 def where(op: Where, args: Sequence[Array], buffers: Sequence[Buffer]) -> Array:

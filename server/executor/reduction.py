@@ -23,4 +23,6 @@ def reduce(op: Reduce, args: Sequence[Array], buffers: Sequence[Buffer]) -> Arra
     if op.op in ("argmax", "argmin"):
         axis = None if op.axis is None else op.axis[0]
         return fn(x, axis=axis, keepdims=op.keepdims)
+    if op.op in ("std", "var"):
+        return fn(x, axis=op.axis, keepdims=op.keepdims, ddof=op.correction)
     return fn(x, axis=op.axis, keepdims=op.keepdims)

@@ -1,0 +1,270 @@
+"""The ``linalg`` and ``fft`` extensions: two op families, each with a shape rule per function.
+
+Rule: this module imports numpy, pydantic and ``protocol`` siblings only. No I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Literal
+
+from .dtypes import DType, is_complex, is_floating
+from .ops import (
+    I64,
+    OpDTypeError,
+    OpShapeError,
+    TensorId,
+    TensorMeta,
+    _normalize_axes,
+    _normalize_axis,
+    broadcast_shapes,
+    reduce_rule,
+)
+from .ops_data import _MultiOp
+from .ops_shape import result_dtype
+
+LinalgName = Literal[
+    "cholesky", "det", "inv", "eigh", "eigvalsh", "qr", "svd", "svdvals", "slogdet", "solve",
+    "matrix_power", "matrix_rank", "pinv", "matrix_norm", "vector_norm", "diagonal", "trace",
+    "cross", "outer", "tensordot", "vecdot",
+]  # fmt: skip
+
+
+def float_dtype(dtype: DType) -> DType:
+    """The floating dtype numpy's linalg computes ``dtype`` in."""
+    return dtype if is_floating(dtype) or is_complex(dtype) else "float64"
+
+
+def real_dtype(dtype: DType) -> DType:
+    return {"complex64": "float32", "complex128": "float64"}.get(dtype, float_dtype(dtype))  # type: ignore[return-value]
+
+
+def _matrix(x: TensorMeta, square: bool = False) -> tuple[tuple[int, ...], int, int]:
+    if len(x.shape) < 2:
+        raise OpShapeError("a matrix function needs at least 2 dimensions")
+    *batch, m, n = x.shape
+    if square and m != n:
+        raise OpShapeError(f"a square matrix is needed, not {m}x{n}")
+    return tuple(batch), m, n
+
+
+class Linalg(_MultiOp):
+    """One function of ``linalg``; each keyword applies only to the functions that take it."""
+
+    kind: Literal["linalg"] = "linalg"
+    op: LinalgName
+    xs: tuple[TensorId, ...]
+    upper: bool = False  # cholesky
+    mode: Literal["reduced", "complete"] = "reduced"  # qr
+    full_matrices: bool = True  # svd
+    n: I64 = 1  # matrix_power
+    offset: I64 = 0  # diagonal, trace
+    ord: float | Literal["fro", "nuc"] | None = None  # matrix_norm, vector_norm
+    axis: tuple[I64, ...] | None = None  # vector_norm; cross uses axis[0]
+    keepdims: bool = False  # matrix_norm, vector_norm
+    rtol: float | None = None  # matrix_rank, pinv
+    axes1: tuple[I64, ...] = ()  # tensordot
+    axes2: tuple[I64, ...] = ()
+
+    def inputs(self) -> tuple[int, ...]:
+        return self.xs
+
+    def _infer_all(self, *args: TensorMeta) -> tuple[TensorMeta, ...]:
+        expected = 2 if self.op in ("solve", "cross", "outer", "tensordot", "vecdot") else 1
+        if self.op in ("pinv", "matrix_rank") and len(args) == 2:  # an array rtol
+            if is_complex(args[1].dtype) or args[1].dtype == "bool":
+                raise OpDTypeError(f"linalg.{self.op} needs a real rtol")
+            broadcast_shapes(args[0].shape[:-2], args[1].shape)
+            return _LINALG[self.op](self, args[0])
+        if len(args) != expected:
+            raise OpShapeError(f"linalg.{self.op} takes {expected} arrays")
+        return _LINALG[self.op](self, *args)
+
+
+def _same_square(op: Linalg, x: TensorMeta) -> tuple[TensorMeta, ...]:
+    _matrix(x, square=op.op != "pinv")
+    if op.op == "matrix_power" and op.n < 0 and not (is_floating(x.dtype) or is_complex(x.dtype)):
+        raise OpDTypeError("negative matrix powers need a floating dtype")
+    dtype = x.dtype if op.op == "matrix_power" else float_dtype(x.dtype)
+    if op.op == "pinv":
+        return (TensorMeta(x.shape[:-2] + (x.shape[-1], x.shape[-2]), dtype),)
+    return (TensorMeta(x.shape, dtype),)
+
+
+def _batch_scalar(op: Linalg, x: TensorMeta) -> tuple[TensorMeta, ...]:
+    batch, _, _ = _matrix(x, square=op.op in ("det", "slogdet"))
+    f = float_dtype(x.dtype)
+    if op.op == "det":
+        return (TensorMeta(batch, f),)
+    if op.op == "slogdet":
+        return TensorMeta(batch, f), TensorMeta(batch, real_dtype(x.dtype))
+    if op.op == "matrix_rank":
+        return (TensorMeta(batch, "int64"),)
+    if op.op == "trace":
+        return (TensorMeta(batch, reduce_rule("sum", x.dtype)[0]),)
+    shape = batch + (1, 1) if op.keepdims else batch  # matrix_norm
+    return (TensorMeta(shape, real_dtype(x.dtype)),)
+
+
+def _decomposition(op: Linalg, x: TensorMeta) -> tuple[TensorMeta, ...]:
+    batch, m, n = _matrix(x, square=op.op in ("eigh", "eigvalsh"))
+    f, r, k = float_dtype(x.dtype), real_dtype(x.dtype), min(m, n)
+    if op.op == "eigh":
+        return TensorMeta(batch + (m,), r), TensorMeta(x.shape, f)
+    if op.op == "eigvalsh":
+        return (TensorMeta(batch + (m,), r),)
+    if op.op == "svdvals":
+        return (TensorMeta(batch + (k,), r),)
+    if op.op == "qr":
+        q = m if op.mode == "complete" else k
+        return TensorMeta(batch + (m, q), f), TensorMeta(batch + (q, n), f)
+    u, v = (m, n) if op.full_matrices else (k, k)
+    return TensorMeta(batch + (m, u), f), TensorMeta(batch + (k,), r), TensorMeta(batch + (v, n), f)
+
+
+def _solve(op: Linalg, a: TensorMeta, b: TensorMeta) -> tuple[TensorMeta, ...]:
+    batch, m, _ = _matrix(a, square=True)
+    dtype = float_dtype(result_dtype(a.dtype, b.dtype))
+    if len(b.shape) == 1:
+        if b.shape[0] != m:
+            raise OpShapeError(f"solve: b of length {b.shape[0]} does not fit {m}x{m}")
+        return (TensorMeta(a.shape[:-1], dtype),)
+    bbatch, bm, k = _matrix(b)
+    if bm != m:
+        raise OpShapeError(f"solve: b of shape {b.shape} does not fit {m}x{m}")
+    return (TensorMeta(broadcast_shapes(batch, bbatch) + (m, k), dtype),)
+
+
+def _vector_norm(op: Linalg, x: TensorMeta) -> tuple[TensorMeta, ...]:
+    axes = _normalize_axes(op.axis, len(x.shape))
+    if op.keepdims:
+        shape = tuple(1 if i in axes else d for i, d in enumerate(x.shape))
+    else:
+        shape = tuple(d for i, d in enumerate(x.shape) if i not in axes)
+    return (TensorMeta(shape, real_dtype(x.dtype)),)
+
+
+def _diagonal(op: Linalg, x: TensorMeta) -> tuple[TensorMeta, ...]:
+    batch, m, n = _matrix(x)
+    k = op.offset
+    size = max(0, min(m, n - k)) if k >= 0 else max(0, min(m + k, n))
+    return (TensorMeta(batch + (size,), x.dtype),)
+
+
+def _cross(op: Linalg, a: TensorMeta, b: TensorMeta) -> tuple[TensorMeta, ...]:
+    axis = op.axis[0] if op.axis else -1
+    if axis >= 0:
+        raise OpShapeError("cross takes a negative axis")
+    shape = broadcast_shapes(a.shape, b.shape)
+    if len(a.shape) < -axis or len(b.shape) < -axis:
+        raise OpShapeError(f"cross axis {axis} is out of bounds")
+    if a.shape[axis] != 3 or b.shape[axis] != 3:
+        raise OpShapeError("cross needs vectors of 3 elements along axis")
+    return (TensorMeta(shape, result_dtype(a.dtype, b.dtype)),)
+
+
+def _vecdot(op: Linalg, a: TensorMeta, b: TensorMeta) -> tuple[TensorMeta, ...]:
+    axis = op.axis[0] if op.axis else -1
+    if not a.shape or not b.shape:
+        raise OpShapeError("vecdot needs at least one dimension")
+    if axis >= 0 or len(a.shape) < -axis or len(b.shape) < -axis:
+        raise OpShapeError(f"vecdot axis {axis} must be negative and within both arrays")
+    if a.shape[axis] != b.shape[axis]:
+        raise OpShapeError(f"vecdot needs equal lengths along axis {axis}")
+    shape = list(broadcast_shapes(a.shape, b.shape))
+    del shape[axis]
+    return (TensorMeta(tuple(shape), result_dtype(a.dtype, b.dtype)),)
+
+
+def _outer(op: Linalg, a: TensorMeta, b: TensorMeta) -> tuple[TensorMeta, ...]:
+    if len(a.shape) != 1 or len(b.shape) != 1:
+        raise OpShapeError("outer needs 1-dimensional arrays")
+    return (TensorMeta(a.shape + b.shape, result_dtype(a.dtype, b.dtype)),)
+
+
+def _tensordot(op: Linalg, a: TensorMeta, b: TensorMeta) -> tuple[TensorMeta, ...]:
+    ax1, ax2 = _normalize_axes(op.axes1, len(a.shape)), _normalize_axes(op.axes2, len(b.shape))
+    if len(ax1) != len(ax2) or any(a.shape[i] != b.shape[j] for i, j in zip(ax1, ax2, strict=True)):
+        raise OpShapeError(f"tensordot axes {op.axes1} and {op.axes2} do not match")
+    shape = tuple(d for i, d in enumerate(a.shape) if i not in ax1) + tuple(
+        d for i, d in enumerate(b.shape) if i not in ax2
+    )
+    return (TensorMeta(shape, result_dtype(a.dtype, b.dtype)),)
+
+
+_LINALG: dict[str, Callable[..., tuple[TensorMeta, ...]]] = {
+    "cholesky": _same_square, "inv": _same_square, "matrix_power": _same_square,
+    "pinv": _same_square, "det": _batch_scalar, "slogdet": _batch_scalar,
+    "matrix_rank": _batch_scalar, "trace": _batch_scalar, "matrix_norm": _batch_scalar,
+    "eigh": _decomposition, "eigvalsh": _decomposition, "svdvals": _decomposition,
+    "qr": _decomposition, "svd": _decomposition, "solve": _solve, "vector_norm": _vector_norm,
+    "diagonal": _diagonal, "cross": _cross, "vecdot": _vecdot, "outer": _outer,
+    "tensordot": _tensordot,
+}  # fmt: skip
+
+FFTName = Literal[
+    "fft", "ifft", "fftn", "ifftn", "rfft", "irfft", "rfftn", "irfftn", "hfft", "ihfft",
+    "fftshift", "ifftshift",
+]  # fmt: skip
+
+
+def complex_dtype(dtype: DType) -> DType:
+    return "complex64" if dtype in ("float32", "complex64") else "complex128"
+
+
+class FFT(_MultiOp):
+    """One function of ``fft``. ``n`` lists the output lengths (``n`` or ``s``) along ``axes``;
+    the 1-D functions take one axis."""
+
+    kind: Literal["fft"] = "fft"
+    op: FFTName
+    x: TensorId
+    n: tuple[I64 | None, ...] | None = None
+    axes: tuple[I64, ...] | None = None
+    norm: Literal["backward", "ortho", "forward"] = "backward"
+
+    def inputs(self) -> tuple[int, ...]:
+        return (self.x,)
+
+    def _infer_all(self, *args: TensorMeta) -> tuple[TensorMeta, ...]:
+        (x,) = args
+        if self.op in ("fftshift", "ifftshift"):
+            _normalize_axes(self.axes, len(x.shape))
+            return (x,)
+        if x.dtype == "bool" or not (is_floating(x.dtype) or is_complex(x.dtype)):
+            raise OpDTypeError(f"fft.{self.op} needs a floating-point array, not {x.dtype}")
+        if self.op in ("rfft", "rfftn", "ihfft") and is_complex(x.dtype):
+            raise OpDTypeError(f"fft.{self.op} needs a real array")
+        nd = self.op.endswith("n")
+        axes = _normalize_axes(self.axes, len(x.shape)) if nd else self._one_axis(x)
+        if len(set(axes)) != len(axes) or not axes and x.shape == ():
+            raise OpShapeError(f"fft.{self.op} needs distinct axes of a non-0-d array")
+        lengths = self.n or (None,) * len(axes)
+        if len(lengths) != len(axes):
+            raise OpShapeError(f"fft.{self.op}: s and axes differ in length")
+        shape = list(x.shape)
+        for i, (axis, n) in enumerate(zip(axes, lengths, strict=True)):
+            last = i == len(axes) - 1
+            shape[axis] = self._length(shape[axis], n, last)
+        real_out = self.op in ("irfft", "irfftn", "hfft")
+        dtype = real_dtype(x.dtype) if real_out else complex_dtype(x.dtype)
+        return (TensorMeta(tuple(shape), dtype),)
+
+    def _one_axis(self, x: TensorMeta) -> tuple[int, ...]:
+        if len(x.shape) == 0:
+            raise OpShapeError(f"fft.{self.op} needs at least one dimension")
+        axis = self.axes[0] if self.axes else -1
+        return (_normalize_axis(axis, len(x.shape)),)
+
+    def _length(self, m: int, n: int | None, last: bool) -> int:
+        if n is not None and n < 1:
+            raise OpShapeError(f"fft.{self.op}: invalid length {n}")
+        if self.op in ("irfft", "hfft") or (self.op == "irfftn" and last):
+            out = n if n is not None else 2 * (m - 1)
+        elif self.op in ("rfft", "ihfft") or (self.op == "rfftn" and last):
+            out = (n if n is not None else m) // 2 + 1
+        else:
+            out = n if n is not None else m
+        if out < 1 or (n is None and m < 1):
+            raise OpShapeError(f"fft.{self.op}: invalid length along an axis of {m}")
+        return out

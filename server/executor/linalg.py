@@ -1,0 +1,66 @@
+"""The ``linalg`` and ``fft`` extensions, with numpy.linalg and numpy.fft."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from protocol import to_numpy
+from protocol.codec import Buffer
+from protocol.ops import FFT, Linalg
+
+Array = np.ndarray[Any, Any]
+
+
+def linalg(op: Linalg, args: Sequence[Array], buffers: Sequence[Buffer]) -> tuple[Array, ...]:
+    la: Any = np.linalg
+    name = op.op
+    if name in ("solve", "cross", "outer", "tensordot", "vecdot"):
+        a, b = args
+        if name == "vecdot":
+            vecdot: Any = np.vecdot
+            return (vecdot(a, b, axis=op.axis[0] if op.axis else -1),)
+        if name == "solve":
+            return (la.solve(a, b),)
+        if name == "cross":
+            return (la.cross(a, b, axis=op.axis[0] if op.axis else -1),)
+        if name == "outer":
+            return (la.outer(a, b),)
+        return (la.tensordot(a, b, axes=(op.axes1, op.axes2)),)
+    x = args[0]
+    rtol = args[1] if len(args) == 2 else op.rtol
+    kwargs: Any = {
+        "cholesky": {"upper": op.upper},
+        "qr": {"mode": op.mode},
+        "svd": {"full_matrices": op.full_matrices},
+        "matrix_power": {"n": op.n},
+        "diagonal": {"offset": op.offset},
+        "trace": {"offset": op.offset},
+        "matrix_norm": {"ord": "fro" if op.ord is None else op.ord, "keepdims": op.keepdims},
+        "vector_norm": {"ord": 2 if op.ord is None else op.ord, "keepdims": op.keepdims,
+                        "axis": op.axis},
+        "matrix_rank": {"rtol": rtol},
+        "pinv": {"rtol": rtol},
+    }.get(name, {})  # fmt: skip
+    result = getattr(la, name)(x, **kwargs)
+    return tuple(result) if isinstance(result, tuple) else (result,)
+
+
+def fft(op: FFT, args: Sequence[Array], buffers: Sequence[Buffer]) -> Array:
+    (x,) = args
+    fn: Any = getattr(np.fft, op.op)
+    if op.op in ("fftshift", "ifftshift"):
+        return np.asarray(fn(x, axes=op.axes))
+    if op.op.endswith("n"):
+        result = fn(x, s=op.n, axes=op.axes, norm=op.norm)
+    else:
+        n = op.n[0] if op.n else None
+        result = fn(x, n=n, axis=op.axes[0] if op.axes else -1, norm=op.norm)
+    real = op.op in ("irfft", "irfftn", "hfft")
+    single = x.dtype in (np.float32, np.complex64)
+    dtype = (
+        ("float32" if single else "float64") if real else ("complex64" if single else "complex128")
+    )
+    return np.asarray(result).astype(to_numpy(dtype), copy=False)  # type: ignore[arg-type]

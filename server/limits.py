@@ -1,0 +1,56 @@
+"""Per-op caps, checked on an op's inferred outputs before numpy runs.
+
+Rule: imports ``protocol`` and ``server.store`` only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from protocol import DTYPES, ErrorCode, TensorMeta, to_numpy
+from protocol.ops import UNKNOWN, numel
+
+from .store import StoreError
+
+_ITEMSIZE = {name: to_numpy(name).itemsize for name in DTYPES}
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Per-op caps checked on the inferred output before numpy runs."""
+
+    max_op_bytes: int = 2**63
+    max_ndim: int = 64
+
+
+def output_bytes(metas: Sequence[TensorMeta], limits: Limits) -> int:
+    """The bytes to reserve for outputs ``metas`` (their sum; Python ints: no overflow). A
+    data-dependent output (an ``UNKNOWN`` dim) counts 0 here: it is charged after it ran.
+
+    Raises:
+        StoreError: ``limit_exceeded``, for outputs over a per-op cap.
+    """
+    total = 0
+    for meta in metas:
+        if len(meta.shape) > limits.max_ndim:
+            raise StoreError(
+                ErrorCode.LIMIT_EXCEEDED,
+                f"the output has {len(meta.shape)} dimensions; the limit is {limits.max_ndim}",
+            )
+        itemsize = _ITEMSIZE[meta.dtype]
+        known = numel(tuple(d for d in meta.shape if d > 0)) * itemsize
+        if known >= 2**63 and (0 in meta.shape or UNKNOWN in meta.shape):
+            raise StoreError(  # other dims that overflow numpy's intp, even if empty
+                ErrorCode.LIMIT_EXCEEDED,
+                f"the dimensions {list(meta.shape)} overflow numpy's index type, even if empty",
+            )
+        if UNKNOWN not in meta.shape:
+            total += numel(meta.shape) * itemsize
+    if total > limits.max_op_bytes:
+        shapes = ", ".join(f"{m.dtype}{list(m.shape)}" for m in metas)
+        raise StoreError(
+            ErrorCode.LIMIT_EXCEEDED,
+            f"the output {shapes} needs {total} bytes; the per-op limit is {limits.max_op_bytes}",
+        )
+    return total
