@@ -89,10 +89,12 @@ class MessageDecoder(Generic[M]):
         max_header: int = MAX_HEADER,
         max_buffer_bytes: int | None = None,
         check: Callable[[M], None] | None = None,
+        max_buffers: int = MAX_BUFFERS,
     ) -> None:
         self._adapter = adapter
         self._max_header = max_header
         self._max_buffer_bytes = max_buffer_bytes
+        self._max_buffers = max_buffers
         self._check = check
         self.message: M | None = None
         self._sizes: tuple[int, ...] = ()
@@ -137,8 +139,10 @@ class MessageDecoder(Generic[M]):
         return rest
 
     def _check_limits(self, message: M) -> None:
-        if len(self._sizes) > MAX_BUFFERS:
-            raise MessageLimitError(f"{len(self._sizes)} buffers exceed the limit of {MAX_BUFFERS}")
+        if len(self._sizes) > self._max_buffers:
+            raise MessageLimitError(
+                f"{len(self._sizes)} buffers exceed the limit of {self._max_buffers}"
+            )
         total = sum(self._sizes)
         if self._max_buffer_bytes is not None and total > self._max_buffer_bytes:
             raise MessageLimitError(

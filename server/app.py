@@ -446,6 +446,7 @@ class Server:
                 self.config.max_header_size,
                 max_buffer_bytes=self.config.max_message_size,
                 check=lambda m: session.check_upload(m) if isinstance(m, Batch) else None,
+                max_buffers=self.config.max_buffers,
             )
             with anyio.move_on_after(idle):
                 return await _receive(ws, decoder, progress)

@@ -26,6 +26,7 @@ from pydantic import BeforeValidator, ByteSize, Field, TypeAdapter, model_valida
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from protocol import CaptureSpec, DeviceSpec, NdArraySpec, RemoteSpec, parse_device_spec
+from protocol.codec import MAX_BUFFERS
 
 ENV_PREFIX = "TENSOR_SERVER_"
 CGROUP_MEMORY_MAX = Path("/sys/fs/cgroup/memory.max")  # cgroup v2: the container's memory limit
@@ -180,6 +181,9 @@ class ServerConfig(BaseSettings):
     )
     max_header_size: Annotated[Size, Field(ge=1024, le=64 * 2**20)] = Field(
         default=16 * 2**20, description="largest message header (JSON), in bytes"
+    )
+    max_buffers: Annotated[int, Field(ge=1, le=MAX_BUFFERS)] = Field(
+        default=MAX_BUFFERS, description="raw buffers (uploads) one message may carry"
     )
     max_op_bytes: Size = Field(
         default=2 * 2**30, description="largest output of one op, in bytes, checked before numpy"

@@ -17,7 +17,7 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 
 import client
-from protocol import Batch, DType, ErrorCode, Read, Sync
+from protocol import Batch, DType, ErrorCode, Read, Sync, byte_view
 from protocol.messages import Request
 from protocol.ops import AnyOp, Arange, Binary, Eye, FromBuffer, Full, Reshape
 
@@ -465,6 +465,23 @@ def test_too_many_buffers_in_one_message(raw: Raw, witness: Witness) -> None:
     assert f"limit of {MAX_BUFFERS}" in reply.error.message
     assert_kept(raw)
     witness.assert_intact()
+
+
+def test_buffers_per_message_is_configurable() -> None:
+    with run_server("--token", TOKEN, "--max-buffers", "2") as proc:
+        raw, witness = Raw(proc.url), Witness(proc.url)
+        data = np.arange(3, dtype=np.uint8)
+        ops = [FromBuffer(out=i + 1, shape=(1,), dtype="uint8", buffer=i) for i in range(3)]
+        (reply,) = raw.request(
+            Batch(ops=ops, buffers=[1, 1, 1], requests=[Read(request_id=1, tensor=1)]),
+            [byte_view(data[i : i + 1]) for i in range(3)],
+        )
+        assert reply.type == "request_failed" and reply.error.code == ErrorCode.LIMIT_EXCEEDED
+        assert "3 buffers exceed the limit of 2" in reply.error.message
+        assert_kept(raw)
+        witness.assert_intact()
+        raw.close()
+        witness.close()
 
 
 # --- data-dependent outputs: checked after numpy ran, before they are stored ------------------
