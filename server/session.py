@@ -339,7 +339,8 @@ class Session:
             return reply, ()
         return SyncReply(request_id=request.request_id), ()
 
-    def _describe(self, request: Describe) -> Reply:
+    def _stored(self, request: Read | Describe) -> Stored | Reply:
+        """The tensor a request names, or the reply that says why it cannot be had."""
         try:
             value = self.store.get(request.tensor)
         except StoreError as exc:
@@ -347,17 +348,19 @@ class Session:
             return RequestFailed(request_id=request.request_id, error=error), ()
         if isinstance(value, Failure):
             return RequestFailed(request_id=request.request_id, error=value.error), ()
+        return value
+
+    def _describe(self, request: Describe) -> Reply:
+        value = self._stored(request)
+        if not isinstance(value, Stored):
+            return value
         meta = value.meta
         return DescribeReply(request_id=request.request_id, shape=meta.shape, dtype=meta.dtype), ()
 
     def _read(self, request: Read) -> Reply:
-        try:
-            value = self.store.get(request.tensor)
-        except StoreError as exc:
-            error = ErrorInfo(code=exc.code, message=str(exc))
-            return RequestFailed(request_id=request.request_id, error=error), ()
-        if isinstance(value, Failure):
-            return RequestFailed(request_id=request.request_id, error=value.error), ()
+        value = self._stored(request)
+        if not isinstance(value, Stored):
+            return value
         self.store.share(request.tensor)  # the reply's bytes are written later
         view = byte_view(value.array)
         reply = ReadReply(
