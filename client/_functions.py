@@ -67,8 +67,19 @@ def common_device(arrays: Sequence[RemoteArray]) -> Device:
 def apply(
     make: Callable[[int], AnyOp], *inputs: RemoteArray, device: Device | None = None
 ) -> RemoteArray:
-    """Build ``make(out)``, check it locally, queue it and return the output handle."""
-    return apply_many(lambda out, more: make(out), 1, *inputs, device=device)[0]
+    """Build ``make(out)``, check it locally, queue it and return the output handle.
+
+    :func:`apply_many` for one output, without its generality on the hot path (a
+    data-dependent output takes :func:`apply_many`'s round trip).
+    """
+    dev = device if device is not None else common_device(inputs)
+    out = dev._conn.new_id()
+    op = make(out)
+    metas = op.infer_all(*[a.meta for a in inputs])
+    if len(metas) == 1 and UNKNOWN not in metas[0].shape:
+        dev._conn.submit(op)
+        return RemoteArray(dev, out, metas[0])
+    return _queue(dev, op, [out], metas)[0]
 
 
 def apply_many(
@@ -87,7 +98,13 @@ def apply_many(
     dev = device if device is not None else common_device(inputs)
     ids = [dev._conn.new_id() for _ in range(count)]
     op = make(ids[0], tuple(ids[1:]))
-    metas = op.infer_all(*[a.meta for a in inputs])
+    return _queue(dev, op, ids, op.infer_all(*[a.meta for a in inputs]))
+
+
+def _queue(
+    dev: Device, op: AnyOp, ids: list[int], metas: tuple[TensorMeta, ...]
+) -> tuple[RemoteArray, ...]:
+    """Queue the checked ``op``, whose outputs ``ids`` have ``metas``; their handles."""
     dev._conn.submit(op)
     unknown = [i for i, meta in enumerate(metas) if UNKNOWN in meta.shape]
     if unknown:  # one round trip for all of them

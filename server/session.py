@@ -59,6 +59,7 @@ from protocol.messages import Request
 from protocol.ops import AnyOp
 
 from . import executor
+from .fastpath import FAST_OPS, FastPath
 from .limits import Limits as Limits
 from .limits import output_bytes
 from .logs import fields
@@ -104,6 +105,7 @@ class Session:
         self.store.budget.sessions += 1
         self.closed = False  # set by close(); the ops loop stops at the next op
         self._in_thread = False  # a worker thread runs this session's ops now
+        self._fast = FastPath(self, INLINE_COST)  # Unary and Binary ops, see server/fastpath.py
 
     def enter_thread(self) -> None:
         """The transport is about to run :meth:`step` in a worker thread (call on the loop)."""
@@ -155,22 +157,32 @@ class Session:
         exceeds :data:`INLINE_COST`. Returns True when every op has run.
         """
         ops = job.batch.ops
-        while job.next < len(ops) and not self.closed:
-            op = ops[job.next]
-            job.op_started = time.monotonic()
-            checked = self._check(op, job)
-            if checked is not None:
-                args, metas, known = checked
-                nbytes: int | None = known
-                if inline and executor.cost(op, metas[0], args) > INLINE_COST:
+        with np.errstate(all="ignore"):  # once per step, for the fast path's numpy calls
+            while job.next < len(ops) and not self.closed:
+                op = ops[job.next]
+                job.op_started = time.monotonic()
+                done = self._fast.run(op, job, inline) if type(op) in FAST_OPS else None
+                if done is None:
+                    done = self._general(op, job, inline)
+                if not done:
                     return False
-                resolved = executor.resolve(op, args, metas)  # O(inputs): bounded just above
-                if resolved is not metas:
-                    if inline and executor.cost(op, resolved[0], args) > INLINE_COST:
-                        return False
-                    nbytes = None  # sized again from the resolved lengths
-                self._execute(op, args, resolved, nbytes, job)
-            job.next += 1
+                job.next += 1
+        return True
+
+    def _general(self, op: AnyOp, job: Job, inline: bool) -> bool:
+        """Check and run ``op`` (any op). False: it is too costly to run ``inline``."""
+        checked = self._check(op, job)
+        if checked is not None:
+            args, metas, known = checked
+            nbytes: int | None = known
+            if inline and executor.cost(op, metas[0], args) > INLINE_COST:
+                return False
+            resolved = executor.resolve(op, args, metas)  # O(inputs): bounded just above
+            if resolved is not metas:
+                if inline and executor.cost(op, resolved[0], args) > INLINE_COST:
+                    return False
+                nbytes = None  # sized again from the resolved lengths
+            self._execute(op, args, resolved, nbytes, job)
         return True
 
     def _check(
@@ -232,30 +244,54 @@ class Session:
             self._fail(op, exc.code, str(exc), job)
             return
         try:
-            results = executor.run(op, args, job.buffers, metas, in_place=in_place)
+            raw = executor.run(op, args, job.buffers, metas, in_place=in_place)
+        except Exception as exc:
+            self._run_failed(op, exc, reserved, job)
+            return
+        self._keep(op, raw, metas, reserved, job)
+
+    def _keep(
+        self,
+        op: AnyOp,
+        raw: np.ndarray[Any, Any] | tuple[np.ndarray[Any, Any], ...],
+        metas: tuple[TensorMeta, ...],
+        reserved: int,
+        job: Job,
+    ) -> None:
+        """Verify what numpy returned for ``op`` against ``metas`` (:func:`executor.checked`),
+        settle the reservation of ``reserved`` bytes on it (:meth:`_charge`) and store it;
+        or fail the op, the reservation given back."""
+        try:
+            results = executor.checked(op, raw, metas)
             arrays = tuple(self._owned(a) for a in results)
             needs = self._charge(arrays, reserved)
-        except StoreError as exc:  # a data-dependent output over a limit
-            self.store.cancel(reserved)
+        except Exception as exc:
+            self._run_failed(op, exc, reserved, job)
+            return
+        for out, array, meta, need in zip(op.outputs(), arrays, metas, needs, strict=True):
+            stored = Stored(array, TensorMeta(array.shape, meta.dtype))  # known dims now
+            if op.inplace:
+                self.store.replace(out, stored, reserved=need)
+            else:
+                self.store.put(out, stored, reserved=need)
+        self.ops_run += 1
+        self.op_counts[getattr(op, "op", None) or op.kind] += 1
+
+    def _run_failed(self, op: AnyOp, exc: Exception, reserved: int, job: Job) -> None:
+        """Fail ``op``, which raised ``exc`` while or after numpy ran, and give back the
+        ``reserved`` bytes: a data-dependent output over a limit keeps its code
+        (:class:`StoreError`), a refused op is ``invalid_op``, a result that is not the
+        inferred one ``internal``, and any other exception (numpy's genuine runtime failures)
+        ``execution_failed``."""
+        self.store.cancel(reserved)
+        if isinstance(exc, StoreError):
             self._fail(op, exc.code, str(exc), job)
-        except InvalidOpError as exc:
-            self.store.cancel(reserved)
+        elif isinstance(exc, InvalidOpError):
             self._fail(op, ErrorCode.INVALID_OP, str(exc), job)
-        except executor.InferenceMismatch as exc:
-            self.store.cancel(reserved)
+        elif isinstance(exc, executor.InferenceMismatch):
             self._fail(op, ErrorCode.INTERNAL, str(exc), job)
-        except Exception as exc:  # numpy's genuine runtime failures
-            self.store.cancel(reserved)
-            self._fail(op, ErrorCode.EXECUTION_FAILED, f"{type(exc).__name__}: {exc}", job)
         else:
-            for out, array, meta, need in zip(op.outputs(), arrays, metas, needs, strict=True):
-                stored = Stored(array, TensorMeta(array.shape, meta.dtype))  # known dims now
-                if op.inplace:
-                    self.store.replace(out, stored, reserved=need)
-                else:
-                    self.store.put(out, stored, reserved=need)
-            self.ops_run += 1
-            self.op_counts[getattr(op, "op", None) or op.kind] += 1
+            self._fail(op, ErrorCode.EXECUTION_FAILED, f"{type(exc).__name__}: {exc}", job)
 
     def _charge(self, arrays: tuple[np.ndarray[Any, Any], ...], reserved: int) -> list[int]:
         """The bytes each result adds to the store (a view of a held root adds none, a root

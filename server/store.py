@@ -124,6 +124,10 @@ class TensorStore:
                 ErrorCode.UNKNOWN_TENSOR, f"tensor #{tensor_id} does not exist in this session"
             ) from None
 
+    def lookup(self, tensor_id: int) -> Stored | Failure | None:
+        """What :meth:`get` returns, or None for an id the session lacks."""
+        return self._items.get(tensor_id)
+
     def holds(self, root: np.ndarray[Any, Any]) -> bool:
         """True if ``root`` is the memory of a tensor in this store."""
         entry = self._roots.get(id(root))

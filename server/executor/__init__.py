@@ -116,6 +116,24 @@ def run(
             raw: Array | tuple[Array, ...] = manipulation.setitem(op, args, buffers, in_place)
         else:
             raw = _RUNNERS[type(op)](op, args, buffers)
+    return checked(op, raw, metas)
+
+
+def runner(op: AnyOp) -> Runner:
+    """The function that runs ``op`` (not ``setitem``): call it as ``runner(op)(op, args,
+    buffers)`` inside ``np.errstate(all="ignore")``, and pass what it returns to
+    :func:`checked`. This is :func:`run` in two steps, for a caller's fast path."""
+    return _RUNNERS[type(op)]
+
+
+def checked(
+    op: AnyOp, raw: Array | tuple[Array, ...], metas: Sequence[TensorMeta]
+) -> tuple[Array, ...]:
+    """The arrays of what a runner returned, one per output, verified against ``metas``.
+
+    Raises:
+        InferenceMismatch: a result differs from its meta.
+    """
     results = tuple(np.asarray(r) for r in (raw if isinstance(raw, tuple) else (raw,)))
     if len(results) != len(metas) or not all(map(_matches, results, metas)):
         got = ", ".join(f"{r.dtype}{list(r.shape)}" for r in results)

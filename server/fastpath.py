@@ -1,0 +1,124 @@
+"""The fast path of :class:`~server.session.Session` for the pipelined hot case: a ``Unary``
+or ``Binary`` (not matmul) op on stored inputs, creating a new tensor.
+
+Rule: imports numpy, ``protocol`` and ``server.store``/``limits``/``executor`` only (the
+session only for type hints).
+
+It runs exactly the checks and accounting of the session's general path, in the same order
+and with the same errors, less the work it can prove unneeded: the inferred output, its bytes
+under the per-op caps and its cost depend only on (op name, input metas), so they are computed
+once and cached (only when the checks pass: a refused op goes to the general path, which
+refuses it again with its error); ``resolve`` leaves these ops' metas unchanged; a result that
+numpy allocated afresh (its own root, not held, of exactly the inferred shape, dtype and
+reserved bytes) needs none of ``_owned``/``_charge``'s root bookkeeping. Anything else — a
+failed or unknown input, a taken output id, a refused batch, a result that is a view or not the
+inferred one — goes to the general code, before anything was changed or, after numpy ran,
+through ``Session._keep``. The caller holds ``np.errstate(all="ignore")`` around the calls.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from protocol import InvalidOpError, TensorMeta, to_numpy
+from protocol.ops import UNKNOWN, AnyOp, Binary, Unary
+
+from . import executor
+from .limits import output_bytes
+from .store import Stored, StoreError
+
+if TYPE_CHECKING:
+    from .session import Job, Session
+
+FAST_OPS = frozenset({Unary, Binary})  # the op types that FastPath.run takes
+RULES_CACHED = 256  # (op, input metas) whose checks a session keeps; then it starts over
+
+Rule = tuple[TensorMeta, int, int, np.dtype[Any]]  # output meta, its bytes, cost, numpy dtype
+
+
+class FastPath:
+    """One session's fast path, with its cache of checks by (op name, input metas)."""
+
+    def __init__(self, session: Session, inline_cost: int) -> None:
+        self._session = session
+        self._inline_cost = inline_cost
+        self._rules: dict[tuple[Any, ...], Rule] = {}
+
+    def run(self, op: AnyOp, job: Job, inline: bool) -> bool | None:
+        """Run ``op`` as ``Session._general`` would, when it is a ``Unary`` or ``Binary`` op
+        (not matmul) on stored inputs with a free output id and the batch is not refused.
+        Returns False when it is too costly to run ``inline`` (nothing changed), True when it
+        ran or failed, and None (nothing changed) for any other case, which the caller then
+        gives to ``Session._general``. The caller holds ``np.errstate(all="ignore")``.
+        """
+        session = self._session
+        store = session.store
+        if job.rejected is not None or op.out in store:
+            return None
+        if isinstance(op, Binary):
+            if op.op == "matmul":
+                return None
+            a, b = store.lookup(op.x1), store.lookup(op.x2)
+            if type(a) is not Stored or type(b) is not Stored:
+                return None
+            args = [a.array, b.array]
+            key: tuple[Any, ...] = (op.op, a.meta, b.meta)
+        else:
+            assert isinstance(op, Unary)
+            a = store.lookup(op.x)
+            if type(a) is not Stored:
+                return None
+            args = [a.array]
+            key = (op.op, a.meta)
+        entry = self._rules.get(key)
+        if entry is None:
+            entry = self._rule(op, args, key)
+            if entry is None:
+                return None
+        meta, nbytes, work, dtype = entry
+        if inline and work > self._inline_cost:
+            return False
+        try:
+            store.reserve(nbytes)
+        except StoreError as exc:
+            session._fail(op, exc.code, str(exc), job)
+            return True
+        try:
+            raw = executor.runner(op)(op, args, job.buffers)
+        except Exception as exc:
+            session._run_failed(op, exc, nbytes, job)
+            return True
+        if (
+            type(raw) is np.ndarray
+            and raw.base is None
+            and raw.dtype == dtype
+            and raw.shape == meta.shape
+            and raw.nbytes == nbytes
+            and not store.holds(raw)
+        ):
+            store.put(op.out, Stored(raw, meta), reserved=nbytes)
+            session.ops_run += 1
+            session.op_counts[op.op] += 1
+        else:
+            session._keep(op, raw, (meta,), nbytes, job)
+        return True
+
+    def _rule(
+        self, op: Unary | Binary, args: list[np.ndarray[Any, Any]], key: tuple[Any, ...]
+    ) -> Rule | None:
+        """The cached checks of :meth:`run` for ``key``, or None when they refuse the op
+        (nothing is cached then: :meth:`Session._general` refuses it again, with its error)."""
+        try:
+            (meta,) = op.infer_all(*key[1:])
+            nbytes = output_bytes((meta,), self._session.limits)
+        except (InvalidOpError, StoreError):
+            return None
+        if UNKNOWN in meta.shape:
+            return None
+        if len(self._rules) >= RULES_CACHED:
+            self._rules.clear()
+        entry = (meta, nbytes, executor.cost(op, meta, args), to_numpy(meta.dtype))
+        self._rules[key] = entry
+        return entry

@@ -1,0 +1,95 @@
+"""The session's fast path (server/fastpath.py) leaves exactly what the general path leaves."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from protocol import Batch
+from protocol.ops import AnyOp, Binary, Full, Unary
+from server import session as session_module
+from server.limits import Limits
+from server.session import Session
+from server.store import Failure, MemoryBudget, Stored, TensorStore
+
+SETUP: list[AnyOp] = [
+    Full(out=1, shape=(16,), dtype="float32", value=1.5),
+    Full(out=2, shape=(16,), dtype="int8", value=-2),
+    Full(out=3, shape=(), dtype="float64", value=float("inf")),
+    Full(out=4, shape=(3, 1), dtype="complex64", value=1.0),
+    Full(out=5, shape=(4,), dtype="bool", value=True),
+]
+OPS: list[AnyOp] = [
+    Binary(op="add", out=10, x1=1, x2=1),
+    Binary(op="add", out=11, x1=10, x2=1),  # the cached checks, again
+    Unary(op="real", out=12, x=1),  # the input itself: held, not fresh
+    Unary(op="real", out=13, x=4),  # a view of a held root
+    Binary(op="pow", out=14, x1=2, x2=2),  # numpy refuses negative integer powers
+    Unary(op="exp", out=15, x=2),  # computed as float64, stored as float32
+    Binary(op="floor_divide", out=16, x1=3, x2=1),  # 0-d with inf: a numpy scalar, fixed up
+    Unary(op="negative", out=17, x=3),  # 0-d: numpy returns a scalar
+    Binary(op="add", out=18, x1=4, x2=1),  # broadcasts to (3, 16)
+    Binary(op="matmul", out=19, x1=1, x2=1),  # not on the fast path
+    Binary(op="bitwise_and", out=20, x1=1, x2=1),  # refused: no loop for floats
+    Binary(op="add", out=21, x1=14, x2=2),  # inherits the pow failure
+    Binary(op="add", out=22, x1=99, x2=1),  # unknown input
+    Binary(op="add", out=10, x1=1, x2=1),  # taken output id
+    Binary(op="add", out=23, x1=18, x2=18),  # over the per-op cap
+    Unary(op="sqrt", out=24, x=5),
+    Binary(op="multiply", out=25, x1=1, x2=1),
+    Binary(op="multiply", out=26, x1=25, x2=25),  # over the quota
+]
+
+
+def _run(session: Session, ops: list[AnyOp]) -> list[Any]:
+    job = session.start(Batch(ops=ops), [])
+    while not session.step(job, inline=True):
+        session.step(job, inline=False)
+    return [reply.model_dump() for reply, _ in session.finish(job)]
+
+
+def _state(fast: bool, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    if not fast:
+        monkeypatch.setattr(session_module, "FAST_OPS", frozenset())
+    store = TensorStore(quota=400, budget=MemoryBudget(2**20))
+    session = Session("s", 0, store, Limits(max_op_bytes=300))
+    _run(session, SETUP)
+    replies = _run(session, OPS)
+    values: list[Any] = []
+    for tensor_id in range(30):
+        value = store.lookup(tensor_id)
+        if isinstance(value, Failure):
+            values.append(value.error.model_dump())
+        elif isinstance(value, Stored):
+            array = value.array
+            values.append((value.meta, array.dtype.str, array.tobytes(), array.base is None))
+        else:
+            values.append(None)
+    counts = (session.ops_run, dict(session.op_counts), dict(session.error_counts))
+    accounting = (store.nbytes, store.reserved, store.failed, store.budget.used)
+    return [replies, values, counts, accounting]
+
+
+def test_fast_and_general_paths_leave_the_same_state(monkeypatch: pytest.MonkeyPatch) -> None:
+    fast = _state(True, monkeypatch)
+    general = _state(False, monkeypatch)
+    assert fast == general
+    replies, values, counts, accounting = fast
+    assert values[13][3] is False  # a view was kept as a view
+    assert values[14]["code"] == "execution_failed" and values[21] == values[14]
+    assert values[20]["code"] == "invalid_op" and values[22]["code"] == "unknown_tensor"
+    assert values[23]["code"] == "limit_exceeded" and values[26]["code"] == "quota_exceeded"
+    assert [r["error"]["code"] for r in replies] == ["duplicate_tensor"]
+    assert accounting[1] == 0 and accounting[0] == accounting[3]
+
+
+def test_fast_path_results_equal_numpy_and_held_results_are_not_counted_twice() -> None:
+    session = Session("s", 0)
+    _run(session, SETUP + OPS[:3])
+    value, x, same = (session.store.lookup(i) for i in (11, 1, 12))
+    assert isinstance(value, Stored) and isinstance(x, Stored) and isinstance(same, Stored)
+    assert np.array_equal(value.array, np.full(16, 4.5, dtype=np.float32))
+    assert same.array is x.array  # real(x) of a float is x: stored once, counted once
+    assert session.store.nbytes == (64 + 16 + 8 + 24 + 4) + 64 + 64  # setup, #10, #11
