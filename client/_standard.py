@@ -11,7 +11,7 @@ from __future__ import annotations
 import builtins
 import operator
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -234,22 +234,12 @@ class StandardFunctions:
     @staticmethod
     def sort(x: RemoteArray, /, *, axis: int = -1, descending: builtins.bool = False,
              stable: builtins.bool = True) -> RemoteArray:  # fmt: skip
-        axis = operator.index(axis)
-        return _f.apply(
-            lambda out: Sort(out=out, op="sort", x=x.tensor_id, axis=axis,
-                             descending=descending, stable=stable),
-            x,
-        )  # fmt: skip
+        return _sort("sort", x, axis, descending, stable)
 
     @staticmethod
     def argsort(x: RemoteArray, /, *, axis: int = -1, descending: builtins.bool = False,
                 stable: builtins.bool = True) -> RemoteArray:  # fmt: skip
-        axis = operator.index(axis)
-        return _f.apply(
-            lambda out: Sort(out=out, op="argsort", x=x.tensor_id, axis=axis,
-                             descending=descending, stable=stable),
-            x,
-        )  # fmt: skip
+        return _sort("argsort", x, axis, descending, stable)
 
     @staticmethod
     def searchsorted(x1: RemoteArray, x2: RemoteArray, /, *, side: str = "left",
@@ -394,3 +384,14 @@ class StandardFunctions:
             x1,
             x2,
         )  # fmt: skip
+
+
+def _sort(
+    op: Literal["sort", "argsort"], x: RemoteArray, axis: int, descending: bool, stable: bool
+) -> RemoteArray:
+    axis = operator.index(axis)
+    return _f.apply(
+        lambda out: Sort(out=out, op=op, x=x.tensor_id, axis=axis, descending=descending,
+                         stable=stable),
+        x,
+    )  # fmt: skip

@@ -178,20 +178,7 @@ class SessionError(Message):
     error: ErrorInfo
 
 
-ServerMessage = Annotated[
-    Welcome
-    | Refused
-    | ReadReply
-    | SyncReply
-    | StatsReply
-    | DescribeReply
-    | RequestFailed
-    | SessionError,
-    Field(discriminator="type"),
-]
-
-CLIENT_ADAPTER: TypeAdapter[Hello | Batch] = TypeAdapter(ClientMessage)
-SERVER_ADAPTER: TypeAdapter[
+AnyServerMessage = (
     Welcome
     | Refused
     | ReadReply
@@ -200,4 +187,8 @@ SERVER_ADAPTER: TypeAdapter[
     | DescribeReply
     | RequestFailed
     | SessionError
-] = TypeAdapter(ServerMessage)
+)
+ServerMessage = Annotated[AnyServerMessage, Field(discriminator="type")]
+
+CLIENT_ADAPTER: TypeAdapter[Hello | Batch] = TypeAdapter(ClientMessage)
+SERVER_ADAPTER: TypeAdapter[AnyServerMessage] = TypeAdapter(ServerMessage)

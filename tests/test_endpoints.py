@@ -8,6 +8,7 @@ import re
 import signal
 import subprocess
 import sys
+from typing import Any
 
 import numpy as np
 import pytest
@@ -30,7 +31,7 @@ from protocol.codec import to_frames
 from protocol.ops import Binary, Full
 
 from .ops_helpers import health, http_get, metrics, value, wait_until
-from .servers import run_server
+from .servers import ServerProcess, run_server
 
 TOKEN = "metrics-test-token"  # noqa: S105
 
@@ -170,20 +171,25 @@ def test_sigterm_drains_in_flight_reads_then_exits_0() -> None:
         assert "refused" in events
 
 
+def _hold_a_read(proc: ServerProcess, ws: Any) -> None:
+    """Ask for a 64 MiB read that ``ws`` never receives, and wait until the server holds it."""
+    _hello(ws)
+    batch = Batch(ops=[Full(out=1, shape=(4096, 4096), dtype="float32", value=0.0)],
+                  requests=[Read(request_id=1, tensor=1)])  # fmt: skip
+    ws.send(to_frames(encode(batch)))
+    wait_until(
+        lambda: value(metrics(proc.port), "tensorwire_messages_in_flight") == 1,
+        "the server to hold the read",
+    )
+
+
 def test_drain_gives_up_after_the_grace_period() -> None:
     """A client that never reads its reply cannot hold the server past the grace period."""
     with run_server("--shutdown-grace", "0.5", "--log-level", "info") as proc:
         with ws_client.connect(
             proc.url, compression=None, max_size=None, max_queue=1, close_timeout=1
         ) as ws:
-            _hello(ws)
-            batch = Batch(ops=[Full(out=1, shape=(4096, 4096), dtype="float32", value=0.0)],
-                          requests=[Read(request_id=1, tensor=1)])  # fmt: skip
-            ws.send(to_frames(encode(batch)))
-            wait_until(
-                lambda: value(metrics(proc.port), "tensorwire_messages_in_flight") == 1,
-                "the server to hold the read",
-            )
+            _hold_a_read(proc, ws)
             proc.process.send_signal(signal.SIGTERM)
             assert proc.process.wait(60) == 0
         assert proc.process.stderr is not None
@@ -259,14 +265,7 @@ def test_a_second_signal_ends_the_drain() -> None:
         with ws_client.connect(
             proc.url, compression=None, max_size=None, max_queue=1, close_timeout=1
         ) as ws:
-            _hello(ws)
-            batch = Batch(ops=[Full(out=1, shape=(4096, 4096), dtype="float32", value=0.0)],
-                          requests=[Read(request_id=1, tensor=1)])  # fmt: skip
-            ws.send(to_frames(encode(batch)))
-            wait_until(
-                lambda: value(metrics(proc.port), "tensorwire_messages_in_flight") == 1,
-                "the server to hold the read",
-            )
+            _hold_a_read(proc, ws)
             proc.process.send_signal(signal.SIGTERM)
             wait_until(lambda: health(proc.port)[0] == 503, "/healthz to say 503")
             proc.process.send_signal(signal.SIGINT)
