@@ -34,7 +34,6 @@ from __future__ import annotations
 import logging
 import secrets
 import time
-from dataclasses import dataclass, field
 
 import anyio
 import anyio.abc
@@ -49,19 +48,16 @@ from protocol import (
     CLIENT_ADAPTER,
     PROTOCOL_VERSION,
     Batch,
-    DecodeError,
     ErrorCode,
     ErrorInfo,
     Hello,
     MessageDecoder,
-    MessageLimitError,
     Read,
     Refused,
     SessionError,
     Welcome,
     encode,
 )
-from protocol.codec import Buffer, to_frames
 from protocol.messages import Message
 
 from . import endpoints
@@ -71,6 +67,7 @@ from .logs import fields
 from .metrics import REFUSAL_LIMIT, Metrics
 from .session import Limits, Session
 from .store import MemoryBudget, TensorStore
+from .wire import Received, WireConnection
 from .workers import Drop, Workers
 
 log = logging.getLogger("tensorwire.server")
@@ -83,62 +80,6 @@ _DROP_LIMIT = {  # refusals_total label of each reason a session is dropped
 
 CLOSE_AFTER_DRAIN = 2.0  # seconds for close handshakes once a drain has run its grace
 QUEUE_DEPTH = 8  # default of ServerConfig.max_queued: decoded messages waiting per session
-
-
-@dataclass
-class _Received:
-    message: Hello | Batch | None
-    buffers: list[Buffer]
-    error: ErrorInfo | None = None
-    nbytes: int = 0
-    at: float = field(default_factory=time.perf_counter)  # when it arrived whole
-
-
-@dataclass
-class _Progress:
-    """Whether a message is half received on a connection."""
-
-    partial: bool = False
-
-
-async def _receive(
-    ws: ServerConnection, decoder: MessageDecoder[Hello | Batch], progress: _Progress
-) -> _Received:
-    """One whole message, decoded. A decode error drains the rest of the message first, so
-    the stream stays intact; a limit error keeps the (valid) header so its ops can be failed.
-    """
-    error: DecodeError | None = None
-    nbytes = 0
-    progress.partial = False
-    async for fragment in ws.recv_streaming(decode=False):
-        progress.partial = True
-        nbytes += len(fragment)
-        if error is None:
-            try:
-                decoder.feed(fragment)
-            except DecodeError as exc:
-                error = exc
-    progress.partial = False
-    try:
-        if error is not None:
-            raise error
-        message, buffers = decoder.finish()
-    except MessageLimitError as exc:
-        error_info = ErrorInfo(code=exc.code, message=str(exc))
-        return _Received(decoder.message, [], error_info, nbytes)
-    except DecodeError as exc:
-        error_info = ErrorInfo(code=ErrorCode.BAD_MESSAGE, message=str(exc))
-        return _Received(None, [], error_info, nbytes)
-    return _Received(message, buffers, nbytes=nbytes)
-
-
-async def _send(
-    ws: ServerConnection, message: Message, buffers: tuple[memoryview, ...] = ()
-) -> int:
-    """Send one message; returns its size in bytes."""
-    chunks = encode(message, buffers)
-    await ws.send(to_frames(chunks))
-    return sum(memoryview(c).nbytes for c in chunks)
 
 
 class Server:
@@ -164,7 +105,7 @@ class Server:
         self._limits = Limits(max_op_bytes=config.max_op_bytes, max_ndim=config.max_ndim)
         self._gate = Gate(config, lambda: self._open)
         self._open = 0  # upgraded connections being handled
-        self._sockets: dict[str, ServerConnection] = {}  # by session id
+        self._sockets: dict[str, WireConnection] = {}  # by session id
         self._in_flight: dict[str, int] = {}  # by session id: received, not yet answered
         self._all_closed: anyio.Event | None = None  # made by drain(); set when none are left
         self.metrics = Metrics(
@@ -193,6 +134,7 @@ class Server:
             config.host,
             config.port,
             process_request=self._http,
+            create_connection=WireConnection,  # our own data frames: see server.wire
             compression=None,  # tensor bytes do not compress; deflate costs 13x throughput
             max_size=config.max_message_size,
             max_queue=4,
@@ -300,13 +242,14 @@ class Server:
                 log.info("drained")
 
     async def _handle(self, ws: ServerConnection) -> None:
+        assert isinstance(ws, WireConnection)  # serve() makes them
         self._open += 1
         try:
             await self._handle_open(ws)
         finally:
             self._open -= 1
 
-    async def _handle_open(self, ws: ServerConnection) -> None:
+    async def _handle_open(self, ws: WireConnection) -> None:
         timeout = self.config.handshake_timeout
         try:
             with anyio.fail_after(timeout):
@@ -343,9 +286,12 @@ class Server:
             if self._all_closed is not None and not self.sessions:
                 self._all_closed.set()
 
-    async def _handshake(self, ws: ServerConnection) -> Session | None:
-        decoder = MessageDecoder(CLIENT_ADAPTER, self.config.max_header_size, max_buffer_bytes=0)
-        received = await _receive(ws, decoder, _Progress())
+    async def _handshake(self, ws: WireConnection) -> Session | None:
+        max_header = self.config.max_header_size
+        ws.decoders = lambda: MessageDecoder(CLIENT_ADAPTER, max_header, max_buffer_bytes=0)
+        ws.max_header = max_header
+        received = await ws.receive()
+        assert received is not None  # no timeout given
         hello = received.message
         error: ErrorInfo | None = received.error
         if error is None and not isinstance(hello, Hello):
@@ -392,7 +338,7 @@ class Server:
         return None  # the token was checked on the upgrade request (server.guard)
 
     async def _send(
-        self, ws: ServerConnection, message: Message, buffers: tuple[memoryview, ...] = ()
+        self, ws: WireConnection, message: Message, buffers: tuple[memoryview, ...] = ()
     ) -> None:
         """Send one message and count its bytes.
 
@@ -401,15 +347,23 @@ class Server:
         """
         try:
             with anyio.fail_after(self.config.send_timeout):
-                self.metrics.sent_bytes.inc(await _send(ws, message, buffers))
+                self.metrics.sent_bytes.inc(await ws.send_message(encode(message, buffers)))
         except TimeoutError:
             raise Drop(
                 ErrorCode.SEND_TIMEOUT,
                 f"the client took no reply for {self.config.send_timeout} s",
             ) from None
 
-    async def _run(self, ws: ServerConnection, session: Session) -> None:
-        send, receive = anyio.create_memory_object_stream[_Received](self.config.max_queued)
+    async def _run(self, ws: WireConnection, session: Session) -> None:
+        config = self.config
+        ws.decoders = lambda: MessageDecoder(
+            CLIENT_ADAPTER,
+            config.max_header_size,
+            max_buffer_bytes=config.max_message_size,
+            check=lambda m: session.check_upload(m) if isinstance(m, Batch) else None,
+            max_buffers=config.max_buffers,
+        )
+        send, receive = anyio.create_memory_object_stream[Received](self.config.max_queued)
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._work, ws, session, receive)
@@ -437,24 +391,17 @@ class Server:
             else:
                 await ws.close(1008, drop.reason)
 
-    async def _receive_idle(self, ws: ServerConnection, session: Session) -> _Received:
+    async def _receive_idle(self, ws: WireConnection, session: Session) -> Received:
         """The next message; raises :class:`Drop` after the idle timeout with nothing owed."""
-        idle, progress = self.config.idle_timeout, _Progress()
+        idle = self.config.idle_timeout
         while True:
-            decoder = MessageDecoder(
-                CLIENT_ADAPTER,
-                self.config.max_header_size,
-                max_buffer_bytes=self.config.max_message_size,
-                check=lambda m: session.check_upload(m) if isinstance(m, Batch) else None,
-                max_buffers=self.config.max_buffers,
-            )
-            with anyio.move_on_after(idle):
-                return await _receive(ws, decoder, progress)
-            owed = self._in_flight[session.session_id]
-            if progress.partial or not owed:  # cancelling mid-message breaks the websocket
+            item = await ws.receive(idle)
+            if item is not None:
+                return item
+            if ws.partial or not self._in_flight[session.session_id]:
                 raise Drop(ErrorCode.IDLE_TIMEOUT, f"nothing received for {idle} s")
 
-    def _answer_here(self, session: Session, item: _Received) -> bool:
+    def _answer_here(self, session: Session, item: Received) -> bool:
         """Whether the receiving task answers ``item`` itself, skipping the hop to the worker
         task (a read's latency): a batch without ops (nothing heavy to wait for) when nothing
         received before it is still unanswered, so replies keep their order."""
@@ -464,9 +411,9 @@ class Server:
 
     async def _work(
         self,
-        ws: ServerConnection,
+        ws: WireConnection,
         session: Session,
-        queue: MemoryObjectReceiveStream[_Received],
+        queue: MemoryObjectReceiveStream[Received],
     ) -> None:
         async with queue:
             try:
@@ -476,7 +423,7 @@ class Server:
             except ConnectionClosed:
                 pass  # the receive side sees it too and ends the session
 
-    async def _answer(self, ws: ServerConnection, session: Session, item: _Received) -> None:
+    async def _answer(self, ws: WireConnection, session: Session, item: Received) -> None:
         """Run one received message and send its replies.
 
         Raises:
@@ -501,7 +448,7 @@ class Server:
         reads = sum(isinstance(r, Read) for r in item.message.requests)
         self.metrics.read_done(reads, time.perf_counter() - item.at)
 
-    async def _settled(self, ws: ServerConnection, session: Session) -> None:
+    async def _settled(self, ws: WireConnection, session: Session) -> None:
         """One received message is answered; while draining, close the idle session."""
         self._in_flight[session.session_id] -= 1
         if self.draining and self._in_flight[session.session_id] == 0:

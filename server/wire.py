@@ -1,0 +1,453 @@
+"""The server's websocket wire: data frames parsed here, payloads received straight into place.
+
+Rule: imports asyncio, numpy, websockets and ``protocol`` only; knows nothing of sessions.
+
+websockets' asyncio :class:`ServerConnection` still does the HTTP upgrade, keepalive pings,
+the close handshake and every control frame. Data frames never reach it: this subclass is an
+asyncio :class:`~asyncio.BufferedProtocol`, so the event loop reads the socket into memory this
+module chooses. Inside a large payload that memory is the room the message decoder offers in its
+destination array, so the bytes go from the kernel into the tensor once and the client's mask is
+removed in place; elsewhere it is a receive buffer parsed here. Whole control frames are handed
+to websockets byte for byte, so pongs, closes and protocol errors behave as they did. Websockets
+alone copies each received byte about four times (buffer, frame slice, unmask, reassembly).
+
+Sending writes each frame's header and then the payload's memoryview to the transport: no
+serialization copy. The transport's write buffer limit (``write_limit``) is the backpressure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import struct
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from websockets import frames as ws_frames
+from websockets.asyncio.server import ServerConnection
+from websockets.frames import CloseCode, Opcode
+from websockets.protocol import State
+
+from protocol import (
+    Batch,
+    DecodeError,
+    ErrorCode,
+    ErrorInfo,
+    Hello,
+    MessageDecoder,
+    MessageLimitError,
+)
+from protocol.codec import MAX_HEADER, Buffer, to_frames
+
+RECV_SIZE = 1 << 18  # the receive buffer; also the largest first frame taken whole
+HEADER_BITE = 14  # the longest masked frame header: read alone inside a fragmented message
+SMALL_SEND = 1 << 18  # replies up to this size go out as one frame
+MAX_REQUEST = 1 << 16  # bytes of an HTTP upgrade request buffered before websockets sees them
+NUMPY_UNMASK = 1 << 17  # views from this size are unmasked in place by numpy
+QUEUE_HIGH = 4  # whole messages waiting: stop reading the socket (TCP pushes back)
+_CONTROL = 8
+_LEN = struct.Struct("<I")
+
+Decoder = MessageDecoder[Hello | Batch]
+Bytes = bytes | bytearray | memoryview
+apply_mask: Callable[[Bytes, bytes], bytes] = ws_frames.apply_mask  # type: ignore[attr-defined]
+
+
+@dataclass
+class Received:
+    """One whole message off the wire, decoded, or the error that decoding it met."""
+
+    message: Hello | Batch | None
+    buffers: list[Buffer]
+    error: ErrorInfo | None = None
+    nbytes: int = 0
+    at: float = field(default_factory=time.perf_counter)  # when it arrived whole
+
+
+def received(decoder: Decoder, error: DecodeError | None, nbytes: int) -> Received:
+    """The outcome of one message fed to ``decoder``: a limit error keeps the (valid) header,
+    so that its ops can be failed one by one."""
+    try:
+        if error is not None:
+            raise error
+        message, buffers = decoder.finish()
+    except MessageLimitError as exc:
+        return Received(decoder.message, [], ErrorInfo(code=exc.code, message=str(exc)), nbytes)
+    except DecodeError as exc:
+        return Received(None, [], ErrorInfo(code=ErrorCode.BAD_MESSAGE, message=str(exc)), nbytes)
+    return Received(message, buffers, nbytes=nbytes)
+
+
+def unmask_in_place(view: memoryview, mask: bytes, offset: int) -> None:
+    """XOR ``view`` in place with the 4-byte ``mask``, ``view`` starting ``offset`` bytes into
+    the frame's payload. Small views go through websockets' C masking and back (a call costs
+    about 1 us); large ones are XORed eight bytes at a time on aligned words by numpy (one pass
+    instead of two, about 3 us of calls)."""
+    phase = offset & 3
+    key = mask[phase:] + mask[:phase]
+    n = len(view)
+    if n < NUMPY_UNMASK:
+        view[:] = apply_mask(view, key)
+        return
+    data = np.frombuffer(view, dtype=np.uint8)
+    head = -data.__array_interface__["data"][0] & 7
+    if head:
+        view[:head] = apply_mask(view[:head], key)
+        key = key[head & 3 :] + key[: head & 3]
+    end = head + ((n - head) & ~7)
+    body = data[head:end].view(np.uint64)
+    np.bitwise_xor(body, np.frombuffer(key + key, dtype=np.uint64)[0], out=body)
+    if end < n:
+        view[end:] = apply_mask(view[end:], key)
+
+
+def _frame_header(opcode: Opcode, fin: bool, length: int) -> bytes:
+    """The header of an unmasked (server) frame."""
+    first = (0x80 if fin else 0) | opcode
+    if length < 126:
+        return struct.pack("!BB", first, length)
+    if length < 1 << 16:
+        return struct.pack("!BBH", first, 126, length)
+    return struct.pack("!BBQ", first, 127, length)
+
+
+class WireConnection(ServerConnection, asyncio.BufferedProtocol):
+    """A websocket server connection that decodes Tensorwire messages as their bytes arrive.
+
+    The owner sets :attr:`decoders` (a fresh decoder per message), takes whole messages with
+    :meth:`receive` and sends with :meth:`send_message`; ``close`` and the rest are websockets'.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.decoders: Callable[[], Decoder] | None = None
+        self.max_header = MAX_HEADER  # the decoders' limit: a longer header is not buffered
+        self._buf = bytearray(RECV_SIZE)
+        self._start = self._end = 0  # unparsed bytes of _buf
+        self._direct: memoryview | None = None  # room handed to the loop inside a payload
+        self._deferred = False  # bytes wait for the upgrade to finish or for decoders
+        self._request_fed = False
+        self._reading_paused = False
+        self._failed = False  # a protocol violation: nothing more is parsed
+        # the frame being read (its header is parsed) and the message it belongs to
+        self._left = 0  # payload bytes of the frame not read yet
+        self._pos = 0  # payload bytes of the frame read so far (the mask's phase)
+        self._mask = b""
+        self._fin = False
+        self._decoder: Decoder | None = None  # set while a data message is being read
+        self._error: DecodeError | None = None
+        self._nbytes = 0
+        self._messages: collections.deque[Received] = collections.deque()
+        self._waiter: asyncio.Future[None] | None = None
+        self._send_lock = asyncio.Lock()
+
+    @property
+    def partial(self) -> bool:
+        """Whether part of a message has arrived and the rest has not."""
+        return self._decoder is not None
+
+    # --- receiving: asyncio calls these ---------------------------------------------------------
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        if self._start == self._end:
+            decoder = self._decoder
+            room = None if decoder is None or self._error else decoder.writable()
+            if room is not None and self._left:
+                self._direct = room[: self._left]
+                return self._direct
+            self._start = self._end = 0
+            if room is not None and self.protocol.state is State.OPEN:  # the next frame's
+                return memoryview(self._buf)[:HEADER_BITE]  # header alone: then its payload
+        elif len(self._buf) - self._end < HEADER_BITE:  # goes straight to the room above
+            self._compact()
+        return memoryview(self._buf)[self._end :]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        room, self._direct = self._direct, None
+        if room is None:
+            self._end += nbytes
+            self._parse()
+            return
+        assert self._decoder is not None
+        unmask_in_place(room[:nbytes], self._mask, self._pos)
+        self._decoder.advance(nbytes)
+        self._pos += nbytes
+        self._nbytes += nbytes
+        self._left -= nbytes
+        if not self._left:
+            self._frame_done()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        self._wake()
+
+    # --- parsing ----------------------------------------------------------------------------
+
+    def _parse(self) -> None:
+        """Parse what the receive buffer holds, as far as it goes."""
+        self._deferred = False
+        if self._failed:
+            self._start = self._end = 0
+            return
+        while self._end > self._start:
+            state = self.protocol.state
+            if state is State.CONNECTING:
+                self._feed_request()
+                return
+            if state is State.CLOSED or (state is State.OPEN and self.decoders is None):
+                self._deferred = state is not State.CLOSED
+                self._update_reading()
+                return
+            if self._left:
+                self._payload_from_buffer()
+            elif not self._frame():
+                return
+
+    def _feed_request(self) -> None:
+        """Hand websockets the HTTP upgrade request, and nothing after it (frames that follow
+        are ours, parsed once the upgrade is answered)."""
+        if self._request_fed:
+            self._deferred = True
+            self._update_reading()
+            return
+        data = self._buf[self._start : self._end]
+        end = data.find(b"\r\n\r\n")
+        if end < 0 and len(data) < MAX_REQUEST:
+            return
+        upto = len(data) if end < 0 else end + 4
+        self._start += upto
+        self._request_fed = True
+        self._deferred = self._end > self._start  # frames behind the request: parsed later
+        self.data_received(bytes(data[:upto]))
+
+    def _frame(self) -> bool:
+        """Parse the frame header at the front of the buffer; False if more bytes are needed."""
+        buf, s = self._buf, self._start
+        avail = self._end - s
+        if avail < 2:
+            return False
+        first, second = buf[s], buf[s + 1]
+        if not second & 0x80:
+            return self._fail(CloseCode.PROTOCOL_ERROR, "incorrect masking")
+        if first & 0x70:
+            return self._fail(CloseCode.PROTOCOL_ERROR, "reserved bits must be 0")
+        length = second & 0x7F
+        extra = 2 if length == 126 else 8 if length == 127 else 0
+        header = 2 + extra + 4
+        if avail < header:
+            return False
+        if extra:
+            length = int.from_bytes(buf[s + 2 : s + 2 + extra], "big")
+        opcode, fin = first & 0x0F, bool(first & 0x80)
+        if opcode >= _CONTROL:
+            if length > 125:
+                return self._fail(CloseCode.PROTOCOL_ERROR, "control frame too long")
+            if avail < header + length:
+                return False
+            self._start += header + length
+            self.data_received(bytes(buf[s : s + header + length]))  # websockets' business
+            return True
+        return self._data_frame(opcode, fin, header, length)
+
+    def _data_frame(self, opcode: int, fin: bool, header: int, length: int) -> bool:
+        starting = opcode in (Opcode.BINARY, Opcode.TEXT)
+        if opcode == Opcode.CONT and self._decoder is None:
+            return self._fail(CloseCode.PROTOCOL_ERROR, "unexpected continuation frame")
+        if starting and self._decoder is not None:
+            return self._fail(CloseCode.PROTOCOL_ERROR, "expected a continuation frame")
+        if not starting and opcode != Opcode.CONT:
+            return self._fail(CloseCode.PROTOCOL_ERROR, f"invalid opcode {opcode}")
+        max_size = self.protocol.max_message_size
+        if max_size is not None and self._nbytes + length > max_size:
+            size = self._nbytes + length
+            return self._fail(
+                CloseCode.MESSAGE_TOO_BIG, f"over size limit ({size} > {max_size} bytes)"
+            )
+        s = self._start
+        take = 0
+        if starting:  # the message's header must reach the decoder in one piece
+            take = self._prefix(length, header)
+            if take < 0:
+                return False
+        self._mask = bytes(self._buf[s + header - 4 : s + header])
+        self._start += header
+        self._left, self._pos, self._fin = length, 0, fin
+        if starting:
+            assert self.decoders is not None
+            self._decoder, self._error, self._nbytes = self.decoders(), None, 0
+            if take:
+                self._payload_from_buffer(take)
+        if not self._left:
+            self._frame_done()
+        return True
+
+    def _prefix(self, length: int, header: int) -> int:
+        """How much of a message's first frame to take at once (all of it if it is small; else
+        the message header's length word and the header), or -1 to wait for more bytes (the
+        buffer grows to hold them)."""
+        s = self._start + header
+        avail = self._end - s
+        if length <= RECV_SIZE:
+            need = length
+        elif avail < _LEN.size:
+            need = _LEN.size
+        else:
+            word = apply_mask(self._buf[s : s + _LEN.size], bytes(self._buf[s - 4 : s]))
+            need = min(length, _LEN.size + _LEN.unpack(word)[0])
+            if need > _LEN.size + self.max_header:
+                need = _LEN.size  # a header over the limit: the decoder refuses it
+        if avail >= need:
+            return need
+        if header + need > len(self._buf) - self._start:
+            self._grow(header + need)
+        return -1
+
+    def _payload_from_buffer(self, most: int | None = None) -> None:
+        take = min(self._left, self._end - self._start, self._left if most is None else most)
+        s = self._start
+        self._start += take
+        if self._error is None and self._decoder is not None and self._taking():
+            key = self._mask[self._pos % 4 :] + self._mask[: self._pos % 4]
+            chunk = apply_mask(bytes(self._buf[s : s + take]), key)
+            try:
+                self._decoder.feed(chunk)
+            except DecodeError as exc:
+                self._error = exc
+        self._pos += take
+        self._nbytes += take
+        self._left -= take
+        if not self._left:
+            self._frame_done()
+
+    def _frame_done(self) -> None:
+        if not self._fin or self._decoder is None:
+            return
+        decoder, self._decoder = self._decoder, None
+        if not self._taking():
+            return  # a message that ends after the client's close is dropped
+        self._messages.append(received(decoder, self._error, self._nbytes))
+        self._nbytes = 0
+        self._wake()
+        self._update_reading()
+
+    def _taking(self) -> bool:
+        """Whether data frames still count: not after the client's close frame (websockets
+        discards them), but still after ours, as websockets delivers them."""
+        state = self.protocol.state
+        open_ = state is State.OPEN or state is State.CLOSING
+        return open_ and self.protocol.close_rcvd is None
+
+    def _fail(self, code: CloseCode, reason: str) -> bool:
+        """A protocol violation: close as websockets would, and read nothing more."""
+        self._start = self._end = self._left = 0
+        self._decoder = None
+        self._failed = True
+        self.protocol.fail(code, reason)
+        self.send_data()
+        return False
+
+    # --- the receive buffer ---------------------------------------------------------------------
+
+    def _compact(self) -> None:
+        size = self._end - self._start
+        self._buf[:size] = self._buf[self._start : self._end]  # same length: no resize
+        self._start, self._end = 0, size
+
+    def _grow(self, need: int) -> None:
+        """Make room for ``need`` bytes from the start of the unparsed ones (a new buffer:
+        the loop may still hold a view of the old one)."""
+        buf = bytearray(max(need, RECV_SIZE))
+        size = self._end - self._start
+        buf[:size] = self._buf[self._start : self._end]
+        self._buf, self._start, self._end = buf, 0, size
+
+    def _update_reading(self) -> None:
+        """Stop reading the socket while whole messages wait or bytes wait for the upgrade."""
+        full = len(self._messages) >= QUEUE_HIGH
+        stuck = self._deferred and len(self._buf) - self._end < HEADER_BITE
+        want = full or stuck
+        if want != self._reading_paused:
+            self._reading_paused = want
+            if want:
+                self.transport.pause_reading()
+            else:
+                self.transport.resume_reading()
+
+    # --- the owner's side ---------------------------------------------------------------------
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    def _closed(self) -> bool:
+        return self.protocol.state is State.CLOSED
+
+    async def receive(self, within: float | None = None) -> Received | None:
+        """The next whole message, or None once ``within`` seconds pass without one (a timer
+        of the loop's, made only when there is a wait: cheaper than a cancel scope).
+
+        Raises:
+            ConnectionClosed: the connection closed and every message was taken.
+        """
+        if self._deferred:
+            self._parse()
+        if not self._messages:
+            if self._closed():
+                raise self.close_exc
+            self._waiter = self.loop.create_future()
+            timer = None if within is None else self.loop.call_later(within, self._wake)
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+                if timer is not None:
+                    timer.cancel()
+            if not self._messages:
+                if self._closed():
+                    raise self.close_exc
+                return None
+        item = self._messages.popleft()
+        if self._reading_paused:
+            self._update_reading()
+        return item
+
+    async def send_message(self, chunks: Sequence[bytes | memoryview]) -> int:
+        """Send one binary message (``chunks`` concatenated); returns its size in bytes.
+
+        Raises:
+            ConnectionClosed: the connection is closing or closed.
+        """
+        total = sum(memoryview(c).nbytes for c in chunks)
+        async with self._send_lock:
+            if total <= SMALL_SEND:
+                await self._write(Opcode.BINARY, True, b"".join(chunks))
+                return total
+            frames = to_frames(chunks, RECV_SIZE)
+            assert isinstance(frames, list)  # a large message is fragmented
+            last = len(frames) - 1
+            for i, frame in enumerate(frames):
+                await self._write(Opcode.CONT if i else Opcode.BINARY, i == last, frame)
+        return total
+
+    async def _write(self, opcode: Opcode, fin: bool, payload: bytes | memoryview) -> None:
+        if self.protocol.state is not State.OPEN:
+            async with self.send_context():  # waits for the close, raises ConnectionClosed
+                pass
+        length = memoryview(payload).nbytes
+        header = _frame_header(opcode, fin, length)
+        if length < SMALL_SEND:
+            self.transport.write(header + payload)
+        else:
+            self.transport.write(header)
+            self.transport.write(payload)
+        try:
+            await self.drain()
+        except OSError:
+            await asyncio.shield(self.connection_lost_waiter)
+            raise self.close_exc from None
+
+
+__all__ = ["Received", "WireConnection", "received", "unmask_in_place"]

@@ -1,0 +1,274 @@
+"""The server's own frame parser (server.wire) against hand-made frames on a real socket.
+
+Frames are built here byte by byte, so that every split, interleaving and violation the RFC
+allows (or forbids) reaches the server exactly as written; the server's replies are parsed with
+websockets' sans-I/O client protocol.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import struct
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+from websockets.client import ClientProtocol
+from websockets.frames import Frame, Opcode
+from websockets.http11 import Response
+from websockets.uri import parse_uri
+
+from protocol import (
+    PROTOCOL_VERSION,
+    SERVER_ADAPTER,
+    Batch,
+    Hello,
+    Read,
+    ReadReply,
+    Sync,
+    SyncReply,
+    Welcome,
+    decode,
+    encode,
+)
+from protocol.ops import FromBuffer
+from server.wire import apply_mask, unmask_in_place
+
+from .raw import Witness
+from .servers import ServerProcess
+
+WAIT = 30.0
+
+
+def frame(
+    opcode: int, payload: bytes, *, fin: bool = True, masked: bool = True, rsv: int = 0
+) -> bytes:
+    """One client frame, exactly as given (masked with a fresh key unless ``masked`` is
+    False)."""
+    first = (0x80 if fin else 0) | rsv | opcode
+    bit = 0x80 if masked else 0
+    n = len(payload)
+    if n < 126:
+        head = struct.pack("!BB", first, bit | n)
+    elif n < 1 << 16:
+        head = struct.pack("!BBH", first, bit | 126, n)
+    else:
+        head = struct.pack("!BBQ", first, bit | 127, n)
+    if not masked:
+        return head + payload
+    key = os.urandom(4)
+    return head + key + apply_mask(payload, key)
+
+
+def message_bytes(batch: Batch | Hello, *buffers: np.ndarray) -> bytes:
+    views = [b.reshape(-1).view(np.uint8).data for b in buffers]
+    return b"".join(bytes(c) for c in encode(batch, views))
+
+
+class Peer:
+    """A raw socket speaking websocket frames by hand to a real server."""
+
+    def __init__(self, url: str, *, early: bytes = b"", hello: bool = True) -> None:
+        uri = parse_uri(url)
+        self.protocol = ClientProtocol(uri, max_size=None)
+        self.sock = socket.create_connection((uri.host, uri.port), timeout=WAIT)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.events: list[Frame] = []
+        try:
+            self._open(early, hello)
+        except BaseException:
+            self.sock.close()
+            raise
+
+    def _open(self, early: bytes, hello: bool) -> None:
+        self.protocol.send_request(self.protocol.connect())
+        request = b"".join(self.protocol.data_to_send())
+        if hello:
+            early = frame(Opcode.BINARY, message_bytes(Hello(protocol=PROTOCOL_VERSION))) + early
+        self.sock.sendall(request + early)  # frames right behind the upgrade request
+        self._until(lambda: self.response is not None)
+        if hello:
+            welcome = self.message()
+            assert isinstance(welcome, Welcome)
+
+    response: Response | None = None
+
+    def _until(self, done: object) -> None:
+        assert callable(done)
+        while not done():
+            data = self.sock.recv(1 << 16)
+            if data:
+                self.protocol.receive_data(data)
+            else:
+                self.protocol.receive_eof()
+            for event in self.protocol.events_received():
+                if isinstance(event, Response):
+                    self.response = event
+                else:
+                    assert isinstance(event, Frame)
+                    self.events.append(event)
+            if not data:
+                return
+
+    def frame(self) -> Frame:
+        """The next frame from the server (data or control)."""
+        self._until(lambda: bool(self.events))
+        assert self.events, "the server closed the connection"
+        return self.events.pop(0)
+
+    def message(self) -> object:
+        """The next whole data message, decoded (control frames on the way are skipped)."""
+        parts: list[bytes] = []
+        while True:
+            got = self.frame()
+            if got.opcode in (Opcode.BINARY, Opcode.CONT):
+                parts.append(bytes(got.data))
+                if got.fin:
+                    return decode(SERVER_ADAPTER, b"".join(parts))[0]
+
+    def close_code(self) -> int:
+        """The code of the close frame the server sends next (data frames skipped)."""
+        while True:
+            got = self.frame()
+            if got.opcode is Opcode.CLOSE:
+                return int.from_bytes(got.data[:2], "big")
+
+    def send(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+@pytest.fixture
+def peer(url: str) -> Iterator[Peer]:
+    each = Peer(url)
+    yield each
+    each.close()
+
+
+def _upload(values: np.ndarray, request: int = 1) -> bytes:
+    assert values.dtype == np.float32
+    op = FromBuffer(out=1, shape=values.shape, dtype="float32", buffer=0)
+    batch = Batch(ops=[op], requests=[Read(request_id=request, tensor=1)], buffers=[values.nbytes])
+    return message_bytes(batch, values)
+
+
+def _reads(peer: Peer, values: np.ndarray) -> None:
+    """The server's reply to :func:`_upload`: the values, byte exact."""
+    parts: list[bytes] = []
+    while True:
+        got = peer.frame()
+        if got.opcode in (Opcode.BINARY, Opcode.CONT):
+            parts.append(bytes(got.data))
+            if got.fin:
+                break
+    reply, buffers = decode(SERVER_ADAPTER, b"".join(parts))
+    assert isinstance(reply, ReadReply) and reply.request_id == 1
+    received = np.frombuffer(bytes(buffers[0]), values.dtype).reshape(values.shape)
+    np.testing.assert_array_equal(received, values)
+
+
+def test_unmask_in_place_matches_the_mask_at_every_phase_and_alignment() -> None:
+    for size in (1, 3, 7, 8, 9, 100, 1 << 17, (1 << 17) + 5, 300_001):
+        for phase in range(5):
+            for lead in (0, 1, 3, 7):
+                key, payload = os.urandom(4), os.urandom(phase + size)
+                masked = apply_mask(payload, key)
+                buf = bytearray(lead) + bytearray(masked[phase:])
+                unmask_in_place(memoryview(buf)[lead:], key, phase)
+                assert bytes(buf[lead:]) == payload[phase:], (size, phase, lead)
+
+
+def test_a_message_split_at_every_byte_count_is_decoded(peer: Peer) -> None:
+    values = np.arange(3000, dtype=np.float32)
+    body = _upload(values)
+    first = 4 + int.from_bytes(body[:4], "little") + 100  # the header and some data
+    wire = frame(Opcode.BINARY, body[:first], fin=False) + frame(Opcode.CONT, body[first:])
+    step = 1
+    at = 0
+    while at < len(wire):  # pieces of 1, 2, ... 15 bytes, then one large
+        peer.send(wire[at : at + step])
+        at += step
+        step = step + 1 if step < 15 else len(wire)
+    _reads(peer, values)
+
+
+def test_pings_between_fragments_are_answered_and_the_message_lands(peer: Peer) -> None:
+    values = np.random.default_rng(0).random((600, 700)).astype(np.float32)  # 1.6 MiB
+    body = _upload(values)
+    header = 4 + int.from_bytes(body[:4], "little")
+    cut = [0, header, header + 1000, header + 300_000, header + 1_200_000, len(body)]
+    for i in range(len(cut) - 1):
+        opcode = Opcode.CONT if i else Opcode.BINARY
+        peer.send(frame(opcode, body[cut[i] : cut[i + 1]], fin=i == len(cut) - 2))
+        peer.send(frame(Opcode.PING, b"ping %d" % i))
+    pongs = []
+    parts: list[bytes] = []
+    while True:
+        got = peer.frame()
+        if got.opcode is Opcode.PONG:
+            pongs.append(bytes(got.data))
+        elif got.opcode in (Opcode.BINARY, Opcode.CONT):
+            parts.append(bytes(got.data))
+            if got.fin:
+                break
+    reply, buffers = decode(SERVER_ADAPTER, b"".join(parts))
+    assert isinstance(reply, ReadReply)
+    np.testing.assert_array_equal(
+        np.frombuffer(bytes(buffers[0]), np.float32).reshape(600, 700), values
+    )
+    assert pongs == [b"ping %d" % i for i in range(len(cut) - 1)]
+
+
+def test_one_frame_larger_than_the_receive_buffer(peer: Peer) -> None:
+    values = np.random.default_rng(1).random(400_000).astype(np.float32)  # 1.5 MiB, one frame
+    peer.send(frame(Opcode.BINARY, _upload(values)))
+    _reads(peer, values)
+
+
+def test_frames_sent_before_the_upgrade_is_answered_are_kept(url: str) -> None:
+    sync = message_bytes(Batch(requests=[Sync(request_id=9)]))
+    early = Peer(url, early=frame(Opcode.BINARY, sync))
+    try:
+        reply = early.message()
+        assert isinstance(reply, SyncReply) and reply.request_id == 9
+    finally:
+        early.close()
+
+
+@pytest.mark.parametrize(
+    ("what", "wire"),
+    [
+        ("unmasked", frame(Opcode.BINARY, b"x", masked=False)),
+        ("reserved bit", frame(Opcode.BINARY, b"x", rsv=0x40)),
+        ("continuation first", frame(Opcode.CONT, b"x")),
+        (
+            "new message inside one",
+            frame(Opcode.BINARY, b"x", fin=False) + frame(Opcode.TEXT, b"y"),
+        ),
+        ("long control frame", frame(Opcode.PING, b"p" * 126)),
+        ("unknown opcode", frame(3, b"x")),
+    ],
+)
+def test_protocol_violations_close_with_1002_and_touch_no_one_else(
+    url: str, what: str, wire: bytes
+) -> None:
+    witness = Witness(url, token=None)
+    bad = Peer(url)
+    try:
+        bad.send(wire)
+        assert bad.close_code() == 1002, what
+    finally:
+        bad.close()
+    witness.assert_intact()
+    witness.dev.close()
+
+
+def test_a_close_in_the_middle_of_a_message_is_answered(peer: Peer, server: ServerProcess) -> None:
+    values = np.ones(100_000, dtype=np.float32)
+    body = _upload(values)
+    peer.send(frame(Opcode.BINARY, body[:5000], fin=False))
+    peer.send(frame(Opcode.CLOSE, struct.pack("!H", 1000)))
+    assert peer.close_code() == 1000
