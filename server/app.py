@@ -346,8 +346,8 @@ class Server:
             Drop: ``send_timeout``, the client did not take it within ``send_timeout``.
         """
         try:
-            with anyio.fail_after(self.config.send_timeout):
-                self.metrics.sent_bytes.inc(await ws.send_message(encode(message, buffers)))
+            sent = await ws.send_message(encode(message, buffers), self.config.send_timeout)
+            self.metrics.sent_bytes.inc(sent)
         except TimeoutError:
             raise Drop(
                 ErrorCode.SEND_TIMEOUT,

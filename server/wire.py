@@ -310,17 +310,32 @@ class WireConnection(ServerConnection, asyncio.BufferedProtocol):
         s = self._start
         self._start += take
         if self._error is None and self._decoder is not None and self._taking():
-            key = self._mask[self._pos % 4 :] + self._mask[: self._pos % 4]
-            chunk = apply_mask(bytes(self._buf[s : s + take]), key)
-            try:
-                self._decoder.feed(chunk)
-            except DecodeError as exc:
-                self._error = exc
+            self._to_decoder(self._decoder, memoryview(self._buf)[s : s + take])
         self._pos += take
         self._nbytes += take
         self._left -= take
         if not self._left:
             self._frame_done()
+
+    def _to_decoder(self, decoder: Decoder, data: memoryview) -> None:
+        """Unmask ``data`` (the frame's payload from ``self._pos`` on) into ``decoder``: copied
+        once into the room it offers and unmasked there, else fed as a fresh bytes object (the
+        message's header, or bytes past what it declares)."""
+        pos = self._pos
+        try:
+            while len(data):
+                room = decoder.writable()
+                if room is None:
+                    phase = pos & 3
+                    decoder.feed(apply_mask(data, self._mask[phase:] + self._mask[:phase]))
+                    return
+                n = min(len(room), len(data))
+                room[:n] = data[:n]
+                unmask_in_place(room[:n], self._mask, pos)
+                decoder.advance(n)
+                data, pos = data[n:], pos + n
+        except DecodeError as exc:
+            self._error = exc
 
     def _frame_done(self) -> None:
         if not self._fin or self._decoder is None:
@@ -414,25 +429,33 @@ class WireConnection(ServerConnection, asyncio.BufferedProtocol):
             self._update_reading()
         return item
 
-    async def send_message(self, chunks: Sequence[bytes | memoryview]) -> int:
+    async def send_message(
+        self, chunks: Sequence[bytes | memoryview], within: float | None = None
+    ) -> int:
         """Send one binary message (``chunks`` concatenated); returns its size in bytes.
 
         Raises:
             ConnectionClosed: the connection is closing or closed.
+            TimeoutError: the client did not take the message within ``within`` seconds (the
+                connection is then in the middle of a message: the caller must drop it).
         """
         total = sum(memoryview(c).nbytes for c in chunks)
+        deadline = None if within is None else self.loop.time() + within
         async with self._send_lock:
             if total <= SMALL_SEND:
-                await self._write(Opcode.BINARY, True, b"".join(chunks))
+                await self._write(Opcode.BINARY, True, b"".join(chunks), deadline)
                 return total
             frames = to_frames(chunks, RECV_SIZE)
             assert isinstance(frames, list)  # a large message is fragmented
             last = len(frames) - 1
             for i, frame in enumerate(frames):
-                await self._write(Opcode.CONT if i else Opcode.BINARY, i == last, frame)
+                opcode = Opcode.CONT if i else Opcode.BINARY
+                await self._write(opcode, i == last, frame, deadline)
         return total
 
-    async def _write(self, opcode: Opcode, fin: bool, payload: bytes | memoryview) -> None:
+    async def _write(
+        self, opcode: Opcode, fin: bool, payload: bytes | memoryview, deadline: float | None
+    ) -> None:
         if self.protocol.state is not State.OPEN:
             async with self.send_context():  # waits for the close, raises ConnectionClosed
                 pass
@@ -443,11 +466,39 @@ class WireConnection(ServerConnection, asyncio.BufferedProtocol):
         else:
             self.transport.write(header)
             self.transport.write(payload)
+        if self.paused:  # over the write limit: wait for the client to take bytes
+            await self._drain(deadline)
+
+    async def _drain(self, deadline: float | None) -> None:
+        """Wait until the transport is under its write limit again (websockets' flow control
+        wakes the waiter), up to ``deadline``: a timer of the loop's, made only when waiting,
+        instead of a cancel scope around every send.
+
+        Raises:
+            TimeoutError: the deadline passed.
+            ConnectionClosed: the connection was lost meanwhile.
+        """
+        waiter: asyncio.Future[None] = self.loop.create_future()
+        expired = []
+
+        def expire() -> None:
+            if not waiter.done():
+                expired.append(True)
+                waiter.set_result(None)
+
+        timer = None if deadline is None else self.loop.call_at(deadline, expire)
+        self.drain_waiters.append(waiter)
         try:
-            await self.drain()
-        except OSError:
+            await waiter
+        except Exception:  # connection_lost passes its error on
             await asyncio.shield(self.connection_lost_waiter)
             raise self.close_exc from None
+        finally:
+            self.drain_waiters.remove(waiter)
+            if timer is not None:
+                timer.cancel()
+        if expired:
+            raise TimeoutError("the client took no bytes before the send deadline")
 
 
 __all__ = ["Received", "WireConnection", "received", "unmask_in_place"]
