@@ -42,7 +42,8 @@ from protocol import (
 )
 from protocol.codec import MAX_HEADER, Buffer, to_frames
 
-RECV_SIZE = 1 << 18  # the receive buffer; also the largest first frame taken whole
+RECV_SIZE = 1 << 18  # the largest first frame taken whole; also the reply fragment size
+SMALL_BUFFER = 1 << 14  # the receive buffer of a session at rest (grown for larger frames)
 HEADER_BITE = 14  # the longest masked frame header: read alone inside a fragmented message
 SMALL_SEND = 1 << 18  # replies up to this size go out as one frame
 MAX_REQUEST = 1 << 16  # bytes of an HTTP upgrade request buffered before websockets sees them
@@ -125,7 +126,7 @@ class WireConnection(ServerConnection, asyncio.BufferedProtocol):
         super().__init__(*args, **kwargs)
         self.decoders: Callable[[], Decoder] | None = None
         self.max_header = MAX_HEADER  # the decoders' limit: a longer header is not buffered
-        self._buf = bytearray(RECV_SIZE)
+        self._buf = bytearray(SMALL_BUFFER)
         self._start = self._end = 0  # unparsed bytes of _buf
         self._direct: memoryview | None = None  # room handed to the loop inside a payload
         self._deferred = False  # bytes wait for the upgrade to finish or for decoders
@@ -163,6 +164,8 @@ class WireConnection(ServerConnection, asyncio.BufferedProtocol):
                 return memoryview(self._buf)[:HEADER_BITE]  # header alone: then its payload
         elif len(self._buf) - self._end < HEADER_BITE:  # goes straight to the room above
             self._compact()
+            if len(self._buf) - self._end < HEADER_BITE:  # never an empty view: that reads
+                self._grow(2 * len(self._buf))  # as the end of the stream
         return memoryview(self._buf)[self._end :]
 
     def buffer_updated(self, nbytes: int) -> None:
@@ -374,7 +377,7 @@ class WireConnection(ServerConnection, asyncio.BufferedProtocol):
     def _grow(self, need: int) -> None:
         """Make room for ``need`` bytes from the start of the unparsed ones (a new buffer:
         the loop may still hold a view of the old one)."""
-        buf = bytearray(max(need, RECV_SIZE))
+        buf = bytearray(max(need, SMALL_BUFFER))
         size = self._end - self._start
         buf[:size] = self._buf[self._start : self._end]
         self._buf, self._start, self._end = buf, 0, size
@@ -412,6 +415,8 @@ class WireConnection(ServerConnection, asyncio.BufferedProtocol):
         if not self._messages:
             if self._closed():
                 raise self.close_exc
+            if len(self._buf) > SMALL_BUFFER and self._start == self._end:
+                self._buf = bytearray(SMALL_BUFFER)  # at rest: 16 KiB a session, not 256
             self._waiter = self.loop.create_future()
             timer = None if within is None else self.loop.call_later(within, self._wake)
             try:
@@ -445,7 +450,7 @@ class WireConnection(ServerConnection, asyncio.BufferedProtocol):
             if total <= SMALL_SEND:
                 await self._write(Opcode.BINARY, True, b"".join(chunks), deadline)
                 return total
-            frames = to_frames(chunks, RECV_SIZE)
+            frames = to_frames(chunks, RECV_SIZE)  # the fragments a client receives in place
             assert isinstance(frames, list)  # a large message is fragmented
             last = len(frames) - 1
             for i, frame in enumerate(frames):
