@@ -1,6 +1,7 @@
 """The websocket transport: accept connections, run the handshake, feed sessions.
 
-Rule: the only server module that touches sockets. Imports ``server.session`` and below.
+Rule: with ``server.wire``, the only server module that touches sockets. Imports
+``server.session``, ``server.wire`` and below.
 
 Choice of transport (see README, "Design"): websockets' asyncio implementation, run under
 anyio's asyncio backend. It is the fastest websocket stack measured on our machines (about
@@ -8,11 +9,13 @@ anyio's asyncio backend. It is the fastest websocket stack measured on our machi
 streams), and it brings keepalive pings, the close handshake, size limits and an HTTP hook for
 health endpoints. Everything the server does beyond the socket (task groups, worker threads,
 capacity limits, cancellation) is anyio. The price is that the server runs on asyncio only.
+Data frames are parsed and written by :class:`server.wire.WireConnection`, a subclass of
+websockets' connection, so that payloads are received straight into their arrays.
 
-Per connection: one task receives and decodes messages into a bounded queue (a full queue stops
-reading the socket, so TCP pushes back on a client that sends faster than the server runs);
-one task takes batches off the queue in order, runs them (cheap ops on the loop, heavy ones in a
-bounded worker-thread pool) and sends the replies.
+Per connection: the wire decodes messages as their bytes arrive and stops reading the socket
+while a few wait (so TCP pushes back on a client that sends faster than the server runs); one
+task takes them into a bounded queue, and one takes batches off the queue in order, runs them
+(cheap ops on the loop, heavy ones in a bounded worker-thread pool) and sends the replies.
 
 Plain HTTP requests on the same port get ``/healthz`` and ``/metrics`` (``server.endpoints``)
 from websockets' ``process_request`` hook, before any upgrade. Drain (``Server.drain``, on
@@ -137,7 +140,6 @@ class Server:
             create_connection=WireConnection,  # our own data frames: see server.wire
             compression=None,  # tensor bytes do not compress; deflate costs 13x throughput
             max_size=config.max_message_size,
-            max_queue=4,
             write_limit=config.write_limit,
             ssl=self._ssl,
             open_timeout=config.handshake_timeout,
