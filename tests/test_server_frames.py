@@ -32,7 +32,7 @@ from protocol import (
     decode,
     encode,
 )
-from protocol.ops import FromBuffer
+from protocol.ops import FromBuffer, Full
 from server.wire import apply_mask, unmask_in_place
 
 from .raw import Witness
@@ -228,6 +228,17 @@ def test_pings_between_fragments_are_answered_and_the_message_lands(peer: Peer) 
 def test_one_frame_larger_than_the_receive_buffer(peer: Peer) -> None:
     values = np.random.default_rng(1).random(400_000).astype(np.float32)  # 1.5 MiB, one frame
     peer.send(frame(Opcode.BINARY, _upload(values)))
+    _reads(peer, values)
+
+
+def test_one_frame_whose_header_alone_is_larger_than_the_receive_buffer(peer: Peer) -> None:
+    values = np.random.default_rng(2).random(300_000).astype(np.float32)
+    fill = [Full(out=i, shape=(1,), dtype="float32", value=0.0) for i in range(2, 5002)]
+    upload = FromBuffer(out=1, shape=values.shape, dtype="float32", buffer=0)
+    batch = Batch(ops=[*fill, upload], requests=[Read(request_id=1, tensor=1)])
+    body = message_bytes(batch.model_copy(update={"buffers": [values.nbytes]}), values)
+    assert int.from_bytes(body[:4], "little") > 1 << 18  # a JSON header over 256 KiB
+    peer.send(frame(Opcode.BINARY, body))
     _reads(peer, values)
 
 
