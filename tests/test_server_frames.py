@@ -207,7 +207,7 @@ def test_pings_between_fragments_are_answered_and_the_message_lands(peer: Peer) 
         opcode = Opcode.CONT if i else Opcode.BINARY
         peer.send(frame(opcode, body[cut[i] : cut[i + 1]], fin=i == len(cut) - 2))
         peer.send(frame(Opcode.PING, b"ping %d" % i))
-    pongs = []
+    pongs: list[bytes] = []
     parts: list[bytes] = []
     whole = False
     while not whole or len(pongs) < len(cut) - 1:  # the last pong may follow the reply
