@@ -19,6 +19,7 @@ from websockets.http11 import Request
 from websockets.server import ServerProtocol
 
 import client
+import client._buffers
 import client._connection
 from protocol import PROTOCOL_VERSION, Read, ReadReply, TensorMeta, Welcome, encode
 from protocol.codec import encode_header, to_frames
@@ -211,7 +212,7 @@ def test_a_read_interrupted_mid_message_cuts_the_connection(url: str) -> None:
     every later call fails with ConnectionLost."""
     with client.RemoteDevice(url) as dev:
         x = client.namespace(dev).ones(1 << 20)  # 8 MiB: a reply in many fragments
-        real = client._connection.MessageDecoder.advance
+        real = client._buffers.PooledDecoder.advance
         calls = 0
 
         def advance(self: Any, n: int) -> None:
@@ -225,7 +226,7 @@ def test_a_read_interrupted_mid_message_cuts_the_connection(url: str) -> None:
         ws = dev._conn._ws
         real_abort = ws.abort
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(client._connection.MessageDecoder, "advance", advance)
+            mp.setattr(client._buffers.PooledDecoder, "advance", advance)
             mp.setattr(ws, "abort", lambda: (cuts.append(True), real_abort())[1])
             with pytest.raises(KeyboardInterrupt):
                 x.numpy()
