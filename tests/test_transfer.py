@@ -70,6 +70,13 @@ def test_the_pool_stays_within_its_bound_and_lets_idle_buffers_go() -> None:
     assert pool.nbytes == 0
 
 
+def test_the_pool_keeps_at_most_its_count_of_buffers() -> None:
+    pool = BufferPool(keep=64 * MIB, smallest=MIB, count=2)
+    held = [pool.take(MIB) for _ in range(3)]
+    assert pool.nbytes == 2 * MIB
+    assert len({_address(h) for h in held}) == 3
+
+
 # --- against a real server ------------------------------------------------------------------
 
 
