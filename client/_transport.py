@@ -33,7 +33,7 @@ from websockets.http11 import Response
 from websockets.uri import parse_uri
 
 RECV_SIZE = 1 << 18
-SMALL_FRAME = 1 << 16  # frames below this go out in one write, header and payload together
+SMALL_FRAME = 1 << 16  # over TLS, frames below this go out in one write, header and payload joined
 _DATA = (Opcode.BINARY, Opcode.CONT, Opcode.TEXT)
 _CONTROL = 8  # opcodes from 8 up are control frames
 
@@ -133,14 +133,8 @@ class Transport:
         Raises:
             Closed: the connection is closing, closed or broke.
         """
-        protocol = self.protocol
         if isinstance(frames, bytes):
-            with self._lock:
-                self._check_open()
-                protocol.send_binary(frames)
-                self._out.extend(protocol.data_to_send())
-            self._flush_out()
-            return
+            frames = [frames]
         last = len(frames) - 1
         for i, frame in enumerate(frames):
             with self._lock:
@@ -150,19 +144,35 @@ class Transport:
             self._flush_out()  # control frames that receiving made meanwhile
 
     def _write_frame(self, header: bytes, payload: bytes | memoryview) -> None:
-        """Write one masked frame of a fragmented message, framed here and not by the
-        protocol: one copy of the payload (masking) instead of three. The caller holds the
-        send lock; the protocol sees no data frames of ours and needs none."""
+        """Write one masked data frame, framed here and not by the protocol: one copy of the
+        payload (masking, with a fresh key: RFC 6455, 5.3) and one ``sendmsg`` of the header
+        and the masked payload, not joined. The caller holds the send lock; the protocol sees
+        no data frames of ours and needs none."""
         mask = os.urandom(4)
         masked: bytes = frames.apply_mask(payload, mask)  # type: ignore[attr-defined]  # C
         try:
-            if len(masked) < SMALL_FRAME:
-                self.socket.sendall(header + mask + masked)
-            else:
-                self.socket.sendall(header + mask)
-                self.socket.sendall(masked)
+            self._send_parts(header + mask, masked)
         except OSError as exc:
             raise Closed(f"send failed: {exc}") from exc
+
+    def _send_parts(self, head: bytes, body: bytes) -> None:
+        """``head`` then ``body``, in one system call where the socket allows it.
+
+        Raises:
+            OSError: the socket failed.
+        """
+        sock = self.socket
+        if isinstance(sock, ssl.SSLSocket):  # no sendmsg over TLS
+            sock.sendall(head + body if len(body) < SMALL_FRAME else head)
+            if len(body) >= SMALL_FRAME:
+                sock.sendall(body)
+            return
+        sent = sock.sendmsg((head, body))
+        if sent < len(head):  # cut short (a signal, a send timeout): rare
+            sock.sendall(head[sent:])
+            sent = len(head)
+        if sent < len(head) + len(body):
+            sock.sendall(memoryview(body)[sent - len(head) :])
 
     def _check_open(self) -> None:
         if self.protocol.state.name != "OPEN":
