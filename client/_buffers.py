@@ -50,10 +50,20 @@ class _Entry:
     used: float = field(default_factory=time.monotonic)
 
 
+def _references(entry: _Entry) -> int:
+    return sys.getrefcount(entry.buffer)
+
+
+# What _references counts for a buffer that only its entry holds, measured the same way (the
+# interpreter decides whether the call's own argument counts: CPython 3.14 may not count it).
+# Without reference counts (PyPy) nothing is pooled.
+_COUNTED = hasattr(sys, "getrefcount")
+_ALONE = _references(_Entry(np.empty(1, dtype=np.uint8))) if _COUNTED else 0
+
+
 def _unused(entry: _Entry) -> bool:
-    """Whether nothing but the pool refers to ``entry.buffer`` (CPython reference counts:
-    the entry's attribute and getrefcount's own argument)."""
-    return sys.getrefcount(entry.buffer) <= 2
+    """Whether nothing but the pool refers to ``entry.buffer`` (CPython reference counts)."""
+    return _references(entry) <= _ALONE
 
 
 class BufferPool:
@@ -72,7 +82,7 @@ class BufferPool:
         """A writable ``uint8`` array of ``nbytes`` whose contents are undefined: a free
         pooled buffer that fits (at least ``nbytes``, less than twice that), else a new one,
         kept for later if it is large enough."""
-        if nbytes < self._smallest:
+        if nbytes < self._smallest or not _COUNTED:
             return np.empty(nbytes, dtype=np.uint8)
         with self._lock:
             entry = self._fitting(nbytes)
