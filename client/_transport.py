@@ -86,6 +86,7 @@ class Transport:
             self._events: collections.deque[Frame] = collections.deque()
             self._rbuf = bytearray()  # read from the socket, not parsed yet, from _rpos on
             self._rpos = 0
+            self._scratch = memoryview(bytearray(RECV_SIZE))  # see _recv_more
             self._taken = 0  # bytes of the stream parsed so far
             self._handshake(headers or {})  # the socket keeps open_timeout: see opened()
         except BaseException:
@@ -320,10 +321,17 @@ class Transport:
         return out
 
     def _recv_more(self, size: int) -> None:
+        """Append at most ``size`` (up to :data:`RECV_SIZE`) more bytes to the read buffer.
+
+        Reads into a scratch buffer kept for the connection: ``socket.recv(RECV_SIZE)``
+        allocates 256 KiB per call, which malloc maps and unmaps while its dynamic mmap
+        threshold is still low (a fresh process): about 16 us and two page faults per small
+        reply then."""
         if self._rpos:
             del self._rbuf[: self._rpos]
             self._rpos = 0
-        self._rbuf += self._recv(size)
+        scratch = self._scratch[: min(size, RECV_SIZE)]
+        self._rbuf += scratch[: self._recv_into(scratch)]
 
     def _recv(self, size: int) -> bytes:
         try:
