@@ -1,6 +1,7 @@
 """One session with a server device, driven by the threads that use it.
 
-Rule: imports ``protocol`` and ``client.errors`` only; knows nothing of arrays.
+Rule: imports ``protocol``, ``client.errors`` and the client's transport and receive buffers
+only; knows nothing of arrays.
 
 Theory of operation. The websocket is :class:`client._transport.Transport`: websockets'
 sans-I/O protocol over a socket that the calling threads read and write themselves, so a read
@@ -25,6 +26,9 @@ waiters sleep until theirs is resolved or the reader steps down. When the connec
 breaks, every pending reply fails with :class:`ConnectionLost`, and so does every later call:
 nothing hangs (a reader blocked on the socket wakes when it closes, and :meth:`Connection.close`
 cuts the socket after :data:`CLOSE_TIMEOUT` if the server does not answer).
+
+Large replies are received into buffers of a :class:`~client._buffers.BufferPool`, reused
+once the caller has dropped them; the keeper lets go of the ones left idle.
 
 Frees are recorded without a lock (they come from ``__del__``, in any thread, at any time) and
 are taken *before* the ops at each flush, so a free never overtakes an op that reads the id.
@@ -53,7 +57,6 @@ from protocol import (
     ErrorCode,
     ErrorInfo,
     Hello,
-    MessageDecoder,
     ReadReply,
     Refused,
     RequestFailed,
@@ -68,6 +71,7 @@ from protocol.codec import Buffer, requests_only, to_frames
 from protocol.messages import Request
 from protocol.ops import AnyOp
 
+from ._buffers import BufferPool, PooledDecoder
 from ._transport import Closed, InvalidHandshake, InvalidURI, Transport
 from .errors import (
     ConnectionLost,
@@ -174,6 +178,7 @@ class Connection:
         self._closing = False
         self._closed: Future[None] = Future()  # fails when the connection ends
         self._stop = threading.Event()
+        self._pool = BufferPool()
         self._ws = self._open(url, open_timeout, token, ca_file)
         try:
             self.welcome: Welcome = self._handshake(index)  # within open_timeout
@@ -217,6 +222,7 @@ class Connection:
     def _keep(self) -> None:
         """The keeper thread: while no thread reads, process what the socket holds (pings)."""
         while not self._stop.wait(KEEPALIVE_POLL):
+            self._pool.release_idle()
             with self._reading:
                 if self._reader is not None:
                     continue
@@ -234,7 +240,7 @@ class Connection:
     # --- receiving: whichever thread waits reads ---------------------------------------------
 
     def _receive(self) -> tuple[Any, list[Buffer]]:
-        decoder = MessageDecoder(SERVER_ADAPTER)
+        decoder = PooledDecoder(SERVER_ADAPTER, self._pool)
         self._ws.receive(decoder)  # large payloads land straight in the decoder's arrays
         return decoder.finish()
 
@@ -436,6 +442,7 @@ class Connection:
         self._abandon(1000, "")
         self._stop.set()
         self._ws.close()
+        self._pool.clear()
 
     def _abandon(self, code: int, reason: str) -> None:
         """Close handshake: send a close frame, then read (as the reader) until the server

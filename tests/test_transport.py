@@ -14,14 +14,24 @@ from typing import Any
 
 import numpy as np
 import pytest
-from websockets.frames import Frame, Opcode
+from websockets.frames import Frame, Opcode, apply_mask
 from websockets.http11 import Request
 from websockets.server import ServerProtocol
 
 import client
+import client._buffers
 import client._connection
-from protocol import PROTOCOL_VERSION, Read, ReadReply, TensorMeta, Welcome, encode
-from protocol.codec import encode_header, to_frames
+from protocol import (
+    CLIENT_ADAPTER,
+    PROTOCOL_VERSION,
+    Batch,
+    Read,
+    ReadReply,
+    TensorMeta,
+    Welcome,
+    encode,
+)
+from protocol.codec import decode, encode_header, to_frames
 from protocol.ops import Unary
 
 WAIT = 30.0  # seconds: a bound for events that normally take milliseconds
@@ -211,7 +221,7 @@ def test_a_read_interrupted_mid_message_cuts_the_connection(url: str) -> None:
     every later call fails with ConnectionLost."""
     with client.RemoteDevice(url) as dev:
         x = client.namespace(dev).ones(1 << 20)  # 8 MiB: a reply in many fragments
-        real = client._connection.MessageDecoder.advance
+        real = client._buffers.PooledDecoder.advance
         calls = 0
 
         def advance(self: Any, n: int) -> None:
@@ -225,10 +235,61 @@ def test_a_read_interrupted_mid_message_cuts_the_connection(url: str) -> None:
         ws = dev._conn._ws
         real_abort = ws.abort
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(client._connection.MessageDecoder, "advance", advance)
+            mp.setattr(client._buffers.PooledDecoder, "advance", advance)
             mp.setattr(ws, "abort", lambda: (cuts.append(True), real_abort())[1])
             with pytest.raises(KeyboardInterrupt):
                 x.numpy()
             assert cuts, "the half-read connection was left open"
         with pytest.raises(client.ConnectionLost):
             x.numpy()
+
+
+def _raw_frames(sock: socket.socket) -> list[tuple[int, bool, bytes, bytes]]:
+    """Client frames read off the wire up to the end of one message: (opcode, fin, masking
+    key, unmasked payload). Every client frame must be masked (RFC 6455, 5.1)."""
+
+    def exactly(n: int) -> bytes:
+        data = b""
+        while len(data) < n:
+            chunk = sock.recv(n - len(data))
+            assert chunk, "the client left"
+            data += chunk
+        return data
+
+    frames = []
+    while not frames or not frames[-1][1]:
+        first, second = exactly(2)
+        assert second & 0x80, "an unmasked client frame"
+        length = second & 0x7F
+        if length >= 126:
+            length = int.from_bytes(exactly(2 if length == 126 else 8), "big")
+        key = exactly(4)
+        payload = apply_mask(exactly(length), key)
+        frames.append((first & 0x0F, bool(first & 0x80), key, payload))
+    return frames
+
+
+@pytest.mark.parametrize("nbytes", [4096, 3 * (1 << 20) // 2 + 4])
+def test_uploads_go_out_masked_with_a_fresh_key_per_frame(nbytes: int) -> None:
+    """A small upload (one frame) and a large one (a header frame and fragments from the
+    caller's memory): every frame masked with its own key, and the message decodes to the
+    caller's bytes."""
+    values = np.random.default_rng(nbytes).random(nbytes // 4, dtype=np.float32)
+    with fake_server() as fake:
+        dev = client.RemoteDevice(fake.url)
+        assert fake.ready.wait(WAIT)
+        assert fake.sock is not None
+        sender = threading.Thread(target=lambda: (client.namespace(dev).asarray(values),
+                                                  dev._conn.flush()))  # fmt: skip
+        sender.start()
+        frames = _raw_frames(fake.sock)
+        sender.join(WAIT)
+        assert [f[0] for f in frames] == [Opcode.BINARY] + [Opcode.CONT] * (len(frames) - 1)
+        assert len({f[2] for f in frames}) == len(frames)
+        message, buffers = decode(CLIENT_ADAPTER, b"".join(f[3] for f in frames))
+        assert isinstance(message, Batch) and message.buffers == [values.nbytes]
+        assert bytes(buffers[0]) == values.tobytes()
+        if nbytes > 1 << 20:
+            assert len(frames) > 2 and len(frames[0][3]) < 4096  # the header alone first
+        fake.sock.shutdown(socket.SHUT_RDWR)
+        dev.close()
