@@ -48,7 +48,7 @@ HEADER_BITE = 14  # the longest masked frame header: read alone inside a fragmen
 SMALL_SEND = 1 << 18  # replies up to this size go out as one frame
 MAX_REQUEST = 1 << 16  # bytes of an HTTP upgrade request buffered before websockets sees them
 NUMPY_UNMASK = 1 << 17  # views from this size are unmasked in place by numpy
-QUEUE_HIGH = 4  # whole messages waiting: stop reading the socket (TCP pushes back)
+QUEUE_HIGH = 8  # default of max_waiting
 _CONTROL = 8
 _LEN = struct.Struct("<I")
 
@@ -126,6 +126,8 @@ class WireConnection(ServerConnection, asyncio.BufferedProtocol):
         super().__init__(*args, **kwargs)
         self.decoders: Callable[[], Decoder] | None = None
         self.max_header = MAX_HEADER  # the decoders' limit: a longer header is not buffered
+        self.max_waiting = QUEUE_HIGH  # whole messages waiting: stop reading the socket (TCP
+        # pushes back on a client that sends faster than its messages are answered)
         self._buf = bytearray(SMALL_BUFFER)
         self._start = self._end = 0  # unparsed bytes of _buf
         self._direct: memoryview | None = None  # room handed to the loop inside a payload
@@ -146,9 +148,9 @@ class WireConnection(ServerConnection, asyncio.BufferedProtocol):
         self._send_lock = asyncio.Lock()
 
     @property
-    def partial(self) -> bool:
-        """Whether part of a message has arrived and the rest has not."""
-        return self._decoder is not None
+    def waiting(self) -> int:
+        """Whole messages received and not taken by :meth:`receive` yet."""
+        return len(self._messages)
 
     # --- receiving: asyncio calls these ---------------------------------------------------------
 
@@ -384,7 +386,7 @@ class WireConnection(ServerConnection, asyncio.BufferedProtocol):
 
     def _update_reading(self) -> None:
         """Stop reading the socket while whole messages wait or bytes wait for the upgrade."""
-        full = len(self._messages) >= QUEUE_HIGH
+        full = len(self._messages) >= self.max_waiting
         stuck = self._deferred and len(self._buf) - self._end < HEADER_BITE
         want = full or stuck
         if want != self._reading_paused:

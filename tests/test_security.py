@@ -388,6 +388,24 @@ def test_a_flooding_client_is_held_back_by_tcp() -> None:
         w.close()
 
 
+def test_a_client_gone_during_a_long_op_ends_its_session_at_once() -> None:
+    """The session does not wait for numpy: a 432 GFLOP matmul on one thread runs for
+    minutes, and the session of the client that asked for it ends as soon as it is gone (the
+    worker thread finishes alone, then its memory is given back)."""
+    with run_server("--token", TOKEN, env=ONE_THREAD) as proc:
+        sock = RawSocket(proc.url)
+        sock.hello()
+        ops: list[AnyOp] = [Full(out=1, shape=(6000, 6000), dtype="float64", value=1.0)]
+        ops.append(Binary(op="matmul", out=2, x1=1, x2=1))
+        sock.frame(b"".join(encode(Batch(ops=ops, requests=[Read(request_id=1, tensor=2)]))))
+        with client.RemoteDevice(proc.url, token=TOKEN) as probe:
+            wait_for(lambda: probe.stats().server_tensor_bytes == 6000 * 6000 * 8)  # running
+            sock.vanish()
+            wait_for(lambda: probe.stats().connections == 1)
+            # its tensors stay counted until the thread lets go of them: real memory
+            assert probe.stats().server_tensor_bytes == 6000 * 6000 * 8
+
+
 def test_sigterm_exits_after_the_grace_while_numpy_runs() -> None:
     with run_server("--token", TOKEN, "--shutdown-grace", "1", env=ONE_THREAD) as proc:
         dev = client.RemoteDevice(proc.url, token=TOKEN)
