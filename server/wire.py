@@ -266,8 +266,8 @@ class WireConnection(ServerConnection, asyncio.BufferedProtocol):
         if not starting and opcode != Opcode.CONT:
             return self._fail(CloseCode.PROTOCOL_ERROR, f"invalid opcode {opcode}")
         max_size = self.protocol.max_message_size
-        if max_size is not None and self._nbytes + length > max_size:
-            size = self._nbytes + length
+        size = length if starting else self._nbytes + length
+        if max_size is not None and size > max_size:
             return self._fail(
                 CloseCode.MESSAGE_TOO_BIG, f"over size limit ({size} > {max_size} bytes)"
             )

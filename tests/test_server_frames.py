@@ -36,7 +36,7 @@ from protocol.ops import FromBuffer, Full
 from server.wire import apply_mask, unmask_in_place
 
 from .raw import Witness
-from .servers import ServerProcess
+from .servers import ServerProcess, run_server
 
 WAIT = 30.0
 
@@ -288,6 +288,20 @@ def test_protocol_violations_close_with_1002_and_touch_no_one_else(
         bad.close()
     witness.assert_intact()
     witness.dev.close()
+
+
+def test_fragments_adding_up_past_the_message_size_close_with_1009() -> None:
+    with run_server("--max-message-size", "1MiB") as small:
+        witness = Witness(small.url, token=None)
+        big = Peer(small.url)
+        try:
+            big.send(frame(Opcode.BINARY, bytes(600_000), fin=False))
+            big.send(frame(Opcode.CONT, bytes(600_000)))  # each fits, the message does not
+            assert big.close_code() == 1009
+        finally:
+            big.close()
+        witness.assert_intact()
+        witness.dev.close()
 
 
 def test_a_close_in_the_middle_of_a_message_is_answered(peer: Peer, server: ServerProcess) -> None:
