@@ -275,7 +275,7 @@ class Server:
             if self.draining:
                 await ws.close(1001, "server shutting down")
             await self._run(ws, session)
-        except* ConnectionClosed:
+        except ConnectionClosed:
             pass  # the peer went away, or was cut off, while a reply was being sent
         finally:
             del self.sessions[sid], self._sockets[sid], self._in_flight[sid]
@@ -290,7 +290,7 @@ class Server:
 
     async def _handshake(self, ws: WireConnection) -> Session | None:
         max_header = self.config.max_header_size
-        ws.decoders = lambda: MessageDecoder(CLIENT_ADAPTER, max_header, max_buffer_bytes=0)
+        ws.decode_one(lambda: MessageDecoder(CLIENT_ADAPTER, max_header, max_buffer_bytes=0))
         ws.max_header = max_header
         received = await ws.receive()
         assert received is not None  # no timeout given
@@ -308,6 +308,7 @@ class Server:
             return None
         store = TensorStore(self.config.effective_session_quota, self.budget)
         session = Session(secrets.token_hex(8), hello.device_index, store, self._limits)
+        self._decode_for(ws, session)  # before the welcome: the client may send at once
         await self._send(
             ws,
             Welcome(
@@ -319,6 +320,19 @@ class Server:
             ),
         )
         return session
+
+    def _decode_for(self, ws: WireConnection, session: Session) -> None:
+        """Decode what ``ws`` receives from now on as ``session``'s batches: limits checked,
+        uploads refused by its quota before they are allocated."""
+        config = self.config
+        ws.decoders = lambda: MessageDecoder(
+            CLIENT_ADAPTER,
+            config.max_header_size,
+            max_buffer_bytes=config.max_message_size,
+            check=lambda m: session.check_upload(m) if isinstance(m, Batch) else None,
+            max_buffers=config.max_buffers,
+        )
+        ws.max_waiting = config.max_queued
 
     def _check_hello(self, hello: Hello) -> ErrorInfo | None:
         if hello.protocol != PROTOCOL_VERSION:
@@ -358,15 +372,6 @@ class Server:
 
     async def _run(self, ws: WireConnection, session: Session) -> None:
         """Answer the session's messages one by one, in order, until it ends."""
-        config = self.config
-        ws.decoders = lambda: MessageDecoder(
-            CLIENT_ADAPTER,
-            config.max_header_size,
-            max_buffer_bytes=config.max_message_size,
-            check=lambda m: session.check_upload(m) if isinstance(m, Batch) else None,
-            max_buffers=config.max_buffers,
-        )
-        ws.max_waiting = config.max_queued
         sid = session.session_id
         try:
             while True:

@@ -125,6 +125,7 @@ class WireConnection(ServerConnection, asyncio.BufferedProtocol):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.decoders: Callable[[], Decoder] | None = None
+        self._one_only = False  # decoders serve one message, then bytes wait for new ones
         self.max_header = MAX_HEADER  # the decoders' limit: a longer header is not buffered
         self.max_waiting = QUEUE_HIGH  # whole messages waiting: stop reading the socket (TCP
         # pushes back on a client that sends faster than its messages are answered)
@@ -146,6 +147,12 @@ class WireConnection(ServerConnection, asyncio.BufferedProtocol):
         self._messages: collections.deque[Received] = collections.deque()
         self._waiter: asyncio.Future[None] | None = None
         self._send_lock = asyncio.Lock()
+
+    def decode_one(self, decoders: Callable[[], Decoder]) -> None:
+        """Decode the next message with ``decoders`` and then stop parsing until
+        :attr:`decoders` is set again (a hello is decoded under other limits than the
+        session's messages, which may be right behind it in the same read)."""
+        self.decoders, self._one_only = decoders, True
 
     @property
     def waiting(self) -> int:
@@ -192,7 +199,13 @@ class WireConnection(ServerConnection, asyncio.BufferedProtocol):
     # --- parsing ----------------------------------------------------------------------------
 
     def _parse(self) -> None:
-        """Parse what the receive buffer holds, as far as it goes."""
+        """Parse what the receive buffer holds, as far as it goes; read the socket again if
+        it was stopped for bytes that are now parsed."""
+        self._parse_buffer()
+        if self._reading_paused:
+            self._update_reading()
+
+    def _parse_buffer(self) -> None:
         self._deferred = False
         if self._failed:
             self._start = self._end = 0
@@ -346,6 +359,8 @@ class WireConnection(ServerConnection, asyncio.BufferedProtocol):
         if not self._fin or self._decoder is None:
             return
         decoder, self._decoder = self._decoder, None
+        if self._one_only:
+            self.decoders, self._one_only = None, False
         if not self._taking():
             return  # a message that ends after the client's close is dropped
         self._messages.append(received(decoder, self._error, self._nbytes))

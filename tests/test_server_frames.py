@@ -262,6 +262,18 @@ def test_an_upgrade_request_larger_than_the_receive_buffer(url: str) -> None:
         big.close()
 
 
+def test_an_upload_sent_before_the_welcome_is_decoded_for_the_session(url: str) -> None:
+    values = np.arange(70_000, dtype=np.float32)  # fragmented: its buffer is allocated
+    body = _upload(values)
+    cut = 4 + int.from_bytes(body[:4], "little")
+    early = frame(Opcode.BINARY, body[:cut], fin=False) + frame(Opcode.CONT, body[cut:])
+    eager = Peer(url, early=early)  # hello and upload right behind the upgrade request
+    try:
+        _reads(eager, values)
+    finally:
+        eager.close()
+
+
 @pytest.mark.parametrize(
     ("what", "wire"),
     [
