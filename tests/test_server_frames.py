@@ -14,6 +14,8 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from websockets.client import ClientProtocol
 from websockets.frames import Frame, Opcode
 from websockets.http11 import Response
@@ -322,3 +324,68 @@ def test_a_close_in_the_middle_of_a_message_is_answered(peer: Peer, server: Serv
     peer.send(frame(Opcode.BINARY, body[:5000], fin=False))
     peer.send(frame(Opcode.CLOSE, struct.pack("!H", 1000)))
     assert peer.close_code() == 1000
+
+
+CHUNKS = (1, 2, 7, 14, 100, 4096, 65536, 200_000)  # socket writes: inside headers, whole frames
+
+
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(data=st.data())
+def test_any_framing_and_chunking_of_a_message_stream_is_decoded(
+    url: str, data: st.DataObject
+) -> None:
+    """Uploads of any size, cut into frames anywhere after their header, with pings between
+    frames, written to the socket in pieces of any size (or all behind the upgrade request):
+    every read returns its values, and every ping its pong."""
+    sizes = data.draw(st.lists(st.integers(0, 100_000), min_size=1, max_size=3), label="elements")
+    wire, expected, pings = b"", [], 0
+    for i, n in enumerate(sizes, start=1):
+        values = (np.arange(n, dtype=np.float32) + i).astype(np.float32)
+        op = FromBuffer(out=i, shape=(n,), dtype="float32", buffer=0)
+        batch = Batch(ops=[op], requests=[Read(request_id=i, tensor=i)], buffers=[values.nbytes])
+        body = message_bytes(batch, values)
+        header = 4 + int.from_bytes(body[:4], "little")
+        cuts = sorted(set(data.draw(st.lists(st.integers(header, len(body)), max_size=4))))
+        bounds = [0, *[c for c in cuts if c > header], len(body)]
+        if bounds[1] < header:
+            bounds.insert(1, header)
+        for k in range(len(bounds) - 1):
+            opcode = Opcode.CONT if k else Opcode.BINARY
+            wire += frame(opcode, body[bounds[k] : bounds[k + 1]], fin=k == len(bounds) - 2)
+            if data.draw(st.booleans(), label="ping"):
+                wire += frame(Opcode.PING, b"p%d" % pings)
+                pings += 1
+        expected.append(values)
+    early = data.draw(st.booleans(), label="behind the upgrade request")
+    peer = Peer(url, early=wire if early else b"")
+    try:
+        if not early:
+            at = 0
+            while at < len(wire):
+                step = data.draw(st.sampled_from(CHUNKS), label="write")
+                peer.send(wire[at : at + step])
+                at += step
+        pongs: list[bytes] = []
+        for i, values in enumerate(expected, start=1):
+            parts: list[bytes] = []
+            while True:
+                got = peer.frame()
+                if got.opcode is Opcode.PONG:
+                    pongs.append(bytes(got.data))
+                elif got.opcode in (Opcode.BINARY, Opcode.CONT):
+                    parts.append(bytes(got.data))
+                    if got.fin:
+                        break
+            reply, buffers = decode(SERVER_ADAPTER, b"".join(parts))
+            assert isinstance(reply, ReadReply) and reply.request_id == i, reply
+            np.testing.assert_array_equal(np.frombuffer(bytes(buffers[0]), np.float32), values)
+        peer.send(frame(Opcode.PING, b"last"))  # its pong comes after all the others
+        while not pongs or pongs[-1] != b"last":
+            got = peer.frame()
+            if got.opcode is Opcode.PONG:
+                pongs.append(bytes(got.data))
+        assert pongs == [*(b"p%d" % k for k in range(pings)), b"last"]
+    finally:
+        peer.close()
