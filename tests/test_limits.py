@@ -471,7 +471,9 @@ def test_buffers_per_message_is_configurable() -> None:
     with run_server("--token", TOKEN, "--max-buffers", "2") as proc:
         raw, witness = Raw(proc.url), Witness(proc.url)
         data = np.arange(3, dtype=np.uint8)
-        ops = [FromBuffer(out=i + 1, shape=(1,), dtype="uint8", buffer=i) for i in range(3)]
+        ops: list[AnyOp] = [
+            FromBuffer(out=i + 1, shape=(1,), dtype="uint8", buffer=i) for i in range(3)
+        ]
         (reply,) = raw.request(
             Batch(ops=ops, buffers=[1, 1, 1], requests=[Read(request_id=1, tensor=1)]),
             [byte_view(data[i : i + 1]) for i in range(3)],
