@@ -14,8 +14,11 @@ from typing import Any
 
 import numpy as np
 import pytest
-from websockets.frames import Frame, Opcode
-from websockets.frames import apply_mask  # type: ignore[attr-defined]  # the C speedup
+from websockets.frames import (
+    Frame,
+    Opcode,
+    apply_mask,  # type: ignore[attr-defined]  # the C speedup
+)
 from websockets.http11 import Request
 from websockets.server import ServerProtocol
 
