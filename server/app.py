@@ -66,12 +66,13 @@ from protocol.messages import Message
 
 from . import endpoints
 from .config import ServerConfig, validate_host_device, validate_security
+from .frames import Received
 from .guard import Gate, tls_context
 from .logs import fields
 from .metrics import REFUSAL_LIMIT, Metrics
 from .session import Job, Limits, Session
 from .store import MemoryBudget, TensorStore
-from .wire import Received, WireConnection
+from .wire import WireConnection
 from .workers import Drop, Workers
 
 log = logging.getLogger("tensorwire.server")

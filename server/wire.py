@@ -1,6 +1,7 @@
 """The server's websocket wire: data frames parsed here, payloads received straight into place.
 
-Rule: imports asyncio, numpy, websockets and ``protocol`` only; knows nothing of sessions.
+Rule: imports asyncio, websockets, ``protocol`` and ``server.frames`` only; knows nothing of
+sessions.
 
 websockets' asyncio :class:`ServerConnection` still does the HTTP upgrade, keepalive pings,
 the close handshake and every control frame. Data frames never reach it: this subclass is an
@@ -20,99 +21,26 @@ from __future__ import annotations
 import asyncio
 import collections
 import struct
-import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-from websockets import frames as ws_frames
 from websockets.asyncio.server import ServerConnection
 from websockets.frames import CloseCode, Opcode
 from websockets.protocol import State
 
-from protocol import (
-    Batch,
-    DecodeError,
-    ErrorCode,
-    ErrorInfo,
-    Hello,
-    MessageDecoder,
-    MessageLimitError,
-)
-from protocol.codec import MAX_HEADER, Buffer, to_frames
+from protocol import DecodeError
+from protocol.codec import MAX_HEADER, to_frames
+
+from .frames import Decoder, Received, apply_mask, frame_header, received, unmask_in_place
 
 RECV_SIZE = 1 << 18  # the largest first frame taken whole; also the reply fragment size
 SMALL_BUFFER = 1 << 14  # the receive buffer of a session at rest (grown for larger frames)
 HEADER_BITE = 14  # the longest masked frame header: read alone inside a fragmented message
 SMALL_SEND = 1 << 18  # replies up to this size go out as one frame
 MAX_REQUEST = 1 << 16  # bytes of an HTTP upgrade request buffered before websockets sees them
-NUMPY_UNMASK = 1 << 17  # views from this size are unmasked in place by numpy
 QUEUE_HIGH = 8  # default of max_waiting
 _CONTROL = 8
 _LEN = struct.Struct("<I")
-
-Decoder = MessageDecoder[Hello | Batch]
-Bytes = bytes | bytearray | memoryview
-apply_mask: Callable[[Bytes, bytes], bytes] = ws_frames.apply_mask  # type: ignore[attr-defined]
-
-
-@dataclass
-class Received:
-    """One whole message off the wire, decoded, or the error that decoding it met."""
-
-    message: Hello | Batch | None
-    buffers: list[Buffer]
-    error: ErrorInfo | None = None
-    nbytes: int = 0
-    at: float = field(default_factory=time.perf_counter)  # when it arrived whole
-
-
-def received(decoder: Decoder, error: DecodeError | None, nbytes: int) -> Received:
-    """The outcome of one message fed to ``decoder``: a limit error keeps the (valid) header,
-    so that its ops can be failed one by one."""
-    try:
-        if error is not None:
-            raise error
-        message, buffers = decoder.finish()
-    except MessageLimitError as exc:
-        return Received(decoder.message, [], ErrorInfo(code=exc.code, message=str(exc)), nbytes)
-    except DecodeError as exc:
-        return Received(None, [], ErrorInfo(code=ErrorCode.BAD_MESSAGE, message=str(exc)), nbytes)
-    return Received(message, buffers, nbytes=nbytes)
-
-
-def unmask_in_place(view: memoryview, mask: bytes, offset: int) -> None:
-    """XOR ``view`` in place with the 4-byte ``mask``, ``view`` starting ``offset`` bytes into
-    the frame's payload. Small views go through websockets' C masking and back (a call costs
-    about 1 us); large ones are XORed eight bytes at a time on aligned words by numpy (one pass
-    instead of two, about 3 us of calls)."""
-    phase = offset & 3
-    key = mask[phase:] + mask[:phase]
-    n = len(view)
-    if n < NUMPY_UNMASK:
-        view[:] = apply_mask(view, key)
-        return
-    data = np.frombuffer(view, dtype=np.uint8)
-    head = -data.__array_interface__["data"][0] & 7
-    if head:
-        view[:head] = apply_mask(view[:head], key)
-        key = key[head & 3 :] + key[: head & 3]
-    end = head + ((n - head) & ~7)
-    body = data[head:end].view(np.uint64)
-    np.bitwise_xor(body, np.frombuffer(key + key, dtype=np.uint64)[0], out=body)
-    if end < n:
-        view[end:] = apply_mask(view[end:], key)
-
-
-def _frame_header(opcode: Opcode, fin: bool, length: int) -> bytes:
-    """The header of an unmasked (server) frame."""
-    first = (0x80 if fin else 0) | opcode
-    if length < 126:
-        return struct.pack("!BB", first, length)
-    if length < 1 << 16:
-        return struct.pack("!BBH", first, 126, length)
-    return struct.pack("!BBQ", first, 127, length)
 
 
 class WireConnection(ServerConnection, asyncio.BufferedProtocol):
@@ -482,7 +410,7 @@ class WireConnection(ServerConnection, asyncio.BufferedProtocol):
             async with self.send_context():  # waits for the close, raises ConnectionClosed
                 pass
         length = memoryview(payload).nbytes
-        header = _frame_header(opcode, fin, length)
+        header = frame_header(opcode, fin, length)
         if length < SMALL_SEND:
             self.transport.write(header + payload)
         else:
@@ -523,4 +451,4 @@ class WireConnection(ServerConnection, asyncio.BufferedProtocol):
             raise TimeoutError("the client took no bytes before the send deadline")
 
 
-__all__ = ["Received", "WireConnection", "received", "unmask_in_place"]
+__all__ = ["WireConnection"]

@@ -35,7 +35,7 @@ from protocol import (
     encode,
 )
 from protocol.ops import FromBuffer, Full
-from server.wire import apply_mask, unmask_in_place
+from server.frames import apply_mask, unmask_in_place
 
 from .raw import Witness
 from .servers import ServerProcess, run_server
