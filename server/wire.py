@@ -33,10 +33,10 @@ from protocol.codec import MAX_HEADER, to_frames
 
 from .frames import Decoder, Received, apply_mask, frame_header, received, unmask_in_place
 
-RECV_SIZE = 1 << 18  # the largest first frame taken whole; also the reply fragment size
+RECV_SIZE = 1 << 18  # the largest first frame taken whole
 SMALL_BUFFER = 1 << 14  # the receive buffer of a session at rest (grown for larger frames)
 HEADER_BITE = 14  # the longest masked frame header: read alone inside a fragmented message
-SMALL_SEND = 1 << 18  # replies up to this size go out as one frame
+SMALL_SEND = 1 << 18  # frames below this go out in one write, header and payload joined
 MAX_REQUEST = 1 << 16  # bytes of an HTTP upgrade request buffered before websockets sees them
 QUEUE_HIGH = 8  # default of max_waiting
 _CONTROL = 8
@@ -252,7 +252,9 @@ class WireConnection(ServerConnection, asyncio.BufferedProtocol):
         return -1
 
     def _payload_from_buffer(self, most: int | None = None) -> None:
-        take = min(self._left, self._end - self._start, self._left if most is None else most)
+        take = min(self._left, self._end - self._start)
+        if most is not None:
+            take = min(take, most)
         s = self._start
         self._start += take
         if self._error is None and self._decoder is not None and self._taking():
@@ -389,19 +391,15 @@ class WireConnection(ServerConnection, asyncio.BufferedProtocol):
             TimeoutError: the client did not take the message within ``within`` seconds (the
                 connection is then in the middle of a message: the caller must drop it).
         """
-        total = sum(memoryview(c).nbytes for c in chunks)
         deadline = None if within is None else self.loop.time() + within
+        frames = to_frames(chunks)  # one frame, or 256 KiB fragments a client receives in place
+        parts = [frames] if isinstance(frames, bytes) else frames
         async with self._send_lock:
-            if total <= SMALL_SEND:
-                await self._write(Opcode.BINARY, True, b"".join(chunks), deadline)
-                return total
-            frames = to_frames(chunks, RECV_SIZE)  # the fragments a client receives in place
-            assert isinstance(frames, list)  # a large message is fragmented
-            last = len(frames) - 1
-            for i, frame in enumerate(frames):
+            last = len(parts) - 1
+            for i, part in enumerate(parts):
                 opcode = Opcode.CONT if i else Opcode.BINARY
-                await self._write(opcode, i == last, frame, deadline)
-        return total
+                await self._write(opcode, i == last, part, deadline)
+        return sum(memoryview(c).nbytes for c in chunks)
 
     async def _write(
         self, opcode: Opcode, fin: bool, payload: bytes | memoryview, deadline: float | None

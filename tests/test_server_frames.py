@@ -11,6 +11,7 @@ import os
 import socket
 import struct
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -77,6 +78,7 @@ class Peer:
         self.sock = socket.create_connection((uri.host, uri.port), timeout=WAIT)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.events: list[Frame] = []
+        self.pongs: list[bytes] = []  # payloads of the server's pongs, in order
         try:
             self._open(early, hello, pad)
         except BaseException:
@@ -110,6 +112,8 @@ class Peer:
             for event in self.protocol.events_received():
                 if isinstance(event, Response):
                     self.response = event
+                elif isinstance(event, Frame) and event.opcode is Opcode.PONG:
+                    self.pongs.append(bytes(event.data))
                 else:
                     assert isinstance(event, Frame)
                     self.events.append(event)
@@ -122,15 +126,26 @@ class Peer:
         assert self.events, "the server closed the connection"
         return self.events.pop(0)
 
-    def message(self) -> object:
-        """The next whole data message, decoded (control frames on the way are skipped)."""
+    def reply(self) -> tuple[Any, list[Any]]:
+        """The next whole data message, decoded, and its buffers (control frames on the way
+        are skipped)."""
         parts: list[bytes] = []
         while True:
             got = self.frame()
             if got.opcode in (Opcode.BINARY, Opcode.CONT):
                 parts.append(bytes(got.data))
                 if got.fin:
-                    return decode(SERVER_ADAPTER, b"".join(parts))[0]
+                    return decode(SERVER_ADAPTER, b"".join(parts))
+
+    def message(self) -> object:
+        """The next whole data message, decoded."""
+        return self.reply()[0]
+
+    def pongs_until(self, payload: bytes) -> list[bytes]:
+        """Every pong so far, once the one carrying ``payload`` has come."""
+        self._until(lambda: payload in self.pongs)
+        assert payload in self.pongs, "the server closed the connection"
+        return self.pongs
 
     def close_code(self) -> int:
         """The code of the close frame the server sends next (data frames skipped)."""
@@ -160,17 +175,10 @@ def _upload(values: np.ndarray, request: int = 1) -> bytes:
     return message_bytes(batch, values)
 
 
-def _reads(peer: Peer, values: np.ndarray) -> None:
+def _reads(peer: Peer, values: np.ndarray, request: int = 1) -> None:
     """The server's reply to :func:`_upload`: the values, byte exact."""
-    parts: list[bytes] = []
-    while True:
-        got = peer.frame()
-        if got.opcode in (Opcode.BINARY, Opcode.CONT):
-            parts.append(bytes(got.data))
-            if got.fin:
-                break
-    reply, buffers = decode(SERVER_ADAPTER, b"".join(parts))
-    assert isinstance(reply, ReadReply) and reply.request_id == 1
+    reply, buffers = peer.reply()
+    assert isinstance(reply, ReadReply) and reply.request_id == request, reply
     received = np.frombuffer(bytes(buffers[0]), values.dtype).reshape(values.shape)
     np.testing.assert_array_equal(received, values)
 
@@ -209,22 +217,9 @@ def test_pings_between_fragments_are_answered_and_the_message_lands(peer: Peer) 
         opcode = Opcode.CONT if i else Opcode.BINARY
         peer.send(frame(opcode, body[cut[i] : cut[i + 1]], fin=i == len(cut) - 2))
         peer.send(frame(Opcode.PING, b"ping %d" % i))
-    pongs: list[bytes] = []
-    parts: list[bytes] = []
-    whole = False
-    while not whole or len(pongs) < len(cut) - 1:  # the last pong may follow the reply
-        got = peer.frame()
-        if got.opcode is Opcode.PONG:
-            pongs.append(bytes(got.data))
-        elif got.opcode in (Opcode.BINARY, Opcode.CONT):
-            parts.append(bytes(got.data))
-            whole = got.fin
-    reply, buffers = decode(SERVER_ADAPTER, b"".join(parts))
-    assert isinstance(reply, ReadReply)
-    np.testing.assert_array_equal(
-        np.frombuffer(bytes(buffers[0]), np.float32).reshape(600, 700), values
-    )
-    assert pongs == [b"ping %d" % i for i in range(len(cut) - 1)]
+    _reads(peer, values)
+    last = b"ping %d" % (len(cut) - 2)  # the last pong may follow the reply
+    assert peer.pongs_until(last) == [b"ping %d" % i for i in range(len(cut) - 1)]
 
 
 def test_one_frame_larger_than_the_receive_buffer(peer: Peer) -> None:
@@ -367,25 +362,9 @@ def test_any_framing_and_chunking_of_a_message_stream_is_decoded(
                 step = data.draw(st.sampled_from(CHUNKS), label="write")
                 peer.send(wire[at : at + step])
                 at += step
-        pongs: list[bytes] = []
         for i, values in enumerate(expected, start=1):
-            parts: list[bytes] = []
-            while True:
-                got = peer.frame()
-                if got.opcode is Opcode.PONG:
-                    pongs.append(bytes(got.data))
-                elif got.opcode in (Opcode.BINARY, Opcode.CONT):
-                    parts.append(bytes(got.data))
-                    if got.fin:
-                        break
-            reply, buffers = decode(SERVER_ADAPTER, b"".join(parts))
-            assert isinstance(reply, ReadReply) and reply.request_id == i, reply
-            np.testing.assert_array_equal(np.frombuffer(bytes(buffers[0]), np.float32), values)
+            _reads(peer, values, request=i)
         peer.send(frame(Opcode.PING, b"last"))  # its pong comes after all the others
-        while not pongs or pongs[-1] != b"last":
-            got = peer.frame()
-            if got.opcode is Opcode.PONG:
-                pongs.append(bytes(got.data))
-        assert pongs == [*(b"p%d" % k for k in range(pings)), b"last"]
+        assert peer.pongs_until(b"last") == [*(b"p%d" % k for k in range(pings)), b"last"]
     finally:
         peer.close()
