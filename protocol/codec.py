@@ -57,6 +57,10 @@ def encode(message: Message, buffers: Sequence[memoryview] = ()) -> list[bytes |
     return [encode_header(message), *buffers]
 
 
+def _empty(nbytes: int) -> np.ndarray[Any, np.dtype[np.uint8]]:
+    return np.empty(nbytes, dtype=np.uint8)
+
+
 def _describe(exc: ValidationError) -> str:
     first = exc.errors()[0]
     where = ".".join(str(p) for p in first["loc"]) or "message"
@@ -74,7 +78,9 @@ class MessageDecoder(Generic[M]):
     Limits are checked when the header has been validated and before any buffer is allocated:
     ``max_buffer_bytes`` caps the declared buffer bytes (the sum), and ``check``, if given, is
     called with the message and may raise :class:`MessageLimitError` to refuse it (the server
-    uses it for its memory quota). After any error the caller must stop feeding this decoder
+    uses it for its memory quota). ``allocate(n)``, if given, provides each buffer's ``n`` bytes
+    of flat ``np.uint8`` memory (the server reuses freed tensors' memory); every byte of it is
+    written before :meth:`finish` returns. After any error the caller must stop feeding this decoder
     (and drain the rest of the websocket message to keep the stream intact).
 
     Raises:
@@ -90,12 +96,14 @@ class MessageDecoder(Generic[M]):
         max_buffer_bytes: int | None = None,
         check: Callable[[M], None] | None = None,
         max_buffers: int = MAX_BUFFERS,
+        allocate: Callable[[int], np.ndarray[Any, np.dtype[np.uint8]]] | None = None,
     ) -> None:
         self._adapter = adapter
         self._max_header = max_header
         self._max_buffer_bytes = max_buffer_bytes
         self._max_buffers = max_buffers
         self._check = check
+        self._allocate = allocate or _empty
         self.message: M | None = None
         self._sizes: tuple[int, ...] = ()
         self._buffers: list[Buffer] = []
@@ -133,7 +141,7 @@ class MessageDecoder(Generic[M]):
                 start += size
             self._index = len(self._sizes)
             return rest[len(rest) :]
-        self._arrays = [np.empty(n, dtype=np.uint8) for n in self._sizes]
+        self._arrays = [self._allocate(n) for n in self._sizes]
         self._buffers = list(self._arrays)
         self._skip_full()
         return rest

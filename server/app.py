@@ -104,7 +104,7 @@ class Server:
         self.metrics_port: int | None = None
         self.draining = False
         self._workers = Workers(config.worker_threads, config.op_deadline)
-        self.budget = MemoryBudget(config.effective_memory_budget)
+        self.budget = MemoryBudget(config.effective_memory_budget, config.spare_memory)
         self._ssl = tls_context(config)
         self._limits = Limits(max_op_bytes=config.max_op_bytes, max_ndim=config.max_ndim)
         self._gate = Gate(config, lambda: self._open)
@@ -117,6 +117,7 @@ class Server:
             lambda: sum(self._in_flight.values()),
             lambda: self.draining,
             config.effective_memory_budget,
+            lambda: self.budget.spare_bytes,
         )
         self._endpoints = endpoints.Endpoints(
             str(self.device), self.metrics, config.token, config.metrics_auth
@@ -164,11 +165,18 @@ class Server:
             )
             async with anyio.create_task_group() as tasks:  # worker threads outlive sessions
                 self._workers.serve_in(tasks)
+                tasks.start_soon(self._trim_spare)
                 task_status.started(self.port)
                 await anyio.sleep_forever()
         finally:
             with anyio.CancelScope(shield=True):
                 await self._close(servers)
+
+    async def _trim_spare(self) -> None:
+        """Drop spare memory (freed tensors kept for uploads) once it is ``spare_ttl`` old."""
+        while True:
+            await anyio.sleep(self.budget.spare_ttl / 2)
+            self.budget.trim_spare()
 
     async def _close(self, servers: list[WsServer]) -> None:
         """Close every session (1001) and listener; after a drain, or past the shutdown grace,
@@ -332,6 +340,7 @@ class Server:
             max_buffer_bytes=config.max_message_size,
             check=lambda m: session.check_upload(m) if isinstance(m, Batch) else None,
             max_buffers=config.max_buffers,
+            allocate=self.budget.allocate,
         )
         ws.max_waiting = config.max_queued
 

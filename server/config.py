@@ -146,6 +146,12 @@ class ServerConfig(BaseSettings):
         "container's cgroup memory limit; unset = half the machine's memory; new work beyond "
         "it fails with server_memory_exhausted",
     )
+    spare_memory: Size = Field(
+        default=2**30,
+        description="memory of freed tensors of 1 MiB and up kept for uploads of the same size, "
+        "in bytes (each for 10 s at most; counted in the memory budget, dropped before work is "
+        "refused; 0 = off)",
+    )
     # --- security and limits (README "Security": each is a row of the limits table) -----------
     insecure: bool = Field(
         default=False, description="allow a non-loopback bind without a token (warns loudly)"

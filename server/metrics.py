@@ -24,6 +24,7 @@ Series (all prefixed ``tensorwire_``)::
     refusals_total{limit}           counter  connections or work refused, by the limit hit
     draining                        gauge    1 after SIGTERM, while sessions finish
     memory_budget_bytes             gauge    the configured server-wide budget (absent: none)
+    spare_bytes                     gauge    freed tensors' memory kept for uploads
 
 Neither this module nor ``/metrics`` ever sees tensor data.
 """
@@ -87,6 +88,7 @@ class _SessionCollector(Collector):
             m.in_flight(),
         )
         yield _gauge("draining", "1 while the server drains after SIGTERM.", int(m.draining()))
+        yield _gauge("spare_bytes", "Memory of freed tensors kept for uploads.", m.spare_bytes())
         if m.memory_budget is not None:
             yield _gauge(
                 "memory_budget_bytes", "Configured server-wide tensor budget.", m.memory_budget
@@ -113,6 +115,7 @@ class Metrics:
         in_flight: returns how many received messages still await their replies.
         draining: returns True once the server drains.
         memory_budget: the configured budget in bytes, or None.
+        spare_bytes: returns the bytes of freed tensors kept for uploads.
     """
 
     def __init__(
@@ -121,8 +124,10 @@ class Metrics:
         in_flight: Callable[[], int],
         draining: Callable[[], bool],
         memory_budget: int | None = None,
+        spare_bytes: Callable[[], int] = lambda: 0,
     ) -> None:
         self.sessions = sessions
+        self.spare_bytes = spare_bytes
         self.in_flight = in_flight
         self.draining = draining
         self.memory_budget = memory_budget

@@ -25,13 +25,20 @@ the server abandons a worker thread at shutdown) is discarded and its reservatio
 
 from __future__ import annotations
 
+import collections
+import sys
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from protocol import ErrorCode, ErrorInfo, TensorMeta
+
+SPARE_MIN = 1 << 20  # smaller freed arrays are not kept: malloc reuses its own heap for them
+SPARE_TTL = 10.0  # seconds a spare array is kept unused
+_SPARE_REFS = 3  # references to a spare array nothing else uses: its entry, a local, the call
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,15 +71,28 @@ class StoreError(Exception):
 
 
 class MemoryBudget:
-    """Tensor bytes in use across all sessions (stored plus reserved), against ``limit``.
+    """Tensor bytes in use across all sessions (stored plus reserved), against ``limit``; and
+    the *spare* memory of freed tensors, kept for reuse by uploads of the same size.
+
+    Spare memory (``spare`` bytes at most, each array for ``spare_ttl`` seconds at most) is
+    counted against ``limit`` too: ``used + spare_bytes <= limit`` always holds, because a
+    reservation that does not fit drops spare arrays first (oldest first) and is refused only
+    if it still does not fit. Reuse is the point: on a VM, writing a large fresh allocation
+    faults in every page, which costs more than receiving the bytes (``bench/README.md``).
 
     Thread-safe. ``sessions`` counts open sessions (for stats).
     """
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, spare: int = 0, spare_ttl: float = SPARE_TTL) -> None:
         self.limit = limit
         self.used = 0
         self.sessions = 0
+        self.spare_limit = min(spare, limit)
+        self.spare_ttl = spare_ttl
+        self.spare_bytes = 0
+        self._spare: collections.deque[tuple[float, np.ndarray[Any, Any]]] = (
+            collections.deque()
+        )  # (when it was freed, the array), oldest first
         self._lock = threading.Lock()
 
     def reserve(self, nbytes: int) -> None:
@@ -86,6 +106,7 @@ class MemoryBudget:
                     "--memory-budget",
                 )
             self.used += nbytes
+            self._drop_spare(self.used + self.spare_bytes - self.limit, None)
 
     def release(self, nbytes: int) -> None:
         with self._lock:
@@ -93,6 +114,68 @@ class MemoryBudget:
 
     def free_bytes(self) -> int:
         return self.limit - self.used
+
+    def release_root(self, root: np.ndarray[Any, Any]) -> None:
+        """Give back the bytes of ``root``, a freed tensor's memory, and keep the array as
+        spare if it can be reused: at least :data:`SPARE_MIN` bytes, owned, contiguous and
+        writable. Newer arrays push the oldest out when the spare limit is reached."""
+        nbytes = root.nbytes
+        keep = (
+            nbytes >= SPARE_MIN
+            and nbytes <= self.spare_limit
+            and root.base is None
+            and bool(root.flags.writeable)
+            and bool(root.flags.c_contiguous or root.flags.f_contiguous)
+        )
+        now = time.monotonic()
+        with self._lock:
+            self.used -= nbytes
+            if not keep:
+                return
+            self._drop_spare(self.spare_bytes + nbytes - self.spare_limit, None)
+            self._spare.append((now, root))
+            self.spare_bytes += nbytes
+
+    def allocate(self, nbytes: int) -> np.ndarray[Any, np.dtype[np.uint8]]:
+        """``nbytes`` of flat memory for an upload: a spare array of that size, else a fresh
+        one (spare arrays are dropped first, as far as needed to fit it under the limit). The
+        bytes are not counted here: the upload's op reserves them. The contents are stale: the
+        caller must write every byte before anyone reads them (the decoder does)."""
+        if nbytes < SPARE_MIN or not self.spare_limit:
+            return np.empty(nbytes, dtype=np.uint8)
+        with self._lock:
+            spare = self._take_spare(nbytes)
+            if spare is not None:
+                return spare
+            self._drop_spare(self.used + self.spare_bytes + nbytes - self.limit, None)
+        return np.empty(nbytes, dtype=np.uint8)
+
+    def _take_spare(self, nbytes: int) -> np.ndarray[Any, np.dtype[np.uint8]] | None:
+        """A spare array of exactly ``nbytes`` that nothing else references (no reply still
+        sends from it), as flat bytes, or None (the caller holds the lock)."""
+        spare = self._spare
+        for i in range(len(spare) - 1, -1, -1):  # the newest first
+            root = spare[i][1]
+            if root.nbytes != nbytes or sys.getrefcount(root) > _SPARE_REFS:
+                continue  # another size, or a view of it is alive (a reply being sent)
+            del spare[i]
+            self.spare_bytes -= nbytes
+            return root.ravel(order="K").view(np.uint8)
+        return None
+
+    def trim_spare(self) -> None:
+        """Drop spare arrays older than ``spare_ttl``."""
+        with self._lock:
+            self._drop_spare(0, time.monotonic() - self.spare_ttl)
+
+    def _drop_spare(self, nbytes: int, older_than: float | None) -> None:
+        """Drop the oldest spare arrays until ``nbytes`` are dropped and none is older than
+        ``older_than`` (the caller holds the lock)."""
+        spare = self._spare
+        while spare and (nbytes > 0 or (older_than is not None and spare[0][0] < older_than)):
+            _, root = spare.popleft()
+            nbytes -= root.nbytes
+            self.spare_bytes -= root.nbytes
 
 
 class TensorStore:
@@ -239,7 +322,7 @@ class TensorStore:
             if not entry[1]:
                 del self._roots[id(root)]
                 self.nbytes -= root.nbytes
-                self.budget.release(root.nbytes)
+                self.budget.release_root(root)
 
     def close(self) -> None:
         """Drop every tensor and give its bytes back; later results are discarded."""

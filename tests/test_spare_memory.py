@@ -1,0 +1,162 @@
+"""Spare memory: the server keeps freed tensors' memory for uploads of the same size, never while
+anything still uses it, never past its bound or age, and never at the cost of refusing work."""
+
+from __future__ import annotations
+
+import gc
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+
+import client
+from protocol import TensorMeta
+from server.store import SPARE_MIN, MemoryBudget, Stored, StoreError, TensorStore
+
+from .ops_helpers import metrics, value
+from .servers import run_server
+
+MIB = 1 << 20
+
+
+def _address(array: np.ndarray[Any, Any]) -> int:
+    return int(array.__array_interface__["data"][0])
+
+
+def _freed(budget: MemoryBudget, nbytes: int) -> int:
+    """Store a float32 tensor of ``nbytes`` on ``budget`` and free it; its memory's address."""
+    store = TensorStore(budget=budget)
+    budget.reserve(nbytes)
+    array = np.ones(nbytes // 4, dtype=np.float32)
+    store.put(1, Stored(array, TensorMeta(shape=array.shape, dtype="float32")), nbytes)
+    address = _address(array)
+    del array
+    store.free(1)
+    return address
+
+
+# --- the budget alone -----------------------------------------------------------------------
+
+
+def test_a_freed_tensor_is_reused_by_an_upload_of_its_size_only() -> None:
+    budget = MemoryBudget(64 * MIB, spare=16 * MIB)
+    address = _freed(budget, 4 * MIB)
+    assert budget.used == 0 and budget.spare_bytes == 4 * MIB
+    other = budget.allocate(2 * MIB)  # another size: fresh memory
+    assert _address(other) != address and budget.spare_bytes == 4 * MIB
+    same = budget.allocate(4 * MIB)
+    assert _address(same) == address
+    assert same.dtype == np.uint8 and same.shape == (4 * MIB,) and same.flags.writeable
+    assert budget.spare_bytes == 0
+    assert _address(budget.allocate(4 * MIB)) != address  # handed out once
+
+
+def test_memory_still_referenced_is_never_handed_out() -> None:
+    budget = MemoryBudget(64 * MIB, spare=16 * MIB)
+    root = np.ones(MIB, dtype=np.float32)
+    reply = root[MIB // 2 :].data  # a read reply still being sent holds a view of the bytes
+    budget.reserve(root.nbytes)
+    budget.release_root(root)
+    del root
+    gc.collect()
+    fresh = budget.allocate(4 * MIB)
+    assert not np.shares_memory(fresh, np.asarray(reply))
+    del reply
+    gc.collect()
+    assert budget.allocate(4 * MIB) is not None and budget.spare_bytes == 0
+
+
+def test_small_and_unsuitable_arrays_are_not_kept() -> None:
+    budget = MemoryBudget(64 * MIB, spare=16 * MIB)
+    for array in (
+        np.ones(SPARE_MIN // 4 - 1, dtype=np.float32),  # under the minimum
+        np.ones(32 * MIB // 4, dtype=np.float32),  # over the spare limit
+        np.ones((1024, 2048), dtype=np.float32)[:, ::2],  # not contiguous (and not a root)
+    ):
+        budget.reserve(array.nbytes)
+        budget.release_root(array)
+    readonly = np.ones(MIB, dtype=np.float32)
+    readonly.flags.writeable = False
+    budget.reserve(readonly.nbytes)
+    budget.release_root(readonly)
+    assert budget.spare_bytes == 0 and budget.used == 0
+    off = MemoryBudget(64 * MIB, spare=0)
+    _freed(off, 4 * MIB)
+    assert off.spare_bytes == 0 and off.used == 0
+
+
+def test_spare_memory_stays_within_its_bound_newest_kept() -> None:
+    budget = MemoryBudget(64 * MIB, spare=10 * MIB)
+    first = _freed(budget, 4 * MIB)
+    second = _freed(budget, 4 * MIB)
+    third = _freed(budget, 4 * MIB)  # 12 MiB would be over 10: the oldest goes
+    assert budget.spare_bytes == 8 * MIB
+    got = {_address(budget.allocate(4 * MIB)) for _ in range(2)}
+    assert got == {second, third} and first not in got
+
+
+def test_spare_memory_never_makes_work_refused() -> None:
+    budget = MemoryBudget(16 * MIB, spare=16 * MIB)
+    _freed(budget, 12 * MIB)
+    assert budget.spare_bytes == 12 * MIB and budget.free_bytes() == 16 * MIB
+    budget.reserve(10 * MIB)  # fits only once the spare 12 MiB are dropped
+    assert budget.used + budget.spare_bytes <= budget.limit
+    assert budget.spare_bytes == 0
+    with pytest.raises(StoreError):
+        budget.reserve(7 * MIB)  # refused on what is used, as before
+    budget.release(10 * MIB)
+    _freed(budget, 12 * MIB)
+    budget.allocate(8 * MIB)  # a fresh upload buffer makes room as well
+    assert budget.spare_bytes == 0
+
+
+def test_spare_memory_is_let_go_when_unused() -> None:
+    budget = MemoryBudget(64 * MIB, spare=16 * MIB, spare_ttl=0.05)
+    _freed(budget, 4 * MIB)
+    budget.trim_spare()
+    assert budget.spare_bytes == 4 * MIB  # not old yet
+    time.sleep(0.1)
+    budget.trim_spare()
+    assert budget.spare_bytes == 0
+
+
+# --- a real server --------------------------------------------------------------------------
+
+
+def _spare(port: int) -> float:
+    return value(metrics(port), "tensorwire_spare_bytes")
+
+
+def test_an_upload_into_reused_memory_holds_exactly_its_own_bytes() -> None:
+    n = 4 * MIB // 4
+    rng = np.random.default_rng(7)
+    a, b, c = (rng.random(n, dtype=np.float32) for _ in range(3))
+    with run_server() as proc, client.RemoteDevice(proc.url) as dev:
+        xp = client.namespace(dev)
+        ra, rb = xp.asarray(a), xp.asarray(b)
+        dev.sync()
+        assert _spare(proc.port) == 0
+        del ra
+        dev.sync()
+        assert _spare(proc.port) == 4 * MIB
+        rc = xp.asarray(c)  # lands in a's old memory
+        dev.sync()
+        assert _spare(proc.port) == 0
+        assert rc.numpy().tobytes() == c.tobytes()
+        assert rb.numpy().tobytes() == b.tobytes()
+        assert (rc + 1).numpy().tobytes() == (c + 1).tobytes()
+
+
+def test_a_budget_full_of_spare_memory_still_takes_a_larger_upload() -> None:
+    args = ("--memory-budget", "16MiB", "--session-quota", "16MiB")
+    with run_server(*args) as proc, client.RemoteDevice(proc.url) as dev:
+        xp = client.namespace(dev)
+        first = xp.asarray(np.ones(12 * MIB // 4, dtype=np.float32))
+        dev.sync()
+        del first
+        dev.sync()
+        assert _spare(proc.port) == 12 * MIB
+        second = xp.asarray(np.full(14 * MIB // 4, 2.0, dtype=np.float32))  # needs the room
+        assert float(xp.sum(second[:4])) == 8.0
+        assert _spare(proc.port) == 0
