@@ -3,7 +3,8 @@
 It prints one line, ``tcp PORT ws PORT``, then serves on loopback until terminated:
 
 - plain TCP (blocking sockets, TCP_NODELAY): the client sends ``U`` + u64 n and then n bytes,
-  which the peer receives into a fresh array and acknowledges with one byte; or ``P`` + u64 n
+  which the peer receives into a fresh array and acknowledges with one byte (``R``: into an
+  array of n bytes it keeps and reuses, as the server reuses freed tensors); or ``P`` + u64 n
   (the peer prepares n bytes and answers ``r``), then ``D``, and the peer sends those bytes;
 - a bare websockets server (asyncio implementation, compression off, messages read with
   ``recv_streaming``): a message starting ``E`` is echoed (ping-pong); ``U`` + u64 n, then
@@ -42,7 +43,7 @@ def recv_exactly(sock: socket.socket, target: memoryview) -> None:
 
 def _serve_tcp(conn: socket.socket) -> None:
     conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    prepared = np.empty(0, dtype=np.uint8)
+    prepared = kept = np.empty(0, dtype=np.uint8)
     header = bytearray(COMMAND.size)
     with conn:
         while True:
@@ -53,6 +54,11 @@ def _serve_tcp(conn: socket.socket) -> None:
             command, n = COMMAND.unpack(header)
             if command == b"U":
                 recv_exactly(conn, np.empty(n, dtype=np.uint8).data)
+                conn.sendall(b"k")
+            elif command == b"R":
+                if kept.nbytes != n:
+                    kept = np.empty(n, dtype=np.uint8)
+                recv_exactly(conn, kept.data)
                 conn.sendall(b"k")
             elif command == b"P":
                 prepared = np.ones(n, dtype=np.uint8)

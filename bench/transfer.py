@@ -41,9 +41,11 @@ class TcpCeiling:
         self.sock = socket.create_connection(("127.0.0.1", port))
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
-    def upload(self, data: np.ndarray) -> float:
+    def upload(self, data: np.ndarray, reused: bool = False) -> float:
+        """Seconds to upload ``data`` into a fresh array (``reused``: one the peer keeps)."""
+
         def run() -> None:
-            self.sock.sendall(COMMAND.pack(b"U", data.nbytes))
+            self.sock.sendall(COMMAND.pack(b"R" if reused else b"U", data.nbytes))
             self.sock.sendall(data.data)
             recv_exactly(self.sock, memoryview(bytearray(1)))
 
@@ -162,7 +164,8 @@ def throughput(
                 figures += _throughput_figures(
                     f"{name} {_size_name(nbytes)}", nbytes, ours, tcp, ws
                 )
-            figures.append(_reused_figure(nbytes, times[0][1], reused))
+            for name, index in (("upload", 0), ("download", 1)):
+                figures.append(_reused_figure(name, nbytes, times[0][index], reused[index]))
     finally:
         ceiling.close()
         bare.close()
@@ -175,12 +178,13 @@ Times = tuple[list[float], list[float]]  # upload and download seconds
 def _measure(
     dev: client.RemoteDevice, ceiling: TcpCeiling, bare: WsCeiling, nbytes: int, reps: int,
     tick: Tick,
-) -> tuple[tuple[Times, Times, Times], list[float]]:  # fmt: skip
+) -> tuple[tuple[Times, Times, Times], Times]:  # fmt: skip
     """Seconds per repetition for Tensorwire, plain TCP and websockets alone; and for plain
-    TCP downloads into one reused array (the client reuses its receive buffers)."""
+    TCP transfers into arrays reused from one repetition to the next (the server reuses freed
+    tensors' memory for uploads, the client its receive buffers for downloads)."""
     data = np.random.default_rng(0).random(nbytes // 4, dtype=np.float32)
     times: tuple[Times, Times, Times] = (([], []), ([], []), ([], []))
-    reused: list[float] = []
+    reused: Times = ([], [])
     target = np.empty(nbytes, dtype=np.uint8)
     xp = client.namespace(dev)
     contenders: list[Callable[[], tuple[float, float]]] = [
@@ -196,7 +200,8 @@ def _measure(
             up, down = contenders[index]()
             times[index][0].append(up)
             times[index][1].append(down)
-        reused.append(ceiling.download(nbytes, into=target))
+        reused[0].append(ceiling.upload(data, reused=True))
+        reused[1].append(ceiling.download(nbytes, into=target))
         tick()
     return times, reused
 
@@ -226,11 +231,12 @@ def _throughput_figures(
     ]  # fmt: skip
 
 
-def _reused_figure(nbytes: int, ours: list[float], reused: list[float]) -> Figure:
-    """An explanatory row: downloads against plain TCP into an array it reuses, the ceiling
-    without the page faults of fresh memory (which the client's buffer pool avoids too)."""
+def _reused_figure(name: str, nbytes: int, ours: list[float], reused: list[float]) -> Figure:
+    """An explanatory row: transfers against plain TCP into an array the receiver reuses, the
+    ceiling without the page faults of fresh memory (which the server's spare memory and the
+    client's buffer pool avoid too)."""
     rate, tcp_rate = (Stat.of([nbytes / t / 1e9 for t in s], "GB/s") for s in (ours, reused))
-    return Figure(f"download {_size_name(nbytes)} float32", "throughput / TCP, reused array",
+    return Figure(f"{name} {_size_name(nbytes)} float32", "throughput / TCP, reused array",
                   rate.median / tcp_rate.median, None, rate, tcp_rate,
                   "TCP into a reused array")  # fmt: skip
 

@@ -30,9 +30,9 @@ def test_quick_run_writes_every_workload(tmp_path: Path) -> None:
     data = json.loads(out.read_text())
     assert data["meta"]["quick"] is True
     figures = data["figures"]
-    # two figures per throughput direction and size (quick: 2 sizes), one more per download
-    # size (TCP into a reused array), then one to three per other workload
-    assert len(figures) == 8 + 2 + 1 + 3 + 1 + 1 + 1 + 1 + 1 + 1
+    # three figures per throughput direction and size (quick: 2 sizes): ours and websockets
+    # alone against TCP, ours against TCP into a reused array; then one to three per workload
+    assert len(figures) == 12 + 1 + 3 + 1 + 1 + 1 + 1 + 1 + 1
     for figure in figures:
         assert math.isfinite(figure["value"])
         measured = figure["measured"]
