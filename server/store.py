@@ -121,20 +121,17 @@ class MemoryBudget:
         writable. Newer arrays push the oldest out when the spare limit is reached."""
         nbytes = root.nbytes
         keep = (
-            nbytes >= SPARE_MIN
-            and nbytes <= self.spare_limit
+            SPARE_MIN <= nbytes <= self.spare_limit
             and root.base is None
             and bool(root.flags.writeable)
             and bool(root.flags.c_contiguous or root.flags.f_contiguous)
         )
-        now = time.monotonic()
         with self._lock:
             self.used -= nbytes
-            if not keep:
-                return
-            self._drop_spare(self.spare_bytes + nbytes - self.spare_limit, None)
-            self._spare.append((now, root))
-            self.spare_bytes += nbytes
+            if keep:
+                self._drop_spare(self.spare_bytes + nbytes - self.spare_limit, None)
+                self._spare.append((time.monotonic(), root))
+                self.spare_bytes += nbytes
 
     def allocate(self, nbytes: int) -> np.ndarray[Any, np.dtype[np.uint8]]:
         """``nbytes`` of flat memory for an upload: a spare array of that size, else a fresh
