@@ -248,7 +248,7 @@ class Session:
         except Exception as exc:
             self._run_failed(op, exc, reserved, job)
             return
-        self._keep(op, raw, metas, reserved, job)
+        self._keep(op, raw, metas, reserved, job, verified=True)
 
     def _keep(
         self,
@@ -257,12 +257,16 @@ class Session:
         metas: tuple[TensorMeta, ...],
         reserved: int,
         job: Job,
+        verified: bool = False,
     ) -> None:
-        """Verify what numpy returned for ``op`` against ``metas`` (:func:`executor.checked`),
-        settle the reservation of ``reserved`` bytes on it (:meth:`_charge`) and store it;
-        or fail the op, the reservation given back."""
+        """Verify what numpy returned for ``op`` against ``metas`` (:func:`executor.checked`;
+        ``verified``: :func:`executor.run` did), settle the reservation of ``reserved`` bytes
+        on it (:meth:`_charge`) and store it; or fail the op, the reservation given back."""
         try:
-            results = executor.checked(op, raw, metas)
+            if verified and isinstance(raw, tuple):
+                results = raw
+            else:
+                results = executor.checked(op, raw, metas)
             arrays = tuple(self._owned(a) for a in results)
             needs = self._charge(arrays, reserved)
         except Exception as exc:
