@@ -83,6 +83,7 @@ class WireConnection(ServerConnection, asyncio.BufferedProtocol):
         self._idle_timer: asyncio.TimerHandle | None = None
         self._send_lock = asyncio.Lock()
         self._sock: socket.socket | None = None  # set for plain TCP: see _read_on
+        self._offered = 0  # bytes of the last room get_buffer offered
 
     def decode_one(self, decoders: Callable[[], Decoder]) -> None:
         """Decode the next message with ``decoders`` and then stop parsing until
@@ -98,6 +99,11 @@ class WireConnection(ServerConnection, asyncio.BufferedProtocol):
     # --- receiving: asyncio calls these ---------------------------------------------------------
 
     def get_buffer(self, sizehint: int) -> memoryview:
+        room = self._room()
+        self._offered = len(room)
+        return room
+
+    def _room(self) -> memoryview:
         if self._start == self._end:
             decoder = self._decoder
             room = None if decoder is None or self._error else decoder.writable()
@@ -120,8 +126,9 @@ class WireConnection(ServerConnection, asyncio.BufferedProtocol):
         self._sock = sock if plain and isinstance(sock, socket.socket) else None
 
     def buffer_updated(self, nbytes: int) -> None:
+        full = nbytes == self._offered  # else the socket had no more: no read-ahead
         self._take(nbytes)
-        if self._sock is not None:
+        if full and self._sock is not None:
             self._read_on(self._sock)
 
     def _read_on(self, sock: socket.socket) -> None:
@@ -152,6 +159,8 @@ class WireConnection(ServerConnection, asyncio.BufferedProtocol):
                 self._direct = None
                 return
             self._take(n)
+            if n < len(room):
+                return  # the socket gave all it had: reading again would only fail
             budget -= n
 
     def _take(self, nbytes: int) -> None:
