@@ -38,7 +38,6 @@ from protocol import ErrorCode, ErrorInfo, TensorMeta
 
 SPARE_MIN = 1 << 20  # smaller freed arrays are not kept: malloc reuses its own heap for them
 SPARE_TTL = 10.0  # seconds a spare array is kept unused
-_SPARE_REFS = 3  # references to a spare array nothing else uses: its entry, a local, the call
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +63,20 @@ def root_of(array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
     return root
 
 
+Spare = collections.deque[tuple[float, np.ndarray[Any, Any]]]  # (when freed, array), oldest first
+
+
+def _references(spare: Spare, i: int) -> int:
+    return sys.getrefcount(spare[i][1])
+
+
+# What _references counts for an array that only its entry holds, measured the same way (the
+# interpreter decides whether the call's own argument counts: CPython 3.14 may not count it).
+# Without reference counts (PyPy) nothing is kept as spare.
+_COUNTED = hasattr(sys, "getrefcount")
+_ALONE = _references(collections.deque([(0.0, np.empty(1))]), 0) if _COUNTED else 0
+
+
 class StoreError(Exception):
     def __init__(self, code: ErrorCode, message: str) -> None:
         super().__init__(message)
@@ -87,12 +100,10 @@ class MemoryBudget:
         self.limit = limit
         self.used = 0
         self.sessions = 0
-        self.spare_limit = min(spare, limit)
+        self.spare_limit = min(spare, limit) if _COUNTED else 0
         self.spare_ttl = spare_ttl
         self.spare_bytes = 0
-        self._spare: collections.deque[tuple[float, np.ndarray[Any, Any]]] = (
-            collections.deque()
-        )  # (when it was freed, the array), oldest first
+        self._spare: Spare = collections.deque()
         self._lock = threading.Lock()
 
     def reserve(self, nbytes: int) -> None:
@@ -152,9 +163,9 @@ class MemoryBudget:
         sends from it), as flat bytes, or None (the caller holds the lock)."""
         spare = self._spare
         for i in range(len(spare) - 1, -1, -1):  # the newest first
-            root = spare[i][1]
-            if root.nbytes != nbytes or sys.getrefcount(root) > _SPARE_REFS:
+            if spare[i][1].nbytes != nbytes or _references(spare, i) > _ALONE:
                 continue  # another size, or a view of it is alive (a reply being sent)
+            root = spare[i][1]
             del spare[i]
             self.spare_bytes -= nbytes
             return root.ravel(order="K").view(np.uint8)
