@@ -1,7 +1,7 @@
 """The websocket transport: accept connections, run the handshake, feed sessions.
 
-Rule: with ``server.wire``, the only server module that touches sockets. Imports
-``server.session``, ``server.wire`` and below.
+Rule: with ``server.wire`` and ``server.sending``, the only server modules that touch sockets.
+Imports ``server.session``, ``server.wire`` and below.
 
 Choice of transport (see README, "Design"): websockets' asyncio implementation, run under
 anyio's asyncio backend. It is the fastest websocket stack measured on our machines (about
@@ -9,8 +9,9 @@ anyio's asyncio backend. It is the fastest websocket stack measured on our machi
 streams), and it brings keepalive pings, the close handshake, size limits and an HTTP hook for
 health endpoints. Everything the server does beyond the socket (task groups, worker threads,
 capacity limits, cancellation) is anyio. The price is that the server runs on asyncio only.
-Data frames are parsed and written by :class:`server.wire.WireConnection`, a subclass of
-websockets' connection, so that payloads are received straight into their arrays.
+Data frames are parsed by :class:`server.wire.WireConnection` and written by its base
+:class:`server.sending.SendingConnection`, subclasses of websockets' connection, so that
+payloads are received straight into their arrays and sent from them.
 
 Per connection: the wire decodes messages as their bytes arrive and stops reading the socket
 while ``max_queued`` of them wait (so TCP pushes back on a client that sends faster than the

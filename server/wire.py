@@ -1,7 +1,7 @@
 """The server's websocket wire: data frames parsed here, payloads received straight into place.
 
-Rule: imports asyncio, websockets, ``protocol`` and ``server.frames`` only; knows nothing of
-sessions.
+Rule: imports asyncio, websockets, ``protocol``, ``server.frames`` and ``server.sending`` only;
+knows nothing of sessions.
 
 websockets' asyncio :class:`ServerConnection` still does the HTTP upgrade, keepalive pings,
 the close handshake and every control frame. Data frames never reach it: this subclass is an
@@ -15,8 +15,7 @@ alone copies each received byte about four times (buffer, frame slice, unmask, r
 On plain TCP, each readiness event reads on while the socket holds bytes (up to 1 MiB), so a
 fragmented upload does not cost a turn of the event loop per frame header and payload.
 
-Sending writes each frame's header and then the payload's memoryview to the transport: no
-serialization copy. The transport's write buffer limit (``write_limit``) is the backpressure.
+Sending is :class:`server.sending.SendingConnection`'s.
 """
 
 from __future__ import annotations
@@ -26,22 +25,21 @@ import collections
 import math
 import socket
 import struct
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
-from websockets.asyncio.server import ServerConnection
 from websockets.frames import CloseCode, Opcode
 from websockets.protocol import State
 
 from protocol import DecodeError
-from protocol.codec import MAX_HEADER, to_frames
+from protocol.codec import MAX_HEADER
 
-from .frames import Decoder, Received, apply_mask, frame_header, received, unmask_in_place
+from .frames import Decoder, Received, apply_mask, received, unmask_in_place
+from .sending import SendingConnection
 
 RECV_SIZE = 1 << 18  # the largest first frame taken whole
 SMALL_BUFFER = 1 << 14  # the receive buffer of a session at rest (grown for larger frames)
 HEADER_BITE = 14  # the longest masked frame header: read alone inside a fragmented message
-SMALL_SEND = 1 << 18  # frames below this go out in one write, header and payload joined
 MAX_REQUEST = 1 << 16  # bytes of an HTTP upgrade request buffered before websockets sees them
 QUEUE_HIGH = 8  # default of max_waiting
 READ_AHEAD = 1 << 20  # bytes read on past one readiness event before the loop has a turn
@@ -49,7 +47,7 @@ _CONTROL = 8
 _LEN = struct.Struct("<I")
 
 
-class WireConnection(ServerConnection, asyncio.BufferedProtocol):
+class WireConnection(SendingConnection, asyncio.BufferedProtocol):
     """A websocket server connection that decodes Tensorwire messages as their bytes arrive.
 
     The owner sets :attr:`decoders` (a fresh decoder per message), takes whole messages with
@@ -82,7 +80,6 @@ class WireConnection(ServerConnection, asyncio.BufferedProtocol):
         self._waiter: asyncio.Future[None] | None = None
         self._idle_at = 0.0  # when the wait in progress times out (see receive)
         self._idle_timer: asyncio.TimerHandle | None = None
-        self._send_lock = asyncio.Lock()
         self._sock: socket.socket | None = None  # set for plain TCP: see _read_on
         self._offered = 0  # bytes of the last room get_buffer offered
 
@@ -459,73 +456,6 @@ class WireConnection(ServerConnection, asyncio.BufferedProtocol):
         if self._reading_paused:
             self._update_reading()
         return item
-
-    async def send_message(
-        self, chunks: Sequence[bytes | memoryview], within: float | None = None
-    ) -> int:
-        """Send one binary message (``chunks`` concatenated); returns its size in bytes.
-
-        Raises:
-            ConnectionClosed: the connection is closing or closed.
-            TimeoutError: the client did not take the message within ``within`` seconds (the
-                connection is then in the middle of a message: the caller must drop it).
-        """
-        deadline = None if within is None else self.loop.time() + within
-        frames = to_frames(chunks)  # one frame, or 256 KiB fragments a client receives in place
-        parts = [frames] if isinstance(frames, bytes) else frames
-        async with self._send_lock:
-            last = len(parts) - 1
-            for i, part in enumerate(parts):
-                opcode = Opcode.CONT if i else Opcode.BINARY
-                await self._write(opcode, i == last, part, deadline)
-        return sum(memoryview(c).nbytes for c in chunks)
-
-    async def _write(
-        self, opcode: Opcode, fin: bool, payload: bytes | memoryview, deadline: float | None
-    ) -> None:
-        if self.protocol.state is not State.OPEN:
-            async with self.send_context():  # waits for the close, raises ConnectionClosed
-                pass
-        length = memoryview(payload).nbytes
-        header = frame_header(opcode, fin, length)
-        if length < SMALL_SEND:
-            self.transport.write(header + payload)
-        else:
-            self.transport.write(header)
-            self.transport.write(payload)
-        if self.paused:  # over the write limit: wait for the client to take bytes
-            await self._drain(deadline)
-
-    async def _drain(self, deadline: float | None) -> None:
-        """Wait until the transport is under its write limit again (websockets' flow control
-        wakes the waiter), up to ``deadline``: a timer of the loop's, made only when waiting,
-        instead of a cancel scope around every send.
-
-        Raises:
-            TimeoutError: the deadline passed.
-            ConnectionClosed: the connection was lost meanwhile.
-        """
-        waiter: asyncio.Future[None] = self.loop.create_future()
-        expired = []
-
-        def expire() -> None:
-            if not waiter.done():
-                expired.append(True)
-                waiter.set_result(None)
-
-        timer = None if deadline is None else self.loop.call_at(deadline, expire)
-        self.drain_waiters.append(waiter)
-        try:
-            await waiter
-        except Exception:  # connection_lost passes its error on
-            await asyncio.shield(self.connection_lost_waiter)
-            raise self.close_exc from None
-        finally:
-            self.drain_waiters.remove(waiter)
-            if timer is not None:
-                timer.cancel()
-        if expired:
-            raise TimeoutError("the client took no bytes before the send deadline")
 
 
 __all__ = ["WireConnection"]
