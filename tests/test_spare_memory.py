@@ -4,6 +4,7 @@ anything still uses it, never past its bound or age, and never at the cost of re
 from __future__ import annotations
 
 import gc
+import threading
 import time
 from typing import Any
 
@@ -160,3 +161,37 @@ def test_a_budget_full_of_spare_memory_still_takes_a_larger_upload() -> None:
         second = xp.asarray(np.full(14 * MIB // 4, 2.0, dtype=np.float32))  # needs the room
         assert float(xp.sum(second[:4])) == 8.0
         assert _spare(proc.port) == 0
+
+
+def test_sessions_that_reuse_each_others_memory_never_see_stale_bytes() -> None:
+    """Two sessions upload, read back and free same-size tensors at once, each keeping a view
+    of the previous upload past its free (a view keeps the memory in use): every read returns
+    exactly what its session uploaded."""
+    n = 2 * MIB // 4
+    errors: list[str] = []
+
+    def work(url: str, seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        with client.RemoteDevice(url) as dev:
+            xp = client.namespace(dev)
+            kept, kept_values = None, None
+            for i in range(15):
+                values = rng.random(n, dtype=np.float32)
+                remote = xp.asarray(values)
+                if kept is not None and kept.numpy().tobytes() != kept_values:
+                    errors.append(f"session {seed}, round {i}: a kept view changed")
+                if remote.numpy().tobytes() != values.tobytes():
+                    errors.append(f"session {seed}, round {i}: upload read back wrong")
+                kept = remote.reshape((2, n // 2))  # zero-copy on the server
+                kept_values = values.tobytes()
+                del remote  # freed; its memory stays in use under ``kept``
+                dev.sync()
+
+    with run_server() as proc:
+        threads = [threading.Thread(target=work, args=(proc.url, s)) for s in (1, 2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert _spare(proc.port) > 0  # memory was kept, so it was reused
+    assert errors == []
