@@ -74,8 +74,17 @@ class Linalg(_MultiOp):
         if self.op in ("pinv", "matrix_rank") and len(args) == 2:  # an array rtol
             if is_complex(args[1].dtype) or args[1].dtype == "bool":
                 raise OpDTypeError(f"linalg.{self.op} needs a real rtol")
-            broadcast_shapes(args[0].shape[:-2], args[1].shape)
-            return _LINALG[self.op](self, args[0])
+            (out,) = _LINALG[self.op](self, args[0])
+            batch = args[0].shape[:-2]
+            shape = broadcast_shapes(batch, args[1].shape)
+            if self.op == "matrix_rank":  # one rank per rtol, as numpy and array-api-strict do
+                return (TensorMeta(shape, out.dtype),)
+            if shape != batch:  # numpy fails on it, after the SVD
+                raise OpShapeError(
+                    f"linalg.pinv: rtol of shape {args[1].shape} does not broadcast to the "
+                    f"batch shape {batch}"
+                )
+            return (out,)
         if len(args) != expected:
             raise OpShapeError(f"linalg.{self.op} takes {expected} arrays")
         return _LINALG[self.op](self, *args)

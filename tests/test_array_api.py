@@ -339,6 +339,23 @@ def test_linalg(rx: client.Namespace, x: np.ndarray[Any, Any]) -> None:
     close(rx.tensordot(a, a, axes=([-1], [-2])), np.tensordot(x, x, axes=([-1], [-2])))
 
 
+def test_an_array_rtol_broadcasts_in_matrix_rank_and_must_fit_in_pinv(
+    rx: client.Namespace,
+) -> None:
+    """Found by test_fuzz: an rtol larger than the batch gives one rank per rtol (numpy and
+    array-api-strict agree), and pinv, where numpy fails after the SVD, refuses it first (the
+    client checks every op as it is made, as the server does again)."""
+    x = np.arange(12.0).reshape(3, 4) / 7
+    rtol = np.linspace(0.001, 0.9, 12).reshape(3, 4)
+    a, r = rx.asarray(x), rx.asarray(rtol)
+    same(rx.linalg.matrix_rank(a, rtol=r), np.linalg.matrix_rank(x, rtol=rtol))
+    batched = np.stack([x, 2 * x])
+    close(rx.linalg.pinv(rx.asarray(batched), rtol=rx.asarray(np.array([0.01, 0.5]))),
+          np.linalg.pinv(batched, rtol=np.array([0.01, 0.5])))  # fmt: skip
+    with pytest.raises(ValueError, match="does not broadcast"):  # checked at the call
+        rx.linalg.pinv(a, rtol=r)
+
+
 @SETTINGS
 @given(x=hnp.arrays(np.float64, st.sampled_from([(8,), (3, 4)]), elements=st.floats(-5, 5)))
 def test_fft(rx: client.Namespace, x: np.ndarray[Any, Any]) -> None:
