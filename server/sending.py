@@ -10,6 +10,7 @@ the backpressure, and a reply's send deadline is a loop timer made only while it
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,6 +23,7 @@ from protocol.codec import to_frames
 from .frames import frame_header
 
 SMALL_SEND = 1 << 18  # frames below this go out in one write, header and payload joined
+IOV_MAX = 1024  # buffers one sendmsg takes (Linux)
 
 
 class SendingConnection(ServerConnection):
@@ -31,6 +33,13 @@ class SendingConnection(ServerConnection):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._send_lock = asyncio.Lock()
+        self._sock: socket.socket | None = None  # plain TCP only: see connection_made
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        sock = getattr(transport, "_sock", None)  # asyncio's selector transport, plain TCP
+        plain = transport.get_extra_info("sslcontext") is None
+        self._sock = sock if plain and isinstance(sock, socket.socket) else None
 
     async def send_message(
         self, chunks: Sequence[bytes | memoryview], within: float | None = None
@@ -44,26 +53,74 @@ class SendingConnection(ServerConnection):
         """
         deadline = None if within is None else self.loop.time() + within
         frames = to_frames(chunks)  # one frame, or 256 KiB fragments a client receives in place
-        parts = [frames] if isinstance(frames, bytes) else frames
+        parts = [frames] if isinstance(frames, bytes) else frames  # byte views: len() is bytes
         async with self._send_lock:
             last = len(parts) - 1
-            for i, part in enumerate(parts):
-                opcode = Opcode.CONT if i else Opcode.BINARY
-                await self._write(opcode, i == last, part, deadline)
+            headers = [
+                frame_header(Opcode.CONT if i else Opcode.BINARY, i == last, len(part))
+                for i, part in enumerate(parts)
+            ]
+            first, skip = self._send_now(headers, parts)
+            for i in range(first, len(parts)):
+                await self._write(headers[i], parts[i], skip if i == first else 0, deadline)
         return sum(memoryview(c).nbytes for c in chunks)
 
+    def _send_now(
+        self, headers: list[bytes], parts: Sequence[bytes | memoryview]
+    ) -> tuple[int, int]:
+        """Write the frames straight to a plain TCP socket while asyncio's transport holds
+        nothing (so order is kept), gathered into as few ``sendmsg`` calls as the socket takes:
+        the transport would make two sends per frame, and copy what the socket did not take.
+        Returns where the transport takes over: the first frame not wholly sent, and how many
+        of its bytes (header first) were.
+        """
+        sock, transport = self._sock, self.transport
+        if (
+            sock is None
+            or transport.get_write_buffer_size()
+            or transport.is_closing()
+            or self.protocol.state is not State.OPEN
+        ):
+            return 0, 0
+        buffers: list[bytes | memoryview] = []
+        for header, part in zip(headers, parts, strict=True):
+            buffers += (header, part)
+        index = offset = 0  # the first buffer not wholly sent, and its bytes sent
+        while index < len(buffers):
+            batch = buffers[index : index + IOV_MAX]
+            if offset:
+                batch[0] = memoryview(batch[0])[offset:]
+            try:
+                sent = sock.sendmsg(batch)
+            except OSError:  # would block, or failed: the transport's write sees it
+                break
+            sent += offset
+            offset = 0
+            while index < len(buffers) and sent >= len(buffers[index]):
+                sent -= len(buffers[index])
+                index += 1
+            if sent:
+                offset = sent
+                break
+        if index == len(buffers):
+            return len(parts), 0
+        frame, in_payload = divmod(index, 2)
+        return frame, offset + (len(headers[frame]) if in_payload else 0)
+
     async def _write(
-        self, opcode: Opcode, fin: bool, payload: bytes | memoryview, deadline: float | None
+        self, header: bytes, payload: bytes | memoryview, skip: int, deadline: float | None
     ) -> None:
+        """Write one frame (less its first ``skip`` bytes, already sent) to the transport;
+        wait while the transport is over its write limit."""
         if self.protocol.state is not State.OPEN:
             async with self.send_context():  # waits for the close, raises ConnectionClosed
                 pass
-        length = memoryview(payload).nbytes
-        header = frame_header(opcode, fin, length)
-        if length < SMALL_SEND:
-            self.transport.write(header + payload)
+        if skip >= len(header):
+            self.transport.write(memoryview(payload)[skip - len(header) :])
+        elif len(payload) < SMALL_SEND:
+            self.transport.write((header + payload)[skip:])
         else:
-            self.transport.write(header)
+            self.transport.write(header[skip:])
             self.transport.write(payload)
         if self.paused:  # over the write limit: wait for the client to take bytes
             await self._drain(deadline)

@@ -80,7 +80,6 @@ class WireConnection(SendingConnection, asyncio.BufferedProtocol):
         self._waiter: asyncio.Future[None] | None = None
         self._idle_at = 0.0  # when the wait in progress times out (see receive)
         self._idle_timer: asyncio.TimerHandle | None = None
-        self._sock: socket.socket | None = None  # set for plain TCP: see _read_on
         self._offered = 0  # bytes of the last room get_buffer offered
 
     def decode_one(self, decoders: Callable[[], Decoder]) -> None:
@@ -116,12 +115,6 @@ class WireConnection(SendingConnection, asyncio.BufferedProtocol):
             if len(self._buf) - self._end < HEADER_BITE:  # never an empty view: that reads
                 self._grow(2 * len(self._buf))  # as the end of the stream
         return memoryview(self._buf)[self._end :]
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        super().connection_made(transport)
-        sock = getattr(transport, "_sock", None)  # asyncio's selector transport, plain TCP
-        plain = transport.get_extra_info("sslcontext") is None
-        self._sock = sock if plain and isinstance(sock, socket.socket) else None
 
     def buffer_updated(self, nbytes: int) -> None:
         full = nbytes == self._offered  # else the socket had no more: no read-ahead
