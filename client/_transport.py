@@ -33,6 +33,11 @@ from websockets.http11 import Response
 from websockets.uri import parse_uri
 
 RECV_SIZE = 1 << 18
+# The first read of a message: a small reply whole in one call, and little of a large one,
+# whose bytes read this way are copied twice more (into the read buffer, then the array) where
+# the rest is received in place. 64 KiB against 256 KiB, interleaved in one process: 1 MiB
+# downloads 3-8% faster in three runs, 8 MiB 4%; 200 KiB downloads and reads unchanged.
+FIRST_BITE = 1 << 16
 SMALL_FRAME = 1 << 16  # over TLS, frames below this go out in one write, header and payload joined
 _DATA = (Opcode.BINARY, Opcode.CONT, Opcode.TEXT)
 _CONTROL = 8  # opcodes from 8 up are control frames
@@ -244,7 +249,7 @@ class Transport:
                 return
         inside = False  # within a fragmented message: read headers in small bites
         while True:
-            header = self._take(2, 16 if inside else RECV_SIZE)
+            header = self._take(2, 16 if inside else FIRST_BITE)
             fin, opcode, length, more = _parse_header(header)
             if more:
                 header += self._take(more, 16)
