@@ -166,7 +166,8 @@ class Server:
             )
             async with anyio.create_task_group() as tasks:  # worker threads outlive sessions
                 self._workers.serve_in(tasks)
-                tasks.start_soon(self._trim_spare)
+                if self.budget.spare_limit:  # --spare-memory 0: nothing to trim
+                    tasks.start_soon(self._trim_spare)
                 task_status.started(self.port)
                 await anyio.sleep_forever()
         finally:

@@ -176,13 +176,17 @@ def test_ops_are_run_or_refused_with_documented_errors(
     store = session.store
     run(session, batch, buffers)
     for op in batch.ops:
-        value = store.get(op.out) if op.out in store else None
-        if isinstance(value, Failure):
-            assert value.error.code in DOCUMENTED_OP_ERRORS, value.error
-        elif isinstance(value, Stored):
-            assert value.array.shape == value.meta.shape
-            assert value.array.dtype == np.dtype(value.meta.dtype)
+        assert_settled(store.get(op.out) if op.out in store else None)
     assert_accounting_exact(session)
+
+
+def assert_settled(value: Stored | Failure | None) -> None:
+    """A failure carries a documented code; a stored array is what its meta says."""
+    if isinstance(value, Failure):
+        assert value.error.code in DOCUMENTED_OP_ERRORS, value.error
+    elif isinstance(value, Stored):
+        assert value.array.shape == value.meta.shape
+        assert value.array.dtype == np.dtype(value.meta.dtype)
 
 
 def assert_accounting_exact(session: Session) -> None:
@@ -258,12 +262,7 @@ def test_array_api_ops_keep_accounting_exact(ops: list[dict[str, Any]]) -> None:
     session = new_session()
     run(session, batch, [])
     for tensor_id in range(ALL_IDS):
-        value = _get(session.store, tensor_id)
-        if isinstance(value, Failure):
-            assert value.error.code in DOCUMENTED_OP_ERRORS, value.error
-        elif isinstance(value, Stored):
-            assert value.array.shape == value.meta.shape
-            assert value.array.dtype == np.dtype(value.meta.dtype)
+        assert_settled(_get(session.store, tensor_id))
     assert_accounting_exact(session)
 
 
