@@ -3,10 +3,18 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from hypothesis import settings
 
 import client
 
 from .servers import ServerProcess, run_server
+
+# Property tests draw the same examples on every run by default, so that a red CI names the
+# change that caused it. To hunt for new failures, draw fresh ones:
+#     python -m pytest --hypothesis-profile=explore
+settings.register_profile("repeatable", derandomize=True, print_blob=True)
+settings.register_profile("explore", derandomize=False, print_blob=True)
+settings.load_profile("repeatable")
 
 
 @pytest.fixture(scope="module")
