@@ -44,16 +44,16 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def _plan(p: Params, url: str, tcp: int, ws: int, dev: client.RemoteDevice) -> dict[
+def _plan(p: Params, url: str, ports: dict[str, int], dev: client.RemoteDevice) -> dict[
     str, tuple[int, Callable[[Tick], list[Figure]]]
 ]:  # fmt: skip
     """Each workload's tick count and how to run it."""
     n = p.matmul_n
     return {
         "transfer": (sum(r for _, r in p.sizes), lambda t: transfer.throughput(
-            dev, (tcp, ws), p.sizes, t)),
+            dev, (ports["tcp"], ports["ws"], ports["floor"]), p.sizes, t)),
         "upload-memory": (1, lambda t: [transfer.peak_upload_memory(p.peak_upload, t)]),
-        "latency": (2, lambda t: transfer.latency(dev, ws, p.pings, t)),
+        "latency": (2, lambda t: transfer.latency(dev, ports["ws"], p.pings, t)),
         "pipelined": (p.ops_reps, lambda t: [compute.pipelined(dev, p.ops, p.ops_reps, t)]),
         "matmul": (p.matmul_reps, lambda t: [
             compute.matmul_chain(dev, n, p.matmul_chain, p.matmul_reps, t)]),
@@ -91,8 +91,9 @@ def run(quick: bool, only: list[str] | None) -> tuple[dict[str, Any], list[Figur
         client.RemoteDevice(url) as dev,
         Progress() as progress,
     ):
-        _, tcp, _, ws = peer.line.split()
-        plan = _plan(params, url, int(tcp), int(ws), dev)
+        words = peer.line.split()  # "tcp PORT ws PORT floor PORT"
+        ports = {name: int(port) for name, port in zip(words[::2], words[1::2], strict=True)}
+        plan = _plan(params, url, ports, dev)
         for name in only or WORKLOADS:
             ticks, work = plan[name]
             with progress.step(name, ticks) as tick:

@@ -2,12 +2,14 @@
 
 Ceilings: a plain TCP transfer of the same bytes to and from the peer process
 (:mod:`bench._peer`), received into a fresh array as the server does; and a bare websockets
-ping-pong with the peer.
+ping-pong with the peer. Explanatory rows: the websocket library alone, TCP into a reused
+array, and the floor of uploads (masked frames into a bare asyncio receiver).
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import threading
 import time
@@ -15,12 +17,13 @@ from collections.abc import Callable
 
 import numpy as np
 from websockets.asyncio.client import connect
+from websockets.frames import apply_mask  # type: ignore[attr-defined]  # C speedups
 
 import client
 
 from . import _procs
 from ._params import MIB
-from ._peer import COMMAND, FRAGMENT, recv_exactly
+from ._peer import COMMAND, FLOOR_REPLY, FRAGMENT, FRAME_HEADER, recv_exactly
 from ._report import Figure, Goal, Stat
 
 Tick = Callable[[], None]
@@ -61,6 +64,35 @@ class TcpCeiling:
             self.sock.sendall(COMMAND.pack(b"D", 0))
             target = np.empty(nbytes, dtype=np.uint8) if into is None else into
             recv_exactly(self.sock, target.data)
+
+        return _timed(run)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+class FloorCeiling:
+    """Uploads as masked websocket frames, written as Tensorwire's client writes them (header,
+    then the payload masked with a fresh key, in :data:`FRAGMENT` frames), into the peer's
+    bare asyncio receiver: what is left of an upload when the server does nothing else."""
+
+    def __init__(self, port: int) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port))
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._reply = memoryview(bytearray(len(FLOOR_REPLY)))
+
+    def upload(self, data: np.ndarray) -> float:
+        view = data.reshape(-1).view(np.uint8).data
+        n = len(view)
+
+        def run() -> None:
+            self.sock.sendall(COMMAND.pack(b"U", n))
+            for at in range(0, n, FRAGMENT):
+                part, key = view[at : at + FRAGMENT], os.urandom(4)
+                flags = (0x80 if at + FRAGMENT >= n else 0) | (0 if at else 2)
+                self.sock.sendall(FRAME_HEADER.pack(flags, 0x80 | 127, len(part), key))
+                self.sock.sendall(apply_mask(part, key))
+            recv_exactly(self.sock, self._reply)
 
         return _timed(run)
 
@@ -148,68 +180,71 @@ def _size_name(nbytes: int) -> str:
 
 def throughput(
     dev: client.RemoteDevice,
-    ports: tuple[int, int],
+    ports: tuple[int, int, int],
     sizes: tuple[tuple[int, int], ...],
     tick: Tick,
 ) -> list[Figure]:
-    """Upload and download float32 tensors of each size, interleaved with the TCP ceiling and
-    with the websocket library alone (an explanatory row, without a goal).
-    """
-    ceiling, bare = TcpCeiling(ports[0]), WsCeiling(ports[1])
+    """Upload and download float32 tensors of each size, interleaved with the TCP ceiling
+    (``ports``: the peer's TCP, websocket and floor ports) and with three explanatory rows,
+    without goals: the websocket library alone, the upload floor, TCP into a reused array."""
+    peers = TcpCeiling(ports[0]), WsCeiling(ports[1]), FloorCeiling(ports[2])
     figures = []
     try:
         for nbytes, reps in sizes:
-            times, reused = _measure(dev, ceiling, bare, nbytes, reps, tick)
+            times = _measure(dev, *peers, nbytes, reps, tick)
+            size = _size_name(nbytes)
             for name, index in (("upload", 0), ("download", 1)):
-                ours, tcp, ws = (t[index] for t in times)
-                figures += _throughput_figures(
-                    f"{name} {_size_name(nbytes)}", nbytes, ours, tcp, ws
+                ours, tcp, ws = (times[k][index] for k in ("ours", "tcp", "ws"))
+                figures += _throughput_figures(f"{name} {size}", nbytes, ours, tcp, ws)
+                if index == 0:
+                    figures.append(_floor_figure(size, nbytes, times["floor"][0], tcp))
+            for name, index in (("upload", 0), ("download", 1)):
+                figures.append(
+                    _reused_figure(name, nbytes, times["ours"][index], times["reused"][index])
                 )
-            for name, index in (("upload", 0), ("download", 1)):
-                figures.append(_reused_figure(name, nbytes, times[0][index], reused[index]))
     finally:
-        ceiling.close()
-        bare.close()
+        for peer in peers:
+            peer.close()
     return figures
 
 
-Times = tuple[list[float], list[float]]  # upload and download seconds
-
-
 def _measure(
-    dev: client.RemoteDevice, ceiling: TcpCeiling, bare: WsCeiling, nbytes: int, reps: int,
-    tick: Tick,
-) -> tuple[tuple[Times, Times, Times], Times]:  # fmt: skip
-    """Seconds per transfer for Tensorwire, plain TCP and websockets alone; and for plain TCP
-    transfers into arrays reused from one repetition to the next (the server reuses freed
-    tensors' memory for uploads, the client its receive buffers for downloads). Each
-    repetition gives each contender a turn of :func:`burst` transfers each way."""
+    dev: client.RemoteDevice, ceiling: TcpCeiling, bare: WsCeiling, floor: FloorCeiling,
+    nbytes: int, reps: int, tick: Tick,
+) -> dict[str, tuple[list[float], ...]]:  # fmt: skip
+    """Seconds per transfer, upload then download, for each contender: ``ours``
+    (Tensorwire), ``tcp`` (plain TCP), ``ws`` (websockets alone), ``floor`` (uploads only)
+    and ``reused`` (plain TCP into arrays reused from one repetition to the next, as the
+    server reuses freed tensors' memory for uploads and the client its receive buffers for
+    downloads). Each repetition gives each contender a turn of :func:`burst` transfers."""
     data = np.random.default_rng(0).random(nbytes // 4, dtype=np.float32)
-    times: tuple[Times, Times, Times] = (([], []), ([], []), ([], []))
-    reused: Times = ([], [])
     target = np.empty(nbytes, dtype=np.uint8)
     xp = client.namespace(dev)
-    contenders: list[Callable[[], tuple[float, float]]] = [
-        lambda: _ours(dev, xp, data),
-        lambda: (ceiling.upload(data), ceiling.download(nbytes)),
-        lambda: (bare.upload(data), bare.download(nbytes)),
-    ]
-    contenders.append(
-        lambda: (ceiling.upload(data, reused=True), ceiling.download(nbytes, into=target))
-    )
-    results = (*times, reused)
+    contenders: dict[str, Callable[[], tuple[float, ...]]] = {
+        "ours": lambda: _ours(dev, xp, data),
+        "tcp": lambda: (ceiling.upload(data), ceiling.download(nbytes)),
+        "ws": lambda: (bare.upload(data), bare.download(nbytes)),
+        "floor": lambda: (floor.upload(data),),
+        "reused": lambda: (
+            ceiling.upload(data, reused=True),
+            ceiling.download(nbytes, into=target),
+        ),
+    }
+    results: dict[str, tuple[list[float], ...]] = {}
+    names = list(contenders)
     turns = burst(nbytes)
     for rep in range(reps):
         # Whoever goes first touches fresh memory first, which costs far more than a copy on
         # a VM: rotate the order, so that no contender always pays it.
-        for i in range(len(contenders)):
-            index = (rep + i) % len(contenders)
+        for i in range(len(names)):
+            name = names[(rep + i) % len(names)]
             for _ in range(turns):
-                up, down = contenders[index]()
-                results[index][0].append(up)
-                results[index][1].append(down)
+                seconds = contenders[name]()
+                kept = results.setdefault(name, tuple([] for _ in seconds))
+                for samples, value in zip(kept, seconds, strict=True):
+                    samples.append(value)
         tick()
-    return times, reused
+    return results
 
 
 def burst(nbytes: int) -> int:
@@ -241,6 +276,15 @@ def _throughput_figures(
         Figure(f"{name}, websockets alone", "throughput / plain TCP",
                ws_rate.median / tcp_rate.median, None, ws_rate, tcp_rate, "TCP loopback"),
     ]  # fmt: skip
+
+
+def _floor_figure(size: str, nbytes: int, floor: list[float], tcp: list[float]) -> Figure:
+    """An explanatory row: the upload floor (:class:`FloorCeiling`) against plain TCP. A
+    server that parses frames, decodes a message, runs it and answers cannot pass it."""
+    rate, tcp_rate = (Stat.of([nbytes / t / 1e9 for t in s], "GB/s") for s in (floor, tcp))
+    return Figure(f"upload {size}, masked frames into bare asyncio", "throughput / plain TCP",
+                  rate.median / tcp_rate.median, None, rate, tcp_rate,
+                  "TCP loopback")  # fmt: skip
 
 
 def _reused_figure(name: str, nbytes: int, ours: list[float], reused: list[float]) -> Figure:

@@ -31,8 +31,9 @@ def test_quick_run_writes_every_workload(tmp_path: Path) -> None:
     assert data["meta"]["quick"] is True
     figures = data["figures"]
     # three figures per throughput direction and size (quick: 2 sizes): ours and websockets
-    # alone against TCP, ours against TCP into a reused array; then one to three per workload
-    assert len(figures) == 12 + 1 + 3 + 1 + 1 + 1 + 1 + 1 + 1
+    # alone against TCP, ours against TCP into a reused array; the upload floor per size; then
+    # one to three per workload
+    assert len(figures) == 12 + 2 + 1 + 3 + 1 + 1 + 1 + 1 + 1 + 1
     for figure in figures:
         assert math.isfinite(figure["value"])
         measured = figure["measured"]
@@ -49,7 +50,7 @@ def test_ratio_figures_divide_medians_measured_in_the_same_run(tmp_path: Path) -
     out = tmp_path / "r.json"
     assert bench_main.main(["--quick", "--only", "transfer", "--json", str(out)]) == 0
     references = set()
-    for figure in json.loads(out.read_text())["figures"]:  # ours and websockets alone
+    for figure in json.loads(out.read_text())["figures"]:  # ours, websockets alone, floor
         expected = figure["measured"]["median"] / figure["reference"]["median"]
         assert figure["value"] == expected
         references.add(figure["reference_name"])
