@@ -280,7 +280,8 @@ def _throughput_figures(
 
 def _floor_figure(size: str, nbytes: int, floor: list[float], tcp: list[float]) -> Figure:
     """An explanatory row: the upload floor (:class:`FloorCeiling`) against plain TCP. A
-    server that parses frames, decodes a message, runs it and answers cannot pass it."""
+    server that also parses frames, decodes a message, runs it and answers does strictly
+    more per upload."""
     rate, tcp_rate = (Stat.of([nbytes / t / 1e9 for t in s], "GB/s") for s in (floor, tcp))
     return Figure(f"upload {size}, masked frames into bare asyncio", "throughput / plain TCP",
                   rate.median / tcp_rate.median, None, rate, tcp_rate,
