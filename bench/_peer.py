@@ -13,9 +13,10 @@ It prints one line, ``tcp PORT ws PORT floor PORT``, then serves on loopback unt
   library alone, without anything of Tensorwire;
 - the floor (:class:`_Floor`, an asyncio ``BufferedProtocol``): ``U`` + u64 n, then n bytes in
   masked websocket frames (:data:`FRAME_HEADER`), received straight into one array it keeps,
-  unmasked there and answered with a 3-byte frame. It is the least any Python asyncio server
-  that speaks websocket can do with an upload: no frame parsing beyond the fixed header, no
-  message to decode, nothing to run; a client must mask what it sends (RFC 6455, 5.3).
+  unmasked there by the server's own ``unmask_in_place`` and answered with a 3-byte frame. It
+  is the least any Python asyncio server that speaks websocket can do with an upload: no frame
+  parsing beyond the fixed header, no message to decode, nothing to run; a client must mask
+  what it sends (RFC 6455, 5.3).
 
 It runs in its own process, as the server does, so that both sides of every ceiling pay the
 same process boundary as the real thing.
@@ -31,7 +32,8 @@ import threading
 import numpy as np
 from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
-from websockets.frames import apply_mask  # type: ignore[attr-defined]  # C speedups
+
+from server.frames import unmask_in_place
 
 COMMAND = struct.Struct("<cQ")
 FRAGMENT = 1 << 18  # as protocol.codec.to_frames fragments large messages
@@ -139,7 +141,7 @@ class _Floor(asyncio.BufferedProtocol):
             return
         self._got = 0
         if self._want.obj is not self._head.obj:  # a frame's payload is in: unmask it
-            _unmask(self._kept[self._pos : self._pos + len(self._want)], self._key)
+            unmask_in_place(self._want, self._key, 0)  # as the server unmasks
             self._pos += len(self._want)
             if self._pos == self._kept.nbytes:
                 assert self._transport is not None
@@ -156,16 +158,6 @@ class _Floor(asyncio.BufferedProtocol):
             self._want = self._kept[self._pos : self._pos + length].data
             return
         self._want = self._head
-
-
-def _unmask(payload: np.ndarray, key: bytes) -> None:
-    """XOR a frame's ``payload`` in place with its 4-byte masking ``key``: eight bytes at a
-    time where it allows (the uploads here are whole 256 KiB frames at aligned offsets)."""
-    if payload.nbytes % 8 or payload.ctypes.data % 8:
-        payload[:] = np.frombuffer(apply_mask(payload.data, key), dtype=np.uint8)
-        return
-    words = payload.view(np.uint64)
-    np.bitwise_xor(words, np.frombuffer(key * 2, dtype=np.uint64)[0], out=words)
 
 
 async def main() -> None:
