@@ -36,9 +36,9 @@ from protocol.ops import (
     Unary,
     UnaryName,
     Where,
-    scalar_from_python,
 )
-from protocol.ops_index import ArrayIndex, SetItem, key_tensors
+from protocol.ops.indexing import ArrayIndex, SetItem, key_tensors
+from protocol.scalars import scalar_from_python
 
 from .array import RemoteArray
 

@@ -1,9 +1,10 @@
 """The rest of the standard's main namespace: manipulation, searching, sorting, sets,
 cumulative and utility functions, and the data-type functions.
 
-Each function builds one op of a protocol family (``protocol.ops_shape``, ``protocol.ops_data``,
-``protocol.ops_index``), or composes a few when the standard's function is a thin layer over
-others (``unstack``, ``broadcast_arrays``, ``meshgrid``, ``vecdot``, ``diff``, ``clip``).
+Each function builds one op of a protocol family (``protocol.ops.manipulation``,
+``protocol.ops.data``, ``protocol.ops.indexing``), or composes a few when the standard's
+function is a thin layer over others (``unstack``, ``broadcast_arrays``, ``meshgrid``,
+``vecdot``, ``diff``, ``clip``).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from protocol.ops import (
     Unique,
     broadcast_shapes,
 )
-from protocol.ops_data import UNIQUE_OUTPUTS
+from protocol.ops.data import UNIQUE_OUTPUTS
 
 from . import _functions as _f
 from ._results import UniqueAll, UniqueCounts, UniqueInverse

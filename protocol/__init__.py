@@ -1,7 +1,8 @@
 """Tensorwire protocol v1: messages, op catalogue, shape/dtype rules and the binary codec.
 
 A pure library: no sockets, no event loop, no global state. Client and server both import it;
-it imports neither (ARCHITECTURE invariant 1).
+it imports neither (ARCHITECTURE.md, invariant 1; the import contracts in ``pyproject.toml``
+check it).
 """
 
 from __future__ import annotations
@@ -23,7 +24,11 @@ from .errors import DecodeError as DecodeError
 from .errors import DeviceSpecError as DeviceSpecError
 from .errors import ErrorCode as ErrorCode
 from .errors import ErrorInfo as ErrorInfo
+from .errors import InvalidOpError as InvalidOpError
 from .errors import MessageLimitError as MessageLimitError
+from .errors import OpDTypeError as OpDTypeError
+from .errors import OpIndexError as OpIndexError
+from .errors import OpShapeError as OpShapeError
 from .errors import ProtocolError as ProtocolError
 from .messages import CLIENT_ADAPTER as CLIENT_ADAPTER
 from .messages import PROTOCOL_VERSION as PROTOCOL_VERSION
@@ -43,8 +48,5 @@ from .messages import Sync as Sync
 from .messages import SyncReply as SyncReply
 from .messages import Welcome as Welcome
 from .ops import AnyOp as AnyOp
-from .ops import InvalidOpError as InvalidOpError
 from .ops import Op as Op
-from .ops import OpDTypeError as OpDTypeError
-from .ops import OpShapeError as OpShapeError
 from .ops import TensorMeta as TensorMeta

@@ -5,7 +5,16 @@ Exception tree::
     ProtocolError (ValueError)          bytes or a message that breaks protocol v1
     ├── DecodeError                     malformed bytes, truncated buffers, unknown message
     │   └── MessageLimitError           a message declares more buffer bytes than allowed
+    InvalidOpError                      an op its inference rule refuses; it never reaches numpy
+    ├── OpShapeError (ValueError)       shapes that do not fit the op
+    │   └── OpAxisError (IndexError)    an axis out of range
+    ├── OpIndexError (IndexError)       an index that does not fit the array
+    ├── OpDTypeError (TypeError)        dtypes the op does not accept
+    └── OpOverflowError (OverflowError) a Python integer the target dtype cannot hold
     DeviceSpecError (ValueError)        a device spec string that names no valid device
+
+The op errors carry the builtin the standard (and numpy) would raise, so code that catches
+``ValueError`` or ``TypeError`` around an array call catches them too.
 
 Every error that crosses the wire is an :class:`ErrorInfo` with a stable :class:`ErrorCode`;
 clients map codes to exceptions, never the other way round (nothing is pickled).
@@ -65,6 +74,32 @@ class MessageLimitError(DecodeError):
     def __init__(self, message: str, code: ErrorCode = ErrorCode.LIMIT_EXCEEDED) -> None:
         super().__init__(message)
         self.code = code
+
+
+class InvalidOpError(Exception):
+    """An op that its inference rule refuses; it never reaches numpy."""
+
+
+class OpShapeError(InvalidOpError, ValueError):
+    """Shapes that do not fit the op (matmul mismatch, bad axis, bad reshape, ...)."""
+
+
+class OpAxisError(OpShapeError, IndexError):
+    """An axis out of range: both a ``ValueError`` and an ``IndexError``, as numpy's AxisError
+    (the standard asks for an ``IndexError`` in places)."""
+
+
+class OpIndexError(InvalidOpError, IndexError):
+    """An index that does not fit the array (out of bounds, too many indices, a mask of
+    another shape): an ``IndexError``, as the standard asks."""
+
+
+class OpDTypeError(InvalidOpError, TypeError):
+    """Dtypes the op does not accept (bitwise ops on floats, ...)."""
+
+
+class OpOverflowError(InvalidOpError, OverflowError):
+    """A Python integer that the target integer dtype cannot hold."""
 
 
 class DeviceSpecError(ValueError):

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 import client
-from protocol import TensorMeta
-from protocol.ops import Binary, OpDTypeError, OpShapeError
+from protocol import OpDTypeError, OpShapeError, TensorMeta
+from protocol.ops import Binary
 
 from .servers import ServerProcess
 

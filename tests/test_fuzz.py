@@ -16,11 +16,20 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from protocol import CLIENT_ADAPTER, DTYPES, Batch, DecodeError, ErrorCode, MessageDecoder, decode
-from protocol.ops import BinaryName, ReduceName, UnaryName
-from protocol.ops_data import Cumulative, Sort, Unique
-from protocol.ops_index import Take
-from protocol.ops_linalg import FFT, Linalg
-from protocol.ops_shape import Axes, Join, Triangle
+from protocol.ops import (
+    FFT,
+    Axes,
+    BinaryName,
+    Cumulative,
+    Join,
+    Linalg,
+    ReduceName,
+    Sort,
+    Take,
+    Triangle,
+    UnaryName,
+    Unique,
+)
 from server.session import Limits, Session
 from server.store import Failure, MemoryBudget, Stored, TensorStore, root_of
 

@@ -17,7 +17,6 @@ from pydantic import BaseModel, ValidationError
 
 import protocol.messages
 import protocol.ops
-import protocol.ops_index
 from protocol import CLIENT_ADAPTER, DTYPES, ErrorCode, from_numpy
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -223,7 +222,7 @@ def test_every_integer_on_the_wire_is_bounded() -> None:
     """No op field (of any family) or client message field takes a bignum: every int is
     bounded on both sides (``I64``, ``Dim``, ``TensorId``), so none reaches numpy."""
     models = _wire_models()
-    assert protocol.ops.Linalg in models and protocol.ops_index.SliceSpec in models
+    assert protocol.ops.Linalg in models and protocol.ops.SliceSpec in models
     # Full.value is range-checked against its dtype by inference (test_limits); Hello's ints
     # are only compared (protocol version, device count) and never reach numpy.
     exempt = {"Full.value", "Hello.protocol", "Hello.device_index"}

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import client
-from protocol import DTYPES, TensorMeta, to_numpy
-from protocol.ops import Binary, Linalg, OpShapeError, Unary, broadcast_shapes
+from protocol import DTYPES, OpShapeError, TensorMeta, to_numpy
+from protocol.ops import Binary, Linalg, Unary, broadcast_shapes
 from server import executor
 from server.executor import elementwise
 

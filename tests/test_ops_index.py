@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from protocol.ops import UNKNOWN, InvalidOpError, TensorMeta
-from protocol.ops_index import ArrayIndex, GetItem, SliceSpec
+from protocol import InvalidOpError
+from protocol.ops import UNKNOWN, ArrayIndex, GetItem, SliceSpec, TensorMeta
 
 SHAPES = hnp.array_shapes(min_dims=1, max_dims=4, min_side=1, max_side=4)
 

@@ -41,41 +41,45 @@ from protocol import (
     encode,
 )
 from protocol.codec import to_frames
+from protocol.errors import OpDTypeError, OpShapeError
 from protocol.ops import (
+    FFT,
     AnyOp,
     Arange,
+    ArrayIndex,
     AsType,
+    Axes,
     Binary,
-    ComplexValue,
+    BroadcastTo,
+    Cumulative,
     Eye,
     FromBuffer,
     Full,
     GetItem,
-    OpDTypeError,
-    OpShapeError,
-    PermuteDims,
-    Reduce,
-    Reshape,
-    SliceSpec,
-    Unary,
-    Where,
-    broadcast_shapes,
-    matmul_shape,
-)
-from protocol.ops_data import Cumulative, Nonzero, SearchSorted, Sort, Unique
-from protocol.ops_index import ArrayIndex, SetItem, Take
-from protocol.ops_linalg import FFT, Linalg
-from protocol.ops_shape import (
-    Axes,
-    BroadcastTo,
     Join,
+    Linalg,
     Linspace,
     MoveAxis,
+    Nonzero,
+    PermuteDims,
+    Reduce,
     Repeat,
+    Reshape,
     Roll,
+    SearchSorted,
+    SetItem,
+    SliceSpec,
+    Sort,
+    Take,
     Tile,
     Triangle,
+    Unary,
+    Unique,
+    Where,
+    broadcast_shapes,
 )
+from protocol.ops.elementwise import matmul_shape
+from protocol.scalars import ComplexValue
 from protocol.schema import protocol_schema
 
 ALL_OPS: list[AnyOp] = [

@@ -1,99 +1,44 @@
 """The numpy executor: runs one checked op and returns its array.
 
-Rule: imports numpy and ``protocol`` only; knows nothing of bytes on sockets or sessions.
+One module per op family, mirroring ``protocol/ops/``; each lists its runners in ``RUNNERS``.
+Knows nothing of bytes on sockets or of sessions (the import contracts in ``pyproject.toml``).
 
 Callers run ``op.infer`` first (the check) and pass its result; :func:`run` then calls numpy and
 verifies that numpy produced exactly the inferred shape and dtype, so the client's local view of
-every tensor is the truth (ARCHITECTURE invariant 3).
+every tensor is the truth (ARCHITECTURE.md, invariant 3).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 import numpy as np
 
 from protocol import TensorMeta, to_numpy
 from protocol.codec import Buffer
 from protocol.ops import (
-    FFT,
     UNKNOWN,
     AnyOp,
-    Arange,
-    AsType,
-    Axes,
     Binary,
-    BroadcastTo,
-    Cumulative,
-    Eye,
     FromBuffer,
-    Full,
     GetItem,
-    Join,
     Linalg,
-    Linspace,
-    MoveAxis,
     Nonzero,
-    PermuteDims,
-    Reduce,
     Repeat,
-    Reshape,
-    Roll,
-    SearchSorted,
     SetItem,
-    Sort,
-    Take,
-    Tile,
-    Triangle,
-    Unary,
-    Unique,
-    Where,
 )
 
-from . import creation, data, elementwise, linalg, manipulation, reduction
-
-Array = np.ndarray[Any, Any]
-Runner = Callable[[Any, Sequence[Array], Sequence[Buffer]], Array | tuple[Array, ...]]
+from . import creation, data, elementwise, fft, indexing, linalg, manipulation, reduction
+from .base import Array, Runner
 
 
 class InferenceMismatch(AssertionError):
     """numpy produced another shape or dtype than the protocol inferred: a bug in a rule."""
 
 
-_RUNNERS: dict[type[AnyOp], Runner] = {
-    FromBuffer: creation.from_buffer,
-    Full: creation.full,
-    Arange: creation.arange,
-    Eye: creation.eye,
-    Unary: elementwise.unary,
-    Binary: elementwise.binary,
-    Where: elementwise.where,
-    AsType: elementwise.astype,
-    Reduce: reduction.reduce,
-    Reshape: manipulation.reshape,
-    PermuteDims: manipulation.permute_dims,
-    GetItem: manipulation.getitem,
-    SetItem: manipulation.setitem,
-    Take: manipulation.take,
-    Join: manipulation.join,
-    Axes: manipulation.axes,
-    Roll: manipulation.roll,
-    MoveAxis: manipulation.moveaxis,
-    BroadcastTo: manipulation.broadcast_to,
-    Tile: manipulation.tile,
-    Repeat: manipulation.repeat,
-    Triangle: manipulation.triangle,
-    Linspace: creation.linspace,
-    Sort: data.sort,
-    Cumulative: data.cumulative,
-    SearchSorted: data.searchsorted,
-    Nonzero: data.nonzero,
-    Unique: data.unique,
-    Linalg: linalg.linalg,
-    FFT: linalg.fft,
-}
+_FAMILIES = (creation, elementwise, reduction, manipulation, indexing, data, linalg, fft)
+_RUNNERS: dict[type, Runner] = {t: r for family in _FAMILIES for t, r in family.RUNNERS.items()}
 
 
 def run(
@@ -113,7 +58,7 @@ def run(
     """
     with np.errstate(all="ignore"):
         if isinstance(op, SetItem):
-            raw: Array | tuple[Array, ...] = manipulation.setitem(op, args, buffers, in_place)
+            raw: Array | tuple[Array, ...] = indexing.setitem(op, args, buffers, in_place)
         else:
             raw = _RUNNERS[type(op)](op, args, buffers)
     return checked(op, raw, metas)

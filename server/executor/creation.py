@@ -1,25 +1,17 @@
-"""Creation ops: from_buffer, full, arange, eye."""
+"""Creation ops: from_buffer, full, arange, eye, linspace."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 
-from protocol import to_numpy
+from protocol import InvalidOpError, to_numpy
 from protocol.codec import Buffer
-from protocol.ops import (
-    Arange,
-    Eye,
-    FromBuffer,
-    Full,
-    InvalidOpError,
-    Linspace,
-    scalar_to_python,
-)
+from protocol.ops import Arange, Eye, FromBuffer, Full, Linspace
+from protocol.scalars import scalar_to_python
 
-Array = np.ndarray[Any, Any]
+from .base import Array, Runner
 
 
 def from_buffer(op: FromBuffer, args: Sequence[Array], buffers: Sequence[Buffer]) -> Array:
@@ -61,3 +53,12 @@ def linspace(op: Linspace, args: Sequence[Array], buffers: Sequence[Buffer]) -> 
     else:
         start, stop = op.start, op.stop
     return np.linspace(start, stop, op.num, endpoint=op.endpoint, dtype=dtype)
+
+
+RUNNERS: dict[type, Runner] = {
+    FromBuffer: from_buffer,
+    Full: full,
+    Arange: arange,
+    Eye: eye,
+    Linspace: linspace,
+}

@@ -9,10 +9,11 @@ import numpy as np
 
 from protocol import from_numpy, to_numpy
 from protocol.codec import Buffer
-from protocol.ops import Cumulative, Nonzero, SearchSorted, Sort, Unique, reduce_rule
-from protocol.ops_data import UNIQUE_OUTPUTS
+from protocol.ops import Cumulative, Nonzero, SearchSorted, Sort, Unique
+from protocol.ops.data import UNIQUE_OUTPUTS
+from protocol.ops.rules import reduce_rule
 
-Array = np.ndarray[Any, Any]
+from .base import Array, Runner
 
 
 def sort(op: Sort, args: Sequence[Array], buffers: Sequence[Buffer]) -> Array:
@@ -60,3 +61,12 @@ def unique(op: Unique, args: Sequence[Array], buffers: Sequence[Buffer]) -> tupl
         "counts": result.counts.astype(np.int64),
     }
     return tuple(parts[name] for name in UNIQUE_OUTPUTS[op.op])
+
+
+RUNNERS: dict[type, Runner] = {
+    Sort: sort,
+    Cumulative: cumulative,
+    SearchSorted: searchsorted,
+    Nonzero: nonzero,
+    Unique: unique,
+}

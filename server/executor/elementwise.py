@@ -10,9 +10,10 @@ import numpy as np
 from protocol import to_numpy
 from protocol.codec import Buffer
 from protocol.dtypes import DTYPES, is_complex
-from protocol.ops import AsType, Binary, Unary, Where, elementwise_rule
+from protocol.ops import AsType, Binary, Unary, Where
+from protocol.ops.rules import elementwise_rule
 
-Array = np.ndarray[Any, Any]
+from .base import Array, Runner
 
 
 def _call(name: str, args: Sequence[Array]) -> Array:
@@ -77,3 +78,6 @@ def astype(op: AsType, args: Sequence[Array], buffers: Sequence[Buffer]) -> Arra
     if is_complex(_wire(x)) and not is_complex(op.dtype):
         x = x.real  # Note: numpy warns and drops the imaginary part; we drop it silently
     return x.astype(to_numpy(op.dtype))
+
+
+RUNNERS: dict[type, Runner] = {Unary: unary, Binary: binary, Where: where, AsType: astype}

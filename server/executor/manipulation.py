@@ -1,15 +1,9 @@
-"""Manipulation and indexing: reshape, permute_dims, getitem, setitem, take, joins, axes, roll,
-moveaxis, broadcast_to, tile, repeat, tril/triu.
-
-Rule: no runner mutates an input array, except :func:`setitem` when the session tells it that
-the target's array is its own. Stored arrays may be read-only ``frombuffer`` views or views
-shared by several tensors, so otherwise :func:`setitem` copies before it writes (copy-on-write).
-"""
+"""Manipulation: reshape, permute_dims, joins, axes, roll, moveaxis, broadcast_to, tile, repeat,
+tril/triu. Many results are views of their input (the session keeps them zero-copy)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 
@@ -17,21 +11,17 @@ from protocol.codec import Buffer
 from protocol.ops import (
     Axes,
     BroadcastTo,
-    GetItem,
     Join,
     MoveAxis,
     PermuteDims,
     Repeat,
     Reshape,
     Roll,
-    SetItem,
-    Take,
     Tile,
     Triangle,
 )
-from protocol.ops_index import numpy_key
 
-Array = np.ndarray[Any, Any]
+from .base import Array, Runner
 
 
 def reshape(op: Reshape, args: Sequence[Array], buffers: Sequence[Buffer]) -> Array:
@@ -40,31 +30,6 @@ def reshape(op: Reshape, args: Sequence[Array], buffers: Sequence[Buffer]) -> Ar
 
 def permute_dims(op: PermuteDims, args: Sequence[Array], buffers: Sequence[Buffer]) -> Array:
     return np.transpose(args[0], op.axes)
-
-
-def getitem(op: GetItem, args: Sequence[Array], buffers: Sequence[Buffer]) -> Array:
-    return np.asarray(args[0][numpy_key(op.key, args[1:])])
-
-
-def setitem(
-    op: SetItem, args: Sequence[Array], buffers: Sequence[Buffer], in_place: bool = False
-) -> Array:
-    """``target[key] = value``; writes into ``target`` only when ``in_place`` (the caller
-    knows nothing shares it), else into a copy."""
-    target, value, *index = args
-    key = numpy_key(op.key, index)
-    if op.key in (("...",), ()) and value.shape == target.shape:
-        return value  # a whole replacement (``x += y``): rebind, copy nothing
-    result = target if in_place and target.flags.writeable else target.copy()
-    result[key] = value
-    return result
-
-
-def take(op: Take, args: Sequence[Array], buffers: Sequence[Buffer]) -> Array:
-    x, indices = args
-    if op.op == "take":
-        return np.take(x, indices, axis=op.axis)
-    return np.take_along_axis(x, indices, axis=op.axis)
 
 
 def join(op: Join, args: Sequence[Array], buffers: Sequence[Buffer]) -> Array:
@@ -109,3 +74,17 @@ def repeat(op: Repeat, args: Sequence[Array], buffers: Sequence[Buffer]) -> Arra
 def triangle(op: Triangle, args: Sequence[Array], buffers: Sequence[Buffer]) -> Array:
     fn = np.tril if op.op == "tril" else np.triu
     return fn(args[0], k=op.k)
+
+
+RUNNERS: dict[type, Runner] = {
+    Reshape: reshape,
+    PermuteDims: permute_dims,
+    Join: join,
+    Axes: axes,
+    Roll: roll,
+    MoveAxis: moveaxis,
+    BroadcastTo: broadcast_to,
+    Tile: tile,
+    Repeat: repeat,
+    Triangle: triangle,
+}

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import numpy as np
 
 from protocol import from_numpy, to_numpy
 from protocol.codec import Buffer
-from protocol.ops import Reduce, reduce_rule
+from protocol.ops import Reduce
+from protocol.ops.rules import reduce_rule
 
-Array = np.ndarray[Any, Any]
+from .base import Array, Runner
 
 
 def reduce(op: Reduce, args: Sequence[Array], buffers: Sequence[Buffer]) -> Array:
@@ -26,3 +26,6 @@ def reduce(op: Reduce, args: Sequence[Array], buffers: Sequence[Buffer]) -> Arra
     if op.op in ("std", "var"):
         return fn(x, axis=op.axis, keepdims=op.keepdims, ddof=op.correction)
     return fn(x, axis=op.axis, keepdims=op.keepdims)
+
+
+RUNNERS: dict[type, Runner] = {Reduce: reduce}

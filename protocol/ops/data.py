@@ -1,67 +1,21 @@
 """Sorting, searching, cumulative and set ops; several have data-dependent shapes or several
 outputs.
 
-Rule: this module imports numpy, pydantic and ``protocol`` siblings only. No I/O.
-
 An op with several outputs names the first in ``out`` and the others in ``more``; its
-:meth:`infer_all` describes each. A dimension of :data:`~protocol.ops.UNKNOWN` is learnt after the
-op ran (one round trip for the client).
+:meth:`infer_all` describes each. A dimension of :data:`~protocol.ops.base.UNKNOWN` is learnt
+after the op ran (one round trip for the client).
 """
 
 from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import model_validator
-
-from .ops import (
-    I64,
-    UNKNOWN,
-    OpDTypeError,
-    OpShapeError,
-    TensorId,
-    TensorMeta,
-    _normalize_axis,
-    _Op,
-    reduce_rule,
-)
-from .ops_shape import result_dtype
+from ..errors import OpDTypeError, OpShapeError
+from .base import I64, UNKNOWN, BaseOp, MultiOutputOp, TensorId, TensorMeta, normalize_axis
+from .rules import reduce_rule, result_dtype
 
 
-class _MultiOp(_Op):
-    more: tuple[TensorId, ...] = ()
-
-    @model_validator(mode="after")
-    def _distinct_outputs(self) -> _MultiOp:
-        """Two outputs cannot share an id: the message is malformed (refused at decode)."""
-        if len(set(self.outputs())) != len(self.outputs()):
-            raise ValueError(f"output ids {list(self.outputs())} are not distinct")
-        return self
-
-    def outputs(self) -> tuple[int, ...]:
-        return (self.out, *self.more)
-
-    def infer_all(self, *args: TensorMeta) -> tuple[TensorMeta, ...]:
-        metas = self._infer_all(*args)
-        if len(metas) != len(self.outputs()):
-            raise OpShapeError(
-                f"{self.describe()} has {len(metas)} outputs; {len(self.outputs())} ids given"
-            )
-        return metas
-
-    def _infer_all(self, *args: TensorMeta) -> tuple[TensorMeta, ...]:
-        raise NotImplementedError
-
-    def infer(self, *args: TensorMeta) -> TensorMeta:
-        return self.infer_all(*args)[0]
-
-    def describe(self) -> str:
-        name = getattr(self, "op", None) or self.kind
-        args = ", ".join(f"#{i}" for i in self.inputs())
-        return f"{name}({args}) -> " + ", ".join(f"#{i}" for i in self.outputs())
-
-
-class Sort(_Op):
+class Sort(BaseOp):
     kind: Literal["sort"] = "sort"
     op: Literal["sort", "argsort"]
     x: TensorId
@@ -76,11 +30,11 @@ class Sort(_Op):
         (x,) = args
         if x.dtype.startswith("complex"):
             raise OpDTypeError(f"{self.op} does not order complex numbers")
-        _normalize_axis(self.axis, len(x.shape))
+        normalize_axis(self.axis, len(x.shape))
         return TensorMeta(x.shape, "int64" if self.op == "argsort" else x.dtype)
 
 
-class Cumulative(_Op):
+class Cumulative(BaseOp):
     kind: Literal["cumulative"] = "cumulative"
     op: Literal["cumulative_sum", "cumulative_prod"]
     x: TensorId
@@ -96,14 +50,14 @@ class Cumulative(_Op):
             raise OpShapeError(f"{self.op} needs at least one dimension")
         if self.axis is None and len(x.shape) > 1:
             raise OpShapeError(f"{self.op} of a multi-dimensional array needs an axis")
-        axis = _normalize_axis(0 if self.axis is None else self.axis, len(x.shape))
+        axis = normalize_axis(0 if self.axis is None else self.axis, len(x.shape))
         shape = list(x.shape)
         shape[axis] += int(self.include_initial)
         dtype = reduce_rule("sum" if self.op == "cumulative_sum" else "prod", x.dtype)[0]
         return TensorMeta(tuple(shape), dtype)
 
 
-class SearchSorted(_Op):
+class SearchSorted(BaseOp):
     kind: Literal["searchsorted"] = "searchsorted"
     x1: TensorId
     x2: TensorId
@@ -122,7 +76,7 @@ class SearchSorted(_Op):
         return TensorMeta(x2.shape, "int64")
 
 
-class Nonzero(_MultiOp):
+class Nonzero(MultiOutputOp):
     """``nonzero(x)``: one int64 index array per dimension, of data-dependent length."""
 
     kind: Literal["nonzero"] = "nonzero"
@@ -146,7 +100,7 @@ UNIQUE_OUTPUTS = {
 }
 
 
-class Unique(_MultiOp):
+class Unique(MultiOutputOp):
     """The ``unique_*`` family; outputs in the standard's order (:data:`UNIQUE_OUTPUTS`)."""
 
     kind: Literal["unique"] = "unique"

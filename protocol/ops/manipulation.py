@@ -1,38 +1,72 @@
-"""Manipulation ops: joining, axes, rolling, broadcasting, tiling, repeating, triangles, linspace.
-
-Rule: this module imports numpy, pydantic and ``protocol`` siblings only. No I/O.
-"""
+"""Manipulation ops: reshaping, permuting, joining, axes, rolling, broadcasting, tiling,
+repeating, triangles."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-import numpy as np
+from pydantic import Field
 
-from .dtypes import DType, from_numpy, is_integer, to_numpy
-from .ops import (
+from ..dtypes import is_integer
+from ..errors import OpDTypeError, OpShapeError
+from .base import (
     I64,
     UNKNOWN,
+    BaseOp,
     Dim,
-    OpDTypeError,
-    OpShapeError,
     TensorId,
     TensorMeta,
-    _check_shape,
-    _normalize_axes,
-    _normalize_axis,
-    _Op,
     broadcast_shapes,
+    check_shape,
+    normalize_axes,
+    normalize_axis,
     numel,
 )
+from .rules import result_dtype
 
 
-def result_dtype(*dtypes: DType) -> DType:
-    """numpy's promotion of array dtypes (the standard's table where it defines one)."""
-    return from_numpy(np.result_type(*(to_numpy(d) for d in dtypes)))
+class Reshape(BaseOp):
+    kind: Literal["reshape"] = "reshape"
+    x: TensorId
+    shape: tuple[Annotated[int, Field(ge=-1, lt=2**63)], ...]
+
+    def inputs(self) -> tuple[int, ...]:
+        return (self.x,)
+
+    def infer(self, *args: TensorMeta) -> TensorMeta:
+        (x,) = args
+        size = numel(x.shape)
+        unknown = [i for i, d in enumerate(self.shape) if d == -1]
+        if len(unknown) > 1:
+            raise OpShapeError("reshape takes at most one -1")
+        known = numel(tuple(d for d in self.shape if d != -1))
+        shape = list(self.shape)
+        if unknown:
+            if known == 0 or size % known:
+                raise OpShapeError(f"cannot reshape {x.shape} into {self.shape}")
+            shape[unknown[0]] = size // known
+        elif known != size:
+            raise OpShapeError(f"cannot reshape {x.shape} ({size} elements) into {self.shape}")
+        return TensorMeta(check_shape(tuple(shape)), x.dtype)
 
 
-class Join(_Op):
+class PermuteDims(BaseOp):
+    kind: Literal["permute_dims"] = "permute_dims"
+    x: TensorId
+    axes: tuple[I64, ...]
+
+    def inputs(self) -> tuple[int, ...]:
+        return (self.x,)
+
+    def infer(self, *args: TensorMeta) -> TensorMeta:
+        (x,) = args
+        if len(self.axes) != len(x.shape):
+            raise OpShapeError(f"axes {self.axes} do not match {len(x.shape)} dimensions")
+        axes = normalize_axes(self.axes, len(x.shape))
+        return TensorMeta(tuple(x.shape[a] for a in axes), x.dtype)
+
+
+class Join(BaseOp):
     """``concat(xs, axis)`` (``axis=None`` flattens first) and ``stack(xs, axis)``."""
 
     kind: Literal["join"] = "join"
@@ -53,11 +87,11 @@ class Join(_Op):
         if self.op == "stack":
             if any(a.shape != first for a in args):
                 raise OpShapeError("stack needs arrays of one shape")
-            axis = _normalize_axis(self.axis or 0, len(first) + 1)
-            return TensorMeta(_check_shape(first[:axis] + (len(args),) + first[axis:]), dtype)
+            axis = normalize_axis(self.axis or 0, len(first) + 1)
+            return TensorMeta(check_shape(first[:axis] + (len(args),) + first[axis:]), dtype)
         if not first:
             raise OpShapeError("concat does not take 0-dimensional arrays")
-        axis = _normalize_axis(self.axis or 0, len(first))
+        axis = normalize_axis(self.axis or 0, len(first))
         for a in args:
             if len(a.shape) != len(first) or any(
                 d != e for i, (d, e) in enumerate(zip(a.shape, first, strict=True)) if i != axis
@@ -67,7 +101,7 @@ class Join(_Op):
         return TensorMeta(first[:axis] + (size,) + first[axis + 1 :], dtype)
 
 
-class Axes(_Op):
+class Axes(BaseOp):
     """``expand_dims``, ``squeeze`` and ``flip`` along ``axis`` (None: every axis, for flip)."""
 
     kind: Literal["axes"] = "axes"
@@ -81,23 +115,23 @@ class Axes(_Op):
     def infer(self, *args: TensorMeta) -> TensorMeta:
         (x,) = args
         if self.op == "flip":
-            _normalize_axes(self.axis, len(x.shape))
+            normalize_axes(self.axis, len(x.shape))
             return x
         if self.axis is None:
             raise OpShapeError(f"{self.op} needs an axis")
         if self.op == "squeeze":
-            axes = _normalize_axes(self.axis, len(x.shape))
+            axes = normalize_axes(self.axis, len(x.shape))
             if any(x.shape[a] != 1 for a in axes):
                 raise OpShapeError(f"cannot squeeze axes {self.axis} of shape {x.shape}")
             return TensorMeta(tuple(d for i, d in enumerate(x.shape) if i not in axes), x.dtype)
         ndim = len(x.shape) + len(self.axis)
-        axes = _normalize_axes(self.axis, ndim)
+        axes = normalize_axes(self.axis, ndim)
         it = iter(x.shape)
         shape = tuple(1 if i in axes else next(it) for i in range(ndim))
-        return TensorMeta(_check_shape(shape), x.dtype)
+        return TensorMeta(check_shape(shape), x.dtype)
 
 
-class Roll(_Op):
+class Roll(BaseOp):
     kind: Literal["roll"] = "roll"
     x: TensorId
     shift: tuple[I64, ...]
@@ -110,7 +144,7 @@ class Roll(_Op):
         (x,) = args
         if self.axis is not None:
             for a in self.axis:
-                _normalize_axis(a, len(x.shape))
+                normalize_axis(a, len(x.shape))
             if len(self.shift) not in (1, len(self.axis)):
                 raise OpShapeError("roll needs one shift per axis")
         elif len(self.shift) != 1:
@@ -118,7 +152,7 @@ class Roll(_Op):
         return x
 
 
-class MoveAxis(_Op):
+class MoveAxis(BaseOp):
     kind: Literal["moveaxis"] = "moveaxis"
     x: TensorId
     source: tuple[I64, ...]
@@ -130,7 +164,7 @@ class MoveAxis(_Op):
     def infer(self, *args: TensorMeta) -> TensorMeta:
         (x,) = args
         ndim = len(x.shape)
-        src, dst = _normalize_axes(self.source, ndim), _normalize_axes(self.destination, ndim)
+        src, dst = normalize_axes(self.source, ndim), normalize_axes(self.destination, ndim)
         if len(src) != len(dst):
             raise OpShapeError("moveaxis needs as many sources as destinations")
         order = [a for a in range(ndim) if a not in src]
@@ -139,7 +173,7 @@ class MoveAxis(_Op):
         return TensorMeta(tuple(x.shape[a] for a in order), x.dtype)
 
 
-class BroadcastTo(_Op):
+class BroadcastTo(BaseOp):
     kind: Literal["broadcast_to"] = "broadcast_to"
     x: TensorId
     shape: tuple[Dim, ...]
@@ -151,10 +185,10 @@ class BroadcastTo(_Op):
         (x,) = args
         if len(x.shape) > len(self.shape) or broadcast_shapes(x.shape, self.shape) != self.shape:
             raise OpShapeError(f"cannot broadcast {x.shape} to {self.shape}")
-        return TensorMeta(_check_shape(self.shape), x.dtype)
+        return TensorMeta(check_shape(self.shape), x.dtype)
 
 
-class Tile(_Op):
+class Tile(BaseOp):
     kind: Literal["tile"] = "tile"
     x: TensorId
     reps: tuple[Dim, ...]
@@ -167,11 +201,11 @@ class Tile(_Op):
         ndim = max(len(x.shape), len(self.reps))
         shape = (1,) * (ndim - len(x.shape)) + x.shape
         reps = (1,) * (ndim - len(self.reps)) + self.reps
-        return TensorMeta(_check_shape(tuple(d * r for d, r in zip(shape, reps, strict=True))),
+        return TensorMeta(check_shape(tuple(d * r for d, r in zip(shape, reps, strict=True))),
                           x.dtype)  # fmt: skip
 
 
-class Repeat(_Op):
+class Repeat(BaseOp):
     """``repeat(x, repeats, axis)``: ``repeats`` an int, or a tensor (then the length along
     ``axis`` is data-dependent)."""
 
@@ -187,7 +221,7 @@ class Repeat(_Op):
     def infer(self, *args: TensorMeta) -> TensorMeta:
         x = args[0]
         shape = x.shape if self.axis is not None else (numel(x.shape),)
-        axis = _normalize_axis(self.axis or 0, len(shape))
+        axis = normalize_axis(self.axis or 0, len(shape))
         if len(args) == 2:
             if not is_integer(args[1].dtype):
                 raise OpDTypeError("repeat needs integer repeats")
@@ -201,7 +235,7 @@ class Repeat(_Op):
         return TensorMeta(shape[:axis] + (n,) + shape[axis + 1 :], x.dtype)
 
 
-class Triangle(_Op):
+class Triangle(BaseOp):
     kind: Literal["triangle"] = "triangle"
     op: Literal["tril", "triu"]
     x: TensorId
@@ -214,19 +248,3 @@ class Triangle(_Op):
         if len(args[0].shape) < 2:
             raise OpShapeError(f"{self.op} needs at least 2 dimensions")
         return args[0]
-
-
-class Linspace(_Op):
-    kind: Literal["linspace"] = "linspace"
-    start: float
-    stop: float
-    start_imag: float = 0.0
-    stop_imag: float = 0.0
-    num: Dim
-    endpoint: bool = True
-    dtype: DType
-
-    def infer(self, *args: TensorMeta) -> TensorMeta:
-        if self.dtype == "bool" or is_integer(self.dtype):
-            raise OpDTypeError(f"linspace does not produce {self.dtype}")
-        return TensorMeta((self.num,), self.dtype)

@@ -1,42 +1,28 @@
-"""The ``linalg`` and ``fft`` extensions: two op families, each with a shape rule per function.
-
-Rule: this module imports numpy, pydantic and ``protocol`` siblings only. No I/O.
-"""
+"""The ``linalg`` extension: one op family, with a shape rule per function."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Literal
 
-from .dtypes import DType, is_complex, is_floating
-from .ops import (
+from ..dtypes import is_complex, is_floating
+from ..errors import OpDTypeError, OpShapeError
+from .base import (
     I64,
-    OpDTypeError,
-    OpShapeError,
+    MultiOutputOp,
     TensorId,
     TensorMeta,
-    _normalize_axes,
-    _normalize_axis,
     broadcast_shapes,
-    reduce_rule,
+    normalize_axes,
+    reduced_shape,
 )
-from .ops_data import _MultiOp
-from .ops_shape import result_dtype
+from .rules import float_dtype, real_dtype, reduce_rule, result_dtype
 
 LinalgName = Literal[
     "cholesky", "det", "inv", "eigh", "eigvalsh", "qr", "svd", "svdvals", "slogdet", "solve",
     "matrix_power", "matrix_rank", "pinv", "matrix_norm", "vector_norm", "diagonal", "trace",
     "cross", "outer", "tensordot", "vecdot",
 ]  # fmt: skip
-
-
-def float_dtype(dtype: DType) -> DType:
-    """The floating dtype numpy's linalg computes ``dtype`` in."""
-    return dtype if is_floating(dtype) or is_complex(dtype) else "float64"
-
-
-def real_dtype(dtype: DType) -> DType:
-    return {"complex64": "float32", "complex128": "float64"}.get(dtype, float_dtype(dtype))  # type: ignore[return-value]
 
 
 def _matrix(x: TensorMeta, square: bool = False) -> tuple[tuple[int, ...], int, int]:
@@ -48,7 +34,7 @@ def _matrix(x: TensorMeta, square: bool = False) -> tuple[tuple[int, ...], int, 
     return tuple(batch), m, n
 
 
-class Linalg(_MultiOp):
+class Linalg(MultiOutputOp):
     """One function of ``linalg``; each keyword applies only to the functions that take it."""
 
     kind: Literal["linalg"] = "linalg"
@@ -145,12 +131,8 @@ def _solve(op: Linalg, a: TensorMeta, b: TensorMeta) -> tuple[TensorMeta, ...]:
 
 
 def _vector_norm(op: Linalg, x: TensorMeta) -> tuple[TensorMeta, ...]:
-    axes = _normalize_axes(op.axis, len(x.shape))
-    if op.keepdims:
-        shape = tuple(1 if i in axes else d for i, d in enumerate(x.shape))
-    else:
-        shape = tuple(d for i, d in enumerate(x.shape) if i not in axes)
-    return (TensorMeta(shape, real_dtype(x.dtype)),)
+    axes = normalize_axes(op.axis, len(x.shape))
+    return (TensorMeta(reduced_shape(x.shape, axes, op.keepdims), real_dtype(x.dtype)),)
 
 
 def _diagonal(op: Linalg, x: TensorMeta) -> tuple[TensorMeta, ...]:
@@ -192,7 +174,7 @@ def _outer(op: Linalg, a: TensorMeta, b: TensorMeta) -> tuple[TensorMeta, ...]:
 
 
 def _tensordot(op: Linalg, a: TensorMeta, b: TensorMeta) -> tuple[TensorMeta, ...]:
-    ax1, ax2 = _normalize_axes(op.axes1, len(a.shape)), _normalize_axes(op.axes2, len(b.shape))
+    ax1, ax2 = normalize_axes(op.axes1, len(a.shape)), normalize_axes(op.axes2, len(b.shape))
     if len(ax1) != len(ax2) or any(a.shape[i] != b.shape[j] for i, j in zip(ax1, ax2, strict=True)):
         raise OpShapeError(f"tensordot axes {op.axes1} and {op.axes2} do not match")
     shape = tuple(d for i, d in enumerate(a.shape) if i not in ax1) + tuple(
@@ -210,70 +192,3 @@ _LINALG: dict[str, Callable[..., tuple[TensorMeta, ...]]] = {
     "diagonal": _diagonal, "cross": _cross, "vecdot": _vecdot, "outer": _outer,
     "tensordot": _tensordot,
 }  # fmt: skip
-
-FFTName = Literal[
-    "fft", "ifft", "fftn", "ifftn", "rfft", "irfft", "rfftn", "irfftn", "hfft", "ihfft",
-    "fftshift", "ifftshift",
-]  # fmt: skip
-
-
-def complex_dtype(dtype: DType) -> DType:
-    return "complex64" if dtype in ("float32", "complex64") else "complex128"
-
-
-class FFT(_MultiOp):
-    """One function of ``fft``. ``n`` lists the output lengths (``n`` or ``s``) along ``axes``;
-    the 1-D functions take one axis."""
-
-    kind: Literal["fft"] = "fft"
-    op: FFTName
-    x: TensorId
-    n: tuple[I64 | None, ...] | None = None
-    axes: tuple[I64, ...] | None = None
-    norm: Literal["backward", "ortho", "forward"] = "backward"
-
-    def inputs(self) -> tuple[int, ...]:
-        return (self.x,)
-
-    def _infer_all(self, *args: TensorMeta) -> tuple[TensorMeta, ...]:
-        (x,) = args
-        if self.op in ("fftshift", "ifftshift"):
-            _normalize_axes(self.axes, len(x.shape))
-            return (x,)
-        if x.dtype == "bool" or not (is_floating(x.dtype) or is_complex(x.dtype)):
-            raise OpDTypeError(f"fft.{self.op} needs a floating-point array, not {x.dtype}")
-        if self.op in ("rfft", "rfftn", "ihfft") and is_complex(x.dtype):
-            raise OpDTypeError(f"fft.{self.op} needs a real array")
-        nd = self.op.endswith("n")
-        axes = _normalize_axes(self.axes, len(x.shape)) if nd else self._one_axis(x)
-        if len(set(axes)) != len(axes) or not axes and x.shape == ():
-            raise OpShapeError(f"fft.{self.op} needs distinct axes of a non-0-d array")
-        lengths = self.n or (None,) * len(axes)
-        if len(lengths) != len(axes):
-            raise OpShapeError(f"fft.{self.op}: s and axes differ in length")
-        shape = list(x.shape)
-        for i, (axis, n) in enumerate(zip(axes, lengths, strict=True)):
-            last = i == len(axes) - 1
-            shape[axis] = self._length(shape[axis], n, last)
-        real_out = self.op in ("irfft", "irfftn", "hfft")
-        dtype = real_dtype(x.dtype) if real_out else complex_dtype(x.dtype)
-        return (TensorMeta(tuple(shape), dtype),)
-
-    def _one_axis(self, x: TensorMeta) -> tuple[int, ...]:
-        if len(x.shape) == 0:
-            raise OpShapeError(f"fft.{self.op} needs at least one dimension")
-        axis = self.axes[0] if self.axes else -1
-        return (_normalize_axis(axis, len(x.shape)),)
-
-    def _length(self, m: int, n: int | None, last: bool) -> int:
-        if n is not None and n < 1:
-            raise OpShapeError(f"fft.{self.op}: invalid length {n}")
-        if self.op in ("irfft", "hfft") or (self.op == "irfftn" and last):
-            out = n if n is not None else 2 * (m - 1)
-        elif self.op in ("rfft", "ihfft") or (self.op == "rfftn" and last):
-            out = (n if n is not None else m) // 2 + 1
-        else:
-            out = n if n is not None else m
-        if out < 1 or (n is None and m < 1):
-            raise OpShapeError(f"fft.{self.op}: invalid length along an axis of {m}")
-        return out

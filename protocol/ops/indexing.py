@@ -1,12 +1,10 @@
 """Indexing ops: ``x[key]`` (basic, integer-array and boolean-mask), ``x[key] = v``, ``take``.
 
-Rule: this module imports numpy, pydantic and ``protocol`` siblings only. No I/O.
-
 A key is a tuple of items: integers, slices, ``None`` (new axis), one ``"..."`` and
 :class:`ArrayIndex` (an integer or boolean tensor of the same session). Shapes follow numpy's
 rules: the index arrays (and integers, when arrays are present) broadcast together; their shape
 replaces the indexed dimensions where they are adjacent, and goes first otherwise. A boolean
-array contributes one dimension of :data:`~protocol.ops.UNKNOWN` length (data-dependent).
+array contributes one dimension of :data:`~protocol.ops.base.UNKNOWN` length (data-dependent).
 """
 
 from __future__ import annotations
@@ -15,24 +13,9 @@ from typing import Any, ClassVar, Literal, TypeAlias
 
 from pydantic import BaseModel, ConfigDict
 
-from .dtypes import is_integer
-from .ops import (
-    I64,
-    UNKNOWN,
-    InvalidOpError,
-    OpDTypeError,
-    OpShapeError,
-    TensorId,
-    TensorMeta,
-    _check_shape,
-    _normalize_axis,
-    _Op,
-)
-
-
-class OpIndexError(InvalidOpError, IndexError):
-    """An index that does not fit the array (out of bounds, too many indices, a mask of
-    another shape): an ``IndexError``, as the standard asks."""
+from ..dtypes import is_integer
+from ..errors import OpDTypeError, OpIndexError, OpShapeError
+from .base import I64, UNKNOWN, BaseOp, TensorId, TensorMeta, check_shape, normalize_axis
 
 
 class SliceSpec(BaseModel):
@@ -149,7 +132,7 @@ def index_shape(shape: tuple[int, ...], key: tuple[IndexItem, ...],
                 out.append(None)
             dim += 1
     if not advanced:
-        return _check_shape(tuple(d for d in out if d is not None))
+        return check_shape(tuple(d for d in out if d is not None))
     block = _broadcast_unknown(adv_shapes)
     # adjacency is judged on the key as written: an ellipsis separates, even an empty one
     written = [i for i, k in enumerate(key) if isinstance(k, ArrayIndex | int)]
@@ -173,7 +156,7 @@ def numpy_key(key: tuple[IndexItem, ...], arrays: Any) -> tuple[Any, ...]:
     return tuple(out)
 
 
-class GetItem(_Op):
+class GetItem(BaseOp):
     """``x[key]``: basic, integer-array and boolean-mask indexing."""
 
     kind: Literal["getitem"] = "getitem"
@@ -188,7 +171,7 @@ class GetItem(_Op):
         return TensorMeta(index_shape(x.shape, self.key, tuple(index)), x.dtype)
 
 
-class SetItem(_Op):
+class SetItem(BaseOp):
     """``x[key] = value`` in place: the tensor ``out`` keeps its id, shape and dtype.
 
     ``value`` must already have ``out``'s dtype and broadcast to ``x[key]``'s shape.
@@ -215,7 +198,7 @@ class SetItem(_Op):
         return x
 
 
-class Take(_Op):
+class Take(BaseOp):
     """``take(x, indices, axis)`` (1-D indices) or ``take_along_axis(x, indices, axis)``."""
 
     kind: Literal["take"] = "take"
@@ -231,7 +214,7 @@ class Take(_Op):
         x, idx = args
         if not is_integer(idx.dtype):
             raise OpDTypeError(f"{self.op} needs integer indices, not {idx.dtype}")
-        axis = _normalize_axis(self.axis, len(x.shape))
+        axis = normalize_axis(self.axis, len(x.shape))
         if x.shape[axis] == 0 and 0 not in idx.shape:
             raise OpShapeError(f"{self.op} from an empty axis")
         if self.op == "take":

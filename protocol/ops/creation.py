@@ -1,0 +1,105 @@
+"""Creation ops: ``from_buffer`` (an upload), ``full``, ``arange``, ``eye``, ``linspace``."""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Literal
+
+import numpy as np
+from pydantic import Field
+
+from ..dtypes import DType, is_integer, to_numpy
+from ..errors import OpDTypeError, OpOverflowError, OpShapeError
+from ..scalars import Scalar, scalar_to_python
+from .base import I64, BaseOp, Dim, TensorMeta, check_shape, numel
+
+
+class FromBuffer(BaseOp):
+    """A tensor whose bytes travel in buffer number ``buffer`` of the same message."""
+
+    kind: Literal["from_buffer"] = "from_buffer"
+    shape: tuple[Dim, ...]
+    dtype: DType
+    buffer: Annotated[int, Field(ge=0, lt=2**63)]
+
+    def infer(self, *args: TensorMeta) -> TensorMeta:
+        return TensorMeta(check_shape(self.shape), self.dtype)
+
+    def nbytes(self) -> int:
+        return numel(self.shape) * to_numpy(self.dtype).itemsize
+
+
+class Full(BaseOp):
+    """``full(shape, value, dtype)``; zeros and ones are fulls."""
+
+    kind: Literal["full"] = "full"
+    shape: tuple[Dim, ...]
+    dtype: DType
+    value: Scalar
+
+    def infer(self, *args: TensorMeta) -> TensorMeta:
+        value = scalar_to_python(self.value)
+        if is_integer(self.dtype) and not isinstance(value, bool) and isinstance(value, int):
+            info = np.iinfo(to_numpy(self.dtype))  # type: ignore[type-var]
+            if not info.min <= value <= info.max:
+                raise OpOverflowError(f"Python integer {value} out of bounds for {self.dtype}")
+        if isinstance(value, int) and not is_integer(self.dtype):
+            try:
+                float(value)
+            except OverflowError:
+                raise OpOverflowError(
+                    f"Python integer {value} out of range for {self.dtype}"
+                ) from None
+        if isinstance(value, complex) and not self.dtype.startswith("complex"):
+            raise OpDTypeError(f"a complex fill value cannot fill a {self.dtype} array")
+        return TensorMeta(check_shape(self.shape), self.dtype)
+
+
+class Arange(BaseOp):
+    kind: Literal["arange"] = "arange"
+    start: I64 | float
+    stop: I64 | float
+    step: I64 | float = 1
+    dtype: DType
+
+    def length(self) -> int:
+        if self.step == 0:
+            raise OpShapeError("arange step must not be zero")
+        if all(isinstance(v, int) for v in (self.start, self.stop, self.step)):
+            return max(0, -(-(int(self.stop) - int(self.start)) // int(self.step)))
+        span = (float(self.stop) - float(self.start)) / float(self.step)
+        if not math.isfinite(span):
+            raise OpShapeError("arange bounds must be finite")
+        return max(0, math.ceil(span))
+
+    def infer(self, *args: TensorMeta) -> TensorMeta:
+        if self.dtype == "bool" or self.dtype.startswith("complex"):
+            raise OpDTypeError(f"arange does not produce {self.dtype}")
+        return TensorMeta((self.length(),), self.dtype)
+
+
+class Eye(BaseOp):
+    kind: Literal["eye"] = "eye"
+    n_rows: Dim
+    n_cols: Dim
+    k: I64 = 0
+    dtype: DType
+
+    def infer(self, *args: TensorMeta) -> TensorMeta:
+        return TensorMeta((self.n_rows, self.n_cols), self.dtype)
+
+
+class Linspace(BaseOp):
+    kind: Literal["linspace"] = "linspace"
+    start: float
+    stop: float
+    start_imag: float = 0.0
+    stop_imag: float = 0.0
+    num: Dim
+    endpoint: bool = True
+    dtype: DType
+
+    def infer(self, *args: TensorMeta) -> TensorMeta:
+        if self.dtype == "bool" or is_integer(self.dtype):
+            raise OpDTypeError(f"linspace does not produce {self.dtype}")
+        return TensorMeta((self.num,), self.dtype)

@@ -1,0 +1,65 @@
+"""Python scalars on the wire, and the dtype a Python scalar takes beside an array.
+
+JSON has booleans, integers and floats but no complex numbers, so a complex scalar travels as
+:class:`ComplexValue`. The promotion rule (:func:`scalar_dtype`) is the standard's for Python
+scalars mixed with arrays, which is also numpy 2's "weak scalar" rule (NEP 50); client and
+server both apply it.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict
+
+from .dtypes import DType, is_bool, is_complex, is_floating
+
+PyScalar = bool | int | float | complex
+
+
+class ComplexValue(BaseModel):
+    """A complex scalar on the wire (JSON has no complex numbers)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+    real: float
+    imag: float
+
+
+Scalar = bool | int | float | ComplexValue
+
+
+def scalar_to_python(value: Scalar) -> PyScalar:
+    if isinstance(value, ComplexValue):
+        return complex(value.real, value.imag)
+    return value
+
+
+def scalar_from_python(value: PyScalar) -> Scalar:
+    if isinstance(value, complex):
+        return ComplexValue(real=value.real, imag=value.imag)
+    return value
+
+
+def default_dtype(value: PyScalar) -> DType:
+    """The dtype of a Python scalar on its own: the standard's default dtype of its kind."""
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int):
+        return "int64"
+    if isinstance(value, float):
+        return "float64"
+    return "complex128"
+
+
+def scalar_dtype(value: PyScalar, dtype: DType) -> DType:
+    """The dtype a Python scalar takes beside an array of ``dtype`` (the standard's rule, and
+    numpy 2's "weak scalar" promotion): the array's dtype when the scalar's kind fits in it,
+    else the default dtype of the scalar's kind.
+    """
+    if isinstance(value, bool):
+        return dtype
+    if isinstance(value, int):
+        return "int64" if is_bool(dtype) else dtype
+    if isinstance(value, float):
+        return dtype if is_floating(dtype) or is_complex(dtype) else "float64"
+    if is_complex(dtype):
+        return dtype
+    return "complex64" if dtype == "float32" else "complex128"

@@ -1,0 +1,20 @@
+"""What every runner shares: its signature.
+
+A runner takes a checked op, the arrays of its inputs (``op.inputs()``, in order) and the
+buffers of the message it came in (for uploads), and returns one array per output (or the
+array, for one output). It never writes into an input array (``indexing.setitem`` alone may,
+when the session says the target is its own). Each family module lists its runners in
+``RUNNERS``, by op type.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from protocol.codec import Buffer
+
+Array = np.ndarray[Any, Any]
+Runner = Callable[[Any, Sequence[Array], Sequence[Buffer]], Array | tuple[Array, ...]]
