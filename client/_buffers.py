@@ -14,8 +14,9 @@ about 0.5 ms of the client's 1.2 ms of CPU per download.
 :class:`BufferPool` keeps the arrays that large replies were received into (:data:`POOL_MIN`
 bytes and up, at most :data:`POOL_BYTES` in :data:`POOL_COUNT` buffers) and hands one out
 again once the caller has dropped every array over it. "Dropped" is read from the reference
-count: the pool holds the only reference to a buffer that nothing else uses (every numpy
-view, ``np.frombuffer`` result or memoryview over it keeps a reference to it). Buffers left
+count (:func:`protocol.reuse.unused`, the check the server's spare memory makes too): the pool
+holds the only reference to a buffer that nothing else uses (every numpy view,
+``np.frombuffer`` result or memoryview over it keeps a reference to it). Buffers left
 free for :data:`POOL_IDLE` seconds are let go by :meth:`BufferPool.release_idle`, which the
 connection's keeper thread calls, so an idle client does not hold on to memory.
 
@@ -25,16 +26,15 @@ that does not fill its buffers, so the caller never sees them.
 
 from __future__ import annotations
 
-import sys
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 from pydantic import TypeAdapter
 
 from protocol.codec import M, MessageDecoder
+from protocol.reuse import REFCOUNTED, Pooled, unused
 
 POOL_MIN = 1 << 18  # smaller replies arrive in one frame and are views of it
 POOL_BYTES = 1 << 30  # at most this many bytes of buffers are kept...
@@ -42,28 +42,7 @@ POOL_COUNT = 32  # ... in at most this many buffers
 POOL_IDLE = 10.0  # seconds a free buffer is kept without being reused
 
 U8Array = np.ndarray[Any, np.dtype[np.uint8]]
-
-
-@dataclass(eq=False)
-class _Entry:
-    buffer: U8Array
-    used: float = field(default_factory=time.monotonic)
-
-
-def _references(entry: _Entry) -> int:
-    return sys.getrefcount(entry.buffer)
-
-
-# What _references counts for a buffer that only its entry holds, measured the same way (the
-# interpreter decides whether the call's own argument counts: CPython 3.14 may not count it).
-# Without reference counts (PyPy) nothing is pooled.
-_COUNTED = hasattr(sys, "getrefcount")
-_ALONE = _references(_Entry(np.empty(1, dtype=np.uint8))) if _COUNTED else 0
-
-
-def _unused(entry: _Entry) -> bool:
-    """Whether nothing but the pool refers to ``entry.buffer`` (CPython reference counts)."""
-    return _references(entry) <= _ALONE
+_Entry = Pooled[U8Array]  # stamped when last seen in use
 
 
 class BufferPool:
@@ -82,30 +61,30 @@ class BufferPool:
         """A writable ``uint8`` array of ``nbytes`` whose contents are undefined: a free
         pooled buffer that fits (at least ``nbytes``, less than twice that), else a new one,
         kept for later if it is large enough."""
-        if nbytes < self._smallest or not _COUNTED:
+        if nbytes < self._smallest or not REFCOUNTED:  # PyPy: nothing is pooled
             return np.empty(nbytes, dtype=np.uint8)
         with self._lock:
             entry = self._fitting(nbytes)
             if entry is None:
-                entry = _Entry(np.empty(nbytes, dtype=np.uint8))
+                entry = Pooled(np.empty(nbytes, dtype=np.uint8), time.monotonic())
                 self._entries.append(entry)
                 self._trim()
             else:
                 self._entries.remove(entry)
                 self._entries.append(entry)
-                entry.used = time.monotonic()
-            return entry.buffer[:nbytes]
+                entry.stamp = time.monotonic()
+            return entry.array[:nbytes]
 
     def _fitting(self, nbytes: int) -> _Entry | None:
-        fits = [e for e in self._entries if nbytes <= e.buffer.nbytes < 2 * nbytes and _unused(e)]
-        return min(fits, key=lambda e: e.buffer.nbytes, default=None)
+        fits = [e for e in self._entries if nbytes <= e.array.nbytes < 2 * nbytes and unused(e)]
+        return min(fits, key=lambda e: e.array.nbytes, default=None)
 
     def _trim(self) -> None:
         """Forget the least recently used buffers until the pool is within its bound (a
         buffer still in use is freed by numpy when its last array goes)."""
-        total = sum(e.buffer.nbytes for e in self._entries)
+        total = sum(e.array.nbytes for e in self._entries)
         while (total > self._keep or len(self._entries) > self._count) and self._entries:
-            total -= self._entries.pop(0).buffer.nbytes
+            total -= self._entries.pop(0).array.nbytes
 
     def release_idle(self, idle: float = POOL_IDLE) -> None:
         """Forget the buffers seen free at every call for the last ``idle`` seconds (call it
@@ -113,9 +92,9 @@ class BufferPool:
         now = time.monotonic()
         with self._lock:
             for entry in self._entries:
-                if not _unused(entry):
-                    entry.used = now
-            self._entries = [e for e in self._entries if e.used >= now - idle]
+                if not unused(entry):
+                    entry.stamp = now
+            self._entries = [e for e in self._entries if e.stamp >= now - idle]
 
     def clear(self) -> None:
         """Forget every buffer."""
@@ -126,7 +105,7 @@ class BufferPool:
     def nbytes(self) -> int:
         """Bytes of the buffers kept now, in use or free."""
         with self._lock:
-            return sum(e.buffer.nbytes for e in self._entries)
+            return sum(e.array.nbytes for e in self._entries)
 
 
 class PooledDecoder(MessageDecoder[M]):

@@ -66,15 +66,17 @@ from protocol import (
 from protocol.messages import Message
 
 from . import endpoints
+from .budget import MemoryBudget
 from .config import ServerConfig, validate_host_device, validate_security
+from .errors import Drop
 from .frames import Received
 from .guard import Gate, tls_context
 from .logs import fields
 from .metrics import REFUSAL_LIMIT, Metrics
 from .session import Job, Limits, Session
-from .store import MemoryBudget, TensorStore
+from .store import TensorStore
 from .wire import WireConnection
-from .workers import Drop, Workers
+from .workers import Workers
 
 log = logging.getLogger("tensorwire.server")
 

@@ -26,8 +26,9 @@ from protocol import InvalidOpError, TensorMeta, to_numpy
 from protocol.ops import UNKNOWN, AnyOp, Binary, Unary
 
 from . import executor
+from .errors import StoreError
 from .limits import output_bytes
-from .store import Stored, StoreError
+from .store import Stored
 
 if TYPE_CHECKING:
     from .session import Job, Session

@@ -1,7 +1,5 @@
-"""Per-op caps, checked on an op's inferred outputs before numpy runs.
-
-Rule: imports ``protocol`` and ``server.store`` only.
-"""
+"""Per-op caps, checked on an op's inferred outputs before numpy runs (ARCHITECTURE.md,
+invariants 4 and 8)."""
 
 from __future__ import annotations
 
@@ -11,7 +9,7 @@ from dataclasses import dataclass
 from protocol import DTYPES, ErrorCode, TensorMeta, to_numpy
 from protocol.ops import UNKNOWN, numel
 
-from .store import StoreError
+from .errors import StoreError
 
 _ITEMSIZE = {name: to_numpy(name).itemsize for name in DTYPES}
 

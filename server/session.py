@@ -59,11 +59,12 @@ from protocol.messages import Request
 from protocol.ops import AnyOp
 
 from . import executor
+from .errors import StoreError
 from .fastpath import FAST_OPS, FastPath
 from .limits import Limits as Limits
 from .limits import output_bytes
 from .logs import fields
-from .store import Failure, Stored, StoreError, TensorStore, root_of
+from .store import Failure, Stored, TensorStore, root_of
 
 log = logging.getLogger("tensorwire.session")
 

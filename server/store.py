@@ -1,34 +1,28 @@
 """A session's tensors (id -> numpy array or the failure that produced it) and memory accounting.
 
-Rule: imports numpy and ``protocol`` only.
-
 Accounting (README, "Security") counts memory, not tensors: every stored array is either the
 owner of its memory (a *root*: an ndarray whose ``base`` is None) or a view whose root is
 already held by this store (``reshape``, slicing, ``permute_dims`` stay zero-copy). Roots are
 reference-counted by the tensors that use them; a root's bytes are counted once, while any
 tensor uses it, and given back when the last one is freed. Any other result (a view of a
-received message or of a temporary) is copied by the session before it is stored, so no byte
-is held that is not counted. Bytes are *reserved* before numpy runs, from the inferred output
-size, against the session's quota and the server-wide :class:`MemoryBudget`; the reservation
-becomes the new root, is given back when the result is a view of a held root, or is cancelled
-if the op fails. The roots also decide copy-on-write for in-place ops
+received message or of a temporary) is copied before it is stored (``server/outcome.py``), so
+no byte is held that is not counted. Bytes are *reserved* before numpy runs, from the inferred
+output size, against the session's quota and the server-wide budget (``server/budget.py``);
+the reservation becomes the new root, is given back when the result is a view of a held root,
+or is cancelled if the op fails. The roots also decide copy-on-write for in-place ops
 (:meth:`TensorStore.writable`): a root used by one tensor, whose bytes no read reply holds
 (:meth:`TensorStore.share`), may be written in place. When full, new work is refused
 (``quota_exceeded`` / ``server_memory_exhausted``); stored tensors are never dropped.
 
 Threads: a store is changed by one thread at a time — the event loop, or the worker thread
 running its session's ops (the session defers :meth:`TensorStore.close` until that thread has
-returned), so it takes no lock. The server-wide :class:`MemoryBudget` is shared by every
-session's threads and locks. A result that arrives after :meth:`TensorStore.close` (only when
-the server abandons a worker thread at shutdown) is discarded and its reservation given back.
+returned), so it takes no lock; the budget, shared by every session's threads, locks. A result
+that arrives after :meth:`TensorStore.close` (only when the server abandons a worker thread at
+shutdown) is discarded and its reservation given back.
 """
 
 from __future__ import annotations
 
-import collections
-import sys
-import threading
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,8 +30,8 @@ import numpy as np
 
 from protocol import ErrorCode, ErrorInfo, TensorMeta
 
-SPARE_MIN = 1 << 20  # smaller freed arrays are not kept: malloc reuses its own heap for them
-SPARE_TTL = 10.0  # seconds a spare array is kept unused
+from .budget import MemoryBudget
+from .errors import StoreError
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,129 +55,6 @@ def root_of(array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
     while isinstance(root.base, np.ndarray):
         root = root.base
     return root
-
-
-Spare = collections.deque[tuple[float, np.ndarray[Any, Any]]]  # (when freed, array), oldest first
-
-
-def _references(spare: Spare, i: int) -> int:
-    return sys.getrefcount(spare[i][1])
-
-
-# What _references counts for an array that only its entry holds, measured the same way (the
-# interpreter decides whether the call's own argument counts: CPython 3.14 may not count it).
-# Without reference counts (PyPy) nothing is kept as spare.
-_COUNTED = hasattr(sys, "getrefcount")
-_ALONE = _references(collections.deque([(0.0, np.empty(1))]), 0) if _COUNTED else 0
-
-
-class StoreError(Exception):
-    def __init__(self, code: ErrorCode, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-class MemoryBudget:
-    """Tensor bytes in use across all sessions (stored plus reserved), against ``limit``; and
-    the *spare* memory of freed tensors, kept for reuse by uploads of the same size.
-
-    Spare memory (``spare`` bytes at most, each array for ``spare_ttl`` seconds at most) is
-    counted against ``limit`` too: ``used + spare_bytes <= limit`` always holds, because a
-    reservation that does not fit drops spare arrays first (oldest first) and is refused only
-    if it still does not fit. Reuse is the point: on a VM, writing a large fresh allocation
-    faults in every page, which costs more than receiving the bytes (``bench/README.md``).
-
-    Thread-safe. ``sessions`` counts open sessions (for stats).
-    """
-
-    def __init__(self, limit: int, spare: int = 0, spare_ttl: float = SPARE_TTL) -> None:
-        self.limit = limit
-        self.used = 0
-        self.sessions = 0
-        self.spare_limit = min(spare, limit) if _COUNTED else 0
-        self.spare_ttl = spare_ttl
-        self.spare_bytes = 0
-        self._spare: Spare = collections.deque()
-        self._lock = threading.Lock()
-
-    def reserve(self, nbytes: int) -> None:
-        """Raises :class:`StoreError` (``server_memory_exhausted``) when ``nbytes`` do not fit."""
-        with self._lock:
-            if self.used + nbytes > self.limit:
-                raise StoreError(
-                    ErrorCode.SERVER_MEMORY_EXHAUSTED,
-                    f"the server's memory budget is full ({self.used} of {self.limit} bytes in "
-                    f"use, {nbytes} more needed); retry after tensors are freed, or raise "
-                    "--memory-budget",
-                )
-            self.used += nbytes
-            self._drop_spare(self.used + self.spare_bytes - self.limit, None)
-
-    def release(self, nbytes: int) -> None:
-        with self._lock:
-            self.used -= nbytes
-
-    def free_bytes(self) -> int:
-        return self.limit - self.used
-
-    def release_root(self, root: np.ndarray[Any, Any]) -> None:
-        """Give back the bytes of ``root``, a freed tensor's memory, and keep the array as
-        spare if it can be reused: at least :data:`SPARE_MIN` bytes, owned, contiguous and
-        writable. Newer arrays push the oldest out when the spare limit is reached."""
-        nbytes = root.nbytes
-        keep = (
-            SPARE_MIN <= nbytes <= self.spare_limit
-            and root.base is None
-            and bool(root.flags.writeable)
-            and bool(root.flags.c_contiguous or root.flags.f_contiguous)
-        )
-        with self._lock:
-            self.used -= nbytes
-            if keep:
-                self._drop_spare(self.spare_bytes + nbytes - self.spare_limit, None)
-                self._spare.append((time.monotonic(), root))
-                self.spare_bytes += nbytes
-
-    def allocate(self, nbytes: int) -> np.ndarray[Any, np.dtype[np.uint8]]:
-        """``nbytes`` of flat memory for an upload: a spare array of that size, else a fresh
-        one (spare arrays are dropped first, as far as needed to fit it under the limit). The
-        bytes are not counted here: the upload's op reserves them. The contents are stale: the
-        caller must write every byte before anyone reads them (the decoder does)."""
-        if nbytes < SPARE_MIN or not self.spare_limit:
-            return np.empty(nbytes, dtype=np.uint8)
-        with self._lock:
-            spare = self._take_spare(nbytes)
-            if spare is not None:
-                return spare
-            self._drop_spare(self.used + self.spare_bytes + nbytes - self.limit, None)
-        return np.empty(nbytes, dtype=np.uint8)
-
-    def _take_spare(self, nbytes: int) -> np.ndarray[Any, np.dtype[np.uint8]] | None:
-        """A spare array of exactly ``nbytes`` that nothing else references (no reply still
-        sends from it), as flat bytes, or None (the caller holds the lock)."""
-        spare = self._spare
-        for i in range(len(spare) - 1, -1, -1):  # the newest first
-            if spare[i][1].nbytes != nbytes or _references(spare, i) > _ALONE:
-                continue  # another size, or a view of it is alive (a reply being sent)
-            root = spare[i][1]
-            del spare[i]
-            self.spare_bytes -= nbytes
-            return root.ravel(order="K").view(np.uint8)
-        return None
-
-    def trim_spare(self) -> None:
-        """Drop spare arrays older than ``spare_ttl``."""
-        with self._lock:
-            self._drop_spare(0, time.monotonic() - self.spare_ttl)
-
-    def _drop_spare(self, nbytes: int, older_than: float | None) -> None:
-        """Drop the oldest spare arrays until ``nbytes`` are dropped and none is older than
-        ``older_than`` (the caller holds the lock)."""
-        spare = self._spare
-        while spare and (nbytes > 0 or (older_than is not None and spare[0][0] < older_than)):
-            _, root = spare.popleft()
-            nbytes -= root.nbytes
-            self.spare_bytes -= root.nbytes
 
 
 class TensorStore:

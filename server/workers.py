@@ -22,19 +22,10 @@ import anyio.abc
 
 from protocol import ErrorCode
 
+from .errors import Drop
 from .session import Job, Session
 
 log = logging.getLogger("tensorwire.server")
-
-
-class Drop(Exception):
-    """End this session and close its connection; ``reason`` starts with the ErrorCode (it is
-    the websocket close reason, at most 123 bytes)."""
-
-    def __init__(self, code: ErrorCode, message: str) -> None:
-        super().__init__(f"{code}: {message}"[:120])
-        self.code = code
-        self.reason = str(self)
 
 
 @dataclass

@@ -10,9 +10,10 @@ import pytest
 from protocol import Batch
 from protocol.ops import AnyOp, Binary, Full, Unary
 from server import session as session_module
+from server.budget import MemoryBudget
 from server.limits import Limits
 from server.session import Session
-from server.store import Failure, MemoryBudget, Stored, TensorStore
+from server.store import Failure, Stored, TensorStore
 
 SETUP: list[AnyOp] = [
     Full(out=1, shape=(16,), dtype="float32", value=1.5),

@@ -30,8 +30,9 @@ from protocol.ops import (
     UnaryName,
     Unique,
 )
+from server.budget import MemoryBudget
 from server.session import Limits, Session
-from server.store import Failure, MemoryBudget, Stored, TensorStore, root_of
+from server.store import Failure, Stored, TensorStore, root_of
 
 FUZZ = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

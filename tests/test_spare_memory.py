@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import gc
 import threading
-import time
 from typing import Any
 
 import numpy as np
@@ -13,7 +12,9 @@ import pytest
 
 import client
 from protocol import TensorMeta
-from server.store import SPARE_MIN, MemoryBudget, Stored, StoreError, TensorStore
+from server.budget import SPARE_MIN, MemoryBudget
+from server.errors import StoreError
+from server.store import Stored, TensorStore
 
 from .ops_helpers import metrics, value
 from .servers import run_server
@@ -113,11 +114,19 @@ def test_spare_memory_never_makes_work_refused() -> None:
 
 
 def test_spare_memory_is_let_go_when_unused() -> None:
-    budget = MemoryBudget(64 * MIB, spare=16 * MIB, spare_ttl=0.05)
+    now = [1000.0]  # the budget's clock: advanced by hand, so no pause can break the test
+    budget = MemoryBudget(64 * MIB, spare=16 * MIB, spare_ttl=10.0, clock=lambda: now[0])
     _freed(budget, 4 * MIB)
     budget.trim_spare()
     assert budget.spare_bytes == 4 * MIB  # not old yet
-    time.sleep(0.1)
+    now[0] += 9.0
+    budget.trim_spare()
+    assert budget.spare_bytes == 4 * MIB  # still within its ttl
+    _freed(budget, 4 * MIB)  # a second one, freed 9 s after the first
+    now[0] += 2.0
+    budget.trim_spare()
+    assert budget.spare_bytes == 4 * MIB  # the first is 11 s old and goes; the second stays
+    now[0] += 10.0
     budget.trim_spare()
     assert budget.spare_bytes == 0
 

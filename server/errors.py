@@ -1,0 +1,46 @@
+"""The server's errors that carry an :class:`~protocol.ErrorCode`, the code the client sees.
+
+Every module that refuses work with a code raises one of these; none imports another server
+module, so any of them may import this one::
+
+    Exception
+     └── ServerError        .code: the ErrorCode that goes on the wire
+          ├── StoreError    one op (or one request) is refused: the store, the memory budget or
+          │                 a per-op cap said no; the op fails, its session goes on
+          └── Drop          the session ends: its connection is closed with .reason, which
+                            starts with the code (deadline, send timeout, idle timeout)
+
+Errors without a code live next to what raises them: a bad configuration
+(``server.config``: ``UnsupportedDeviceError``, ``InsecureConfigError``) stops the server
+before it binds, and ``server.executor.InferenceMismatch`` is a bug in an inference rule,
+reported to the client as ``internal``.
+"""
+
+from __future__ import annotations
+
+from protocol import ErrorCode
+
+
+class ServerError(Exception):
+    """Work the server refuses, with the :class:`~protocol.ErrorCode` it reports."""
+
+    code: ErrorCode
+
+
+class StoreError(ServerError):
+    """An op or request refused (``unknown_tensor``, ``quota_exceeded``, ...); the message says
+    why and what to do, as the client shows it."""
+
+    def __init__(self, code: ErrorCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class Drop(ServerError):
+    """End this session and close its connection; ``reason`` starts with the ErrorCode (it is
+    the websocket close reason, at most 123 bytes)."""
+
+    def __init__(self, code: ErrorCode, message: str) -> None:
+        super().__init__(f"{code}: {message}"[:120])
+        self.code = code
+        self.reason = str(self)
