@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import json
 import shlex
-import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -52,15 +50,6 @@ def value(
 ) -> float:
     """One sample's value; 0.0 when the series does not exist yet."""
     return samples.get((name, tuple(sorted(labels.items()))), 0.0)
-
-
-def wait_until(condition: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
-    """Poll an observable state of the server until it holds; fail after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 # --- Dockerfile -------------------------------------------------------------------------------

@@ -7,8 +7,7 @@ import base64
 import os
 import socket
 import struct
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from contextlib import ExitStack
 from typing import Any
 
@@ -20,6 +19,8 @@ import client
 from protocol import PROTOCOL_VERSION, SERVER_ADAPTER, Batch, Hello, decode, encode
 from protocol.codec import to_frames
 from protocol.messages import Message
+
+from .polling import wait_until
 
 TOKEN = "s3cret-token"  # noqa: S105 - a test token
 
@@ -58,15 +59,6 @@ class Raw:
         self._stack.close()
 
 
-def wait_for(predicate: Callable[[], bool], timeout: float = 20.0) -> None:
-    """Poll ``predicate`` (state in another process) until it holds."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        time.sleep(0.02)
-
-
 class Witness:
     """Another session holding known tensors; faults elsewhere must leave it untouched."""
 
@@ -87,7 +79,9 @@ class Witness:
         tensor bytes are exactly the witness's own (accounting back to baseline)."""
         np.testing.assert_array_equal(self.tensor.numpy(), self.expected)
         assert self.dev.stats().tensor_bytes == self.bytes
-        wait_for(lambda: self.server_bytes() == self.bytes)
+        wait_until(
+            lambda: self.server_bytes() == self.bytes, "the server's bytes to be the witness's"
+        )
 
     def close(self) -> None:
         self.dev.close()

@@ -30,7 +30,8 @@ from protocol import (
 from protocol.codec import to_frames
 from protocol.ops import Binary, Full
 
-from .ops_helpers import health, http_get, metrics, value, wait_until
+from .ops_helpers import health, http_get, metrics, value
+from .polling import wait_until
 from .servers import ServerProcess, run_server
 
 TOKEN = "metrics-test-token"  # noqa: S105

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import gc
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -13,6 +12,8 @@ from anyio.from_thread import start_blocking_portal
 import client
 from client._connection import FLUSH_OPS
 from server import Server, ServerConfig
+
+from .polling import wait_until
 
 
 @pytest.fixture
@@ -24,21 +25,14 @@ def live() -> Iterator[Server]:
         future.cancel()
 
 
-def _wait_for(predicate: Callable[[], bool], timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.01)
-
-
 def test_size_threshold_flushes_without_a_read(live: Server) -> None:
     with client.RemoteDevice(f"ws://127.0.0.1:{live.port}") as dev:
         xp = client.namespace(dev)
         x = xp.zeros(4)
         for _ in range(FLUSH_OPS + 10):
             x = x + 1
-        (session,) = live.sessions.values()
-        _wait_for(lambda: session.ops_run >= FLUSH_OPS)  # arrived with no read or sync
+        (session,) = (each.session for each in live.sessions.values())
+        wait_until(lambda: session.ops_run >= FLUSH_OPS, "ops to arrive with no read or sync")
         assert x.numpy().tolist() == [FLUSH_OPS + 10.0] * 4
 
 
@@ -47,10 +41,10 @@ def test_session_end_frees_everything(live: Server) -> None:
     xp = client.namespace(dev)
     kept = [xp.asarray(np.ones(1000)) for _ in range(10)]
     dev.sync()
-    (session,) = live.sessions.values()
+    (session,) = (each.session for each in live.sessions.values())
     assert len(session.store) == 10 and session.store.nbytes == 80_000
     dev.close()
-    _wait_for(lambda: not live.sessions)
+    wait_until(lambda: not live.sessions, "the session to end")
     assert len(session.store) == 0 and session.store.nbytes == 0
     del kept
     gc.collect()  # handles outliving their device free nothing and raise nothing
@@ -61,7 +55,7 @@ def test_frees_travel_with_the_next_batch(live: Server) -> None:
         xp = client.namespace(dev)
         a = xp.ones(10)
         dev.sync()
-        (session,) = live.sessions.values()
+        (session,) = (each.session for each in live.sessions.values())
         assert len(session.store) == 1
         del a
         gc.collect()

@@ -22,7 +22,8 @@ from protocol import PROTOCOL_VERSION, Batch, ErrorCode, ErrorInfo, Read, Sync, 
 from protocol.ops import AnyOp, Binary, Full
 from server.__main__ import build_server
 
-from .raw import TOKEN, Raw, RawSocket, Witness, wait_for
+from .polling import wait_until
+from .raw import TOKEN, Raw, RawSocket, Witness
 from .servers import ROOT, ServerProcess, run_server
 
 ONE_THREAD = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
@@ -199,7 +200,7 @@ def test_too_many_connections() -> None:
                 return False  # the closed connection's handler has not finished yet
             return True
 
-        wait_for(connects)  # a slot is free again
+        wait_until(connects, "a connection slot to be free again")
         w.assert_intact()
         w.close()
 
@@ -228,12 +229,15 @@ def test_silent_client_is_closed_after_handshake_timeout(impatient: ServerProces
 def test_idle_client_is_closed(impatient: ServerProcess) -> None:
     dev = client.RemoteDevice(impatient.url, token=TOKEN)
     client.namespace(dev).ones(1000).numpy()
-    wait_for(lambda: dev._conn._error is not None)  # noqa: SLF001 - closed by the server
+    wait_until(
+        lambda: dev._conn._error is not None,  # noqa: SLF001 - closed by the server
+        "the server to close the idle session",
+    )
     with pytest.raises(client.ConnectionLost) as info:
         dev.sync()
     assert info.value.code == ErrorCode.IDLE_TIMEOUT
     dev.close()
-    wait_for(lambda: server_bytes(impatient.url) == 0)
+    wait_until(lambda: server_bytes(impatient.url) == 0, "the server to hold no bytes")
 
 
 def test_a_session_busier_than_the_idle_timeout_stays_open(impatient: ServerProcess) -> None:
@@ -246,7 +250,10 @@ def test_a_session_busier_than_the_idle_timeout_stays_open(impatient: ServerProc
             dev.sync()
             time.sleep(0.3)
         assert float(client.namespace(dev).sum(x)) == 10.0
-        wait_for(lambda: dev._conn._error is not None)  # noqa: SLF001 - closed by the server
+        wait_until(
+            lambda: dev._conn._error is not None,  # noqa: SLF001 - closed by the server
+            "the server to close the idle session",
+        )
         with pytest.raises(client.ConnectionLost) as info:
             dev.sync()
         assert info.value.code == ErrorCode.IDLE_TIMEOUT
@@ -260,7 +267,7 @@ def test_slowloris_upload_is_closed(impatient: ServerProcess) -> None:
     data = sock.read_until(b"idle_timeout")  # the server's close frame
     sock.close()
     assert b"idle_timeout: nothing received" in data
-    wait_for(lambda: server_bytes(impatient.url) == 0)
+    wait_until(lambda: server_bytes(impatient.url) == 0, "the server to hold no bytes")
 
 
 def test_client_that_never_reads_is_dropped(impatient: ServerProcess) -> None:
@@ -270,8 +277,8 @@ def test_client_that_never_reads_is_dropped(impatient: ServerProcess) -> None:
     batch = Batch(ops=ops, requests=[Read(request_id=i, tensor=1) for i in range(16)])
     sock.frame(b"".join(encode(batch)))
     with client.RemoteDevice(impatient.url, token=TOKEN) as probe:
-        wait_for(lambda: probe.stats().server_tensor_bytes == 16 * 2**20)
-        wait_for(lambda: probe.stats().connections == 1)  # dropped after --send-timeout
+        wait_until(lambda: probe.stats().server_tensor_bytes == 16 * 2**20, "16 MiB held")
+        wait_until(lambda: probe.stats().connections == 1, "the drop after --send-timeout")
         assert probe.stats().server_tensor_bytes == 0
     sock.vanish()
 
@@ -286,7 +293,7 @@ def test_client_dying_mid_upload(secured: ServerProcess, witness: Witness) -> No
     sock.frame(len(header).to_bytes(4, "little") + header + b"\x00" * 2**20, fin=False)
     sock.frame(b"\x00" * 2**20, Opcode.CONT, fin=False)
     sock.vanish()  # no close frame, 6 MiB never sent
-    wait_for(lambda: witness.dev.stats().connections == 1)
+    wait_until(lambda: witness.dev.stats().connections == 1, "the dead client's session to end")
     witness.assert_intact()
 
 
@@ -302,7 +309,7 @@ def test_slow_op_does_not_block_other_sessions(secured: ServerProcess, witness: 
         m = m @ a  # 8 x 7 GFLOP: seconds, not milliseconds
     done = busy._conn.request(lambda rid: Sync(request_id=rid))  # noqa: SLF001
     in_flight = witness.bytes + 2 * n * n * 8  # a, plus the running matmul's reservation
-    wait_for(lambda: witness.server_bytes() >= in_flight)  # the first matmul has started
+    wait_until(lambda: witness.server_bytes() >= in_flight, "the first matmul to start")
     np.testing.assert_array_equal(witness.tensor.numpy(), witness.expected)  # served meanwhile
     raw = Raw(secured.url)
     raw.ws.ping().wait(10)  # a pong, from another connection, while numpy runs
@@ -313,8 +320,10 @@ def test_slow_op_does_not_block_other_sessions(secured: ServerProcess, witness: 
     with pytest.raises(client.ConnectionLost):
         done.result(30)
     busy.close()
-    wait_for(lambda: witness.dev.stats().connections == 1)
-    wait_for(lambda: witness.server_bytes() == witness.bytes, timeout=100)  # thread finished
+    wait_until(lambda: witness.dev.stats().connections == 1, "the busy session to end")
+    wait_until(
+        lambda: witness.server_bytes() == witness.bytes, "the worker thread to finish", timeout=100
+    )
     witness.assert_intact()
 
 
@@ -331,7 +340,7 @@ def test_op_past_its_deadline_closes_the_session() -> None:
         assert "per-op deadline" in str(info.value)
         dev.close()
         np.testing.assert_array_equal(w.tensor.numpy(), w.expected)  # served during the op
-        wait_for(lambda: w.server_bytes() == w.bytes, timeout=100)
+        wait_until(lambda: w.server_bytes() == w.bytes, "the op's bytes to go", timeout=100)
         w.assert_intact()
         w.close()
 
@@ -354,7 +363,7 @@ def test_client_that_does_not_answer_pings_is_dropped() -> None:
         data = sock.read_until(b"keepalive ping timeout")
         sock.close()
         assert b"keepalive ping timeout" in data
-        wait_for(lambda: server_bytes(proc.url) == 0)
+        wait_until(lambda: server_bytes(proc.url) == 0, "the server to hold no bytes")
 
 
 def test_permessage_deflate_is_never_negotiated(secured: ServerProcess) -> None:
@@ -375,7 +384,7 @@ def test_broken_websocket_framing_closes_with_1002(
     data = sock.read_until(b"incorrect masking")  # RFC 6455: client frames must be masked
     sock.close()
     assert b"\x03\xea" in data  # close code 1002, protocol error
-    wait_for(lambda: witness.dev.stats().connections == 1)
+    wait_until(lambda: witness.dev.stats().connections == 1, "the broken session to end")
     witness.assert_intact()
 
 
@@ -400,7 +409,7 @@ def test_a_flooding_client_is_held_back_by_tcp() -> None:
         assert sent < 64 * 2**20  # a few queued MiB plus socket buffers, not 256 MiB
         np.testing.assert_array_equal(w.tensor.numpy(), w.expected)  # others are served
         sock.vanish()
-        wait_for(lambda: w.server_bytes() == w.bytes, timeout=100)
+        wait_until(lambda: w.server_bytes() == w.bytes, "the flood's bytes to go", timeout=100)
         w.assert_intact()
         w.close()
 
@@ -416,9 +425,11 @@ def test_a_client_gone_during_a_long_op_ends_its_session_at_once() -> None:
         ops.append(Binary(op="matmul", out=2, x1=1, x2=1))
         sock.frame(b"".join(encode(Batch(ops=ops, requests=[Read(request_id=1, tensor=2)]))))
         with client.RemoteDevice(proc.url, token=TOKEN) as probe:
-            wait_for(lambda: probe.stats().server_tensor_bytes == 6000 * 6000 * 8)  # running
+            wait_until(
+                lambda: probe.stats().server_tensor_bytes == 6000 * 6000 * 8, "the matmul to run"
+            )
             sock.vanish()
-            wait_for(lambda: probe.stats().connections == 1)
+            wait_until(lambda: probe.stats().connections == 1, "the vanished session to end")
             # its tensors stay counted until the thread lets go of them: real memory
             assert probe.stats().server_tensor_bytes == 6000 * 6000 * 8
 
@@ -431,7 +442,9 @@ def test_sigterm_exits_after_the_grace_while_numpy_runs() -> None:
         b = a @ a
         dev.flush()
         probe = client.RemoteDevice(proc.url, token=TOKEN)
-        wait_for(lambda: probe.stats().server_tensor_bytes == 2 * 6000 * 6000 * 8)  # running
+        wait_until(
+            lambda: probe.stats().server_tensor_bytes == 2 * 6000 * 6000 * 8, "the matmul to run"
+        )
         assert proc.stop(timeout=15) == 0  # drained for 1 s, then numpy is abandoned
         pending.result(10)  # its reply was sent before the drain (it waits in the socket)
         with pytest.raises(client.ConnectionLost):
