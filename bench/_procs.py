@@ -1,78 +1,44 @@
-"""Child processes the suite measures against: a real server and the ceiling peer.
+"""Child processes the suite measures against (a real server, the ceiling peer), started by
+:mod:`server.process`, and their memory.
 
-Rule: imports only the standard library. Linux only for memory figures (``/proc``).
+Rule: imports only the standard library (and :mod:`server.process`, which does too). Linux
+only for memory figures (``/proc``).
 """
 
 from __future__ import annotations
 
 import os
-import re
-import subprocess
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
+from server.process import ChildProcess, ServerProcess, start_child, start_server
+
 ROOT = Path(__file__).resolve().parent.parent
-LISTENING = re.compile(r"^listening on (ws://[^:]+:(\d+))$")
-
-
-@dataclass
-class Child:
-    """A started child process and the first line it printed."""
-
-    process: subprocess.Popen[str]
-    line: str
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
 
 
 @contextmanager
-def child(args: Sequence[str], timeout: float = 60.0) -> Iterator[Child]:
-    """Run ``python ARGS`` in the repository root until the block ends, after its first line.
+def child(args: Sequence[str], timeout: float = 60.0) -> Iterator[ChildProcess]:
+    """Run ``python ARGS`` in the repository root until the block ends, after its first line
+    (``.line``).
 
     Raises:
-        RuntimeError: the child exited or printed nothing within ``timeout`` seconds.
+        server.process.StartError: it exited or printed nothing within ``timeout`` seconds.
     """
-    process = subprocess.Popen(
-        [sys.executable, *args],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    try:
-        assert process.stdout is not None
-        line = process.stdout.readline().rstrip("\n")
-        if not line:
-            raise RuntimeError(f"{' '.join(args)} exited with {process.wait(timeout)}")
-        yield Child(process, line)
-    finally:
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(10)
-        if process.stdout is not None:
-            process.stdout.close()
+    with start_child([sys.executable, *args], cwd=ROOT, timeout=timeout) as proc:
+        yield proc
 
 
 @contextmanager
-def server(*args: str) -> Iterator[tuple[str, Child]]:
+def server(*args: str) -> Iterator[tuple[str, ServerProcess]]:
     """A real ``python -m server --port 0 ARGS``; yields its URL and the process.
 
     Raises:
-        RuntimeError: the server did not report its address.
+        server.process.StartError: the server did not report its address.
     """
-    with child(["-m", "server", "--port", "0", *args]) as proc:
-        match = LISTENING.match(proc.line)
-        if match is None:
-            raise RuntimeError(f"unexpected first line from the server: {proc.line!r}")
-        yield match.group(1), proc
+    with start_server(*args, cwd=ROOT, timeout=60.0) as proc:
+        yield proc.url, proc
 
 
 def _status(pid: int) -> dict[str, int]:

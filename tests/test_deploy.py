@@ -8,7 +8,6 @@ import importlib.util
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -18,8 +17,10 @@ from typing import Any
 import pytest
 import yaml
 
+from server.process import start_server
+
 from .ops_helpers import Stage, health, parse_dockerfile
-from .servers import LISTENING, ROOT, _read_line
+from .servers import ROOT
 
 DOCKER = ROOT / "docker"
 DOCKERFILE = DOCKER / "Dockerfile"
@@ -199,12 +200,8 @@ def test_image_command_serves_checks_health_runs_a_client_and_drains(tmp_path: P
     env = _image_environment(stage, TENSOR_SERVER_PORT="0", TENSOR_SERVER_TOKEN_FILE=str(secret))
     workdir = tmp_path / "app"  # the image's WORKDIR: nothing from the checkout on the path
     workdir.mkdir()
-    process = subprocess.Popen(argv, cwd=workdir, env=env, text=True,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
-    try:
-        match = LISTENING.match(_read_line(process, 30))
-        assert match is not None
-        url, port = match.group(1), int(match.group(3))
+    with start_server(command=argv, cwd=workdir, env=env, timeout=30) as proc:
+        url, port = proc.url, proc.port
         assert health(port) == (200, {"status": "serving", "protocol": 1, "device": "ndarray"})
 
         checker = subprocess.run(  # the HEALTHCHECK, with the port the server really took
@@ -225,26 +222,17 @@ def test_image_command_serves_checks_health_runs_a_client_and_drains(tmp_path: P
         assert ran.returncode == 0, ran.stdout + ran.stderr
         assert "converged" in ran.stdout
 
-        process.send_signal(signal.SIGTERM)
-        assert process.wait(60) == 0
+        assert proc.stop(timeout=60) == 0  # SIGTERM
         unhealthy = subprocess.run(
             [sys.executable, "-m", "server.healthcheck"], cwd=workdir, capture_output=True,
             text=True, env={**env, "TENSOR_SERVER_PORT": str(port)}, timeout=60,
         )  # fmt: skip
         assert unhealthy.returncode == 1
-        assert process.stderr is not None
-        events = [json.loads(line) for line in process.stderr.read().splitlines()]
+        events = [json.loads(line) for line in proc.stderr.lines()]
         names = [e["event"] for e in events]
         assert names[0] == "listening" and names[-2:] == ["draining", "drained"]
         assert "session opened" in names and "session closed" in names
         assert "image-test-token" not in json.dumps(events)
-    finally:
-        if process.poll() is None:
-            process.kill()
-        process.wait(10)
-        for stream in (process.stdout, process.stderr):
-            if stream is not None:
-                stream.close()
 
 
 def test_image_refuses_to_start_without_its_secret(tmp_path: Path) -> None:

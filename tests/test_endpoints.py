@@ -109,8 +109,8 @@ def test_metrics_move_as_a_session_works() -> None:
 def test_metrics_on_their_own_port() -> None:
     args = ["--metrics-port", "0", "--memory-budget", "1GiB", "--log-format", "json"]
     with run_server(*args, "--log-level", "info") as proc:
-        assert proc.process.stderr is not None
-        listening = json.loads(proc.process.stderr.readline())  # written before stdout's line
+        assert proc.stderr.wait_for("\n", timeout=10)  # written before stdout's line
+        listening = json.loads(proc.stderr.lines()[0])
         assert listening["event"] == "listening"
         metrics_port = int(listening["metrics_port"])
         assert metrics_port not in (proc.port, 0)
@@ -165,9 +165,8 @@ def test_sigterm_drains_in_flight_reads_then_exits_0() -> None:
             with pytest.raises(ConnectionClosed) as closed:
                 ws.recv()
             assert closed.value.rcvd is not None and closed.value.rcvd.code == 1001
-        assert proc.process.wait(30) == 0
-        assert proc.process.stderr is not None
-        events = [json.loads(line)["event"] for line in proc.process.stderr.read().splitlines()]
+        assert proc.wait(30) == 0
+        events = [json.loads(line)["event"] for line in proc.stderr.lines()]
         assert events.index("draining") < events.index("session closed") < events.index("drained")
         assert "refused" in events
 
@@ -192,9 +191,8 @@ def test_drain_gives_up_after_the_grace_period() -> None:
         ) as ws:
             _hold_a_read(proc, ws)
             proc.process.send_signal(signal.SIGTERM)
-            assert proc.process.wait(60) == 0
-        assert proc.process.stderr is not None
-        assert "drain cut short sessions_left=1 reason=grace" in proc.process.stderr.read()
+            assert proc.wait(60) == 0
+        assert "drain cut short sessions_left=1 reason=grace" in proc.stderr.text()
 
 
 def test_idle_sessions_close_at_once_on_sigterm() -> None:
@@ -226,8 +224,7 @@ def test_one_line_per_event(fmt: str) -> None:
             with pytest.raises(client.RemoteError):
                 bad.numpy()
         assert proc.stop() == 0
-        assert proc.process.stderr is not None
-        lines = proc.process.stderr.read().splitlines()
+        lines = proc.stderr.lines()
     if fmt == "text":
         assert [line for line in lines if not TEXT_LINE.match(line)] == []
         assert any(" refused limit=auth " in line for line in lines)
@@ -270,6 +267,5 @@ def test_a_second_signal_ends_the_drain() -> None:
             proc.process.send_signal(signal.SIGTERM)
             wait_until(lambda: health(proc.port)[0] == 503, "/healthz to say 503")
             proc.process.send_signal(signal.SIGINT)
-            assert proc.process.wait(60) == 0  # long before the 600 s grace
-        assert proc.process.stderr is not None
-        assert "drain cut short sessions_left=1 reason=signal" in proc.process.stderr.read()
+            assert proc.wait(60) == 0  # long before the 600 s grace
+        assert "drain cut short sessions_left=1 reason=signal" in proc.stderr.text()
