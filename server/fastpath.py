@@ -1,8 +1,6 @@
 """The fast path of :class:`~server.session.Session` for the pipelined hot case: a ``Unary``
-or ``Binary`` (not matmul) op on stored inputs, creating a new tensor.
-
-Rule: imports numpy, ``protocol`` and ``server.store``/``limits``/``executor`` only (the
-session only for type hints).
+or ``Binary`` (not matmul) op on stored inputs, creating a new tensor. The session imports it;
+it imports the session's outcome rules (``server/outcome.py``), never the session.
 
 It runs exactly the checks and accounting of the session's general path, in the same order
 and with the same errors, less the work it can prove unneeded: the inferred output, its bytes
@@ -10,15 +8,17 @@ under the per-op caps and its cost depend only on (op name, input metas), so the
 once and cached (only when the checks pass: a refused op goes to the general path, which
 refuses it again with its error); ``resolve`` leaves these ops' metas unchanged; a result that
 numpy allocated afresh (its own root, not held, of exactly the inferred shape, dtype and
-reserved bytes) needs none of ``_owned``/``_charge``'s root bookkeeping. Anything else — a
-failed or unknown input, a taken output id, a refused batch, a result that is a view or not the
-inferred one — goes to the general code, before anything was changed or, after numpy ran,
-through ``Session._keep``. The caller holds ``np.errstate(all="ignore")`` around the calls.
+reserved bytes) needs none of the root bookkeeping of :meth:`Outcomes.keep`. Anything else —
+a failed or unknown input, a taken output id, a refused batch, a result that is a view or not
+the inferred one — goes to the general code, before anything was changed or, after numpy ran,
+through :meth:`Outcomes.keep`; a refused reservation or a numpy error is settled by
+:class:`~server.outcome.Outcomes`, as on the general path. The caller holds
+``np.errstate(all="ignore")`` around the calls.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -28,10 +28,8 @@ from protocol.ops import UNKNOWN, AnyOp, Binary, Unary
 from . import executor
 from .errors import StoreError
 from .limits import output_bytes
+from .outcome import Job, Outcomes
 from .store import Stored
-
-if TYPE_CHECKING:
-    from .session import Job, Session
 
 FAST_OPS = frozenset({Unary, Binary})  # the op types that FastPath.run takes
 RULES_CACHED = 256  # (op, input metas) whose checks a session keeps; then it starts over
@@ -42,8 +40,10 @@ Rule = tuple[TensorMeta, int, int, np.dtype[Any]]  # output meta, its bytes, cos
 class FastPath:
     """One session's fast path, with its cache of checks by (op name, input metas)."""
 
-    def __init__(self, session: Session, inline_cost: int) -> None:
-        self._session = session
+    def __init__(self, outcomes: Outcomes, inline_cost: int) -> None:
+        self._outcomes = outcomes
+        self._store = outcomes.store  # one attribute lookup per op, not two
+        self._limits = outcomes.limits
         self._inline_cost = inline_cost
         self._rules: dict[tuple[Any, ...], Rule] = {}
 
@@ -54,8 +54,7 @@ class FastPath:
         ran or failed, and None (nothing changed) for any other case, which the caller then
         gives to ``Session._general``. The caller holds ``np.errstate(all="ignore")``.
         """
-        session = self._session
-        store = session.store
+        store = self._store
         if job.rejected is not None or op.out in store:
             return None
         if isinstance(op, Binary):
@@ -84,12 +83,12 @@ class FastPath:
         try:
             store.reserve(nbytes)
         except StoreError as exc:
-            session._fail(op, exc.code, str(exc), job)
+            self._outcomes.fail(op, exc.code, str(exc), job)
             return True
         try:
             raw = executor.runner(op)(op, args, job.buffers)
         except Exception as exc:
-            session._run_failed(op, exc, nbytes, job)
+            self._outcomes.run_failed(op, exc, nbytes, job)
             return True
         if (
             type(raw) is np.ndarray
@@ -100,10 +99,11 @@ class FastPath:
             and not store.holds(raw)
         ):
             store.put(op.out, Stored(raw, meta), reserved=nbytes)
-            session.ops_run += 1
-            session.op_counts[op.op] += 1
+            outcomes = self._outcomes  # what Outcomes.keep counts for a stored result
+            outcomes.ops_run += 1
+            outcomes.op_counts[op.op] += 1
         else:
-            session._keep(op, raw, (meta,), nbytes, job)
+            self._outcomes.keep(op, raw, (meta,), nbytes, job)
         return True
 
     def _rule(
@@ -113,7 +113,7 @@ class FastPath:
         (nothing is cached then: :meth:`Session._general` refuses it again, with its error)."""
         try:
             (meta,) = op.infer_all(*key[1:])
-            nbytes = output_bytes((meta,), self._session.limits)
+            nbytes = output_bytes((meta,), self._limits)
         except (InvalidOpError, StoreError):
             return None
         if UNKNOWN in meta.shape:

@@ -1,25 +1,29 @@
 """One client session: its tensor store and the rules for running a batch. No I/O here.
 
-Rule: imports numpy, ``protocol`` and ``server.store``/``limits``/``executor``/``logs`` only.
+The transport (``server/connection.py``) drives it; it runs Unary and Binary ops through its
+fast path (``server/fastpath.py``), and both settle each op's outcome through
+``server/outcome.py``.
 
 Theory of operation: the transport hands each decoded :class:`~protocol.Batch` to
 :meth:`Session.start`, then calls :meth:`Session.step` until it returns True — on the event loop
 with ``inline=True`` (cheap ops run at once, the call stops before the first heavy op), and in a
 worker thread with ``inline=False`` for the rest — then :meth:`Session.finish` applies the frees
-and answers the requests. Ops run strictly in submission order (invariant 6). A failed op stores
-a :class:`Failure` under its output id; ops that read a failed tensor inherit the failure
-unchanged, so a read names the op that really failed (invariant 5).
+and answers the requests. Ops run strictly in submission order (ARCHITECTURE.md, invariant 6).
+A failed op stores a :class:`Failure` under its output id; ops that read a failed tensor
+inherit the failure unchanged, so a read names the op that really failed (ARCHITECTURE.md,
+invariant 5).
 
-Limits (invariant 8): :meth:`Session._check` refuses an op whose inferred outputs exceed the
-ndim cap or the per-op byte cap (``limit_exceeded``, on the sum of an op's outputs) before
-numpy runs; :meth:`_execute` reserves their bytes in the store (``quota_exceeded``,
-``server_memory_exhausted``) before numpy allocates them. An output of data-dependent length
-(an ``UNKNOWN`` dim) is charged after numpy ran and before it is stored, with the same codes
-(:meth:`_charge`). A refused op fails like any other: its outputs are marked failed and the
-session goes on. A result that is a view of a tensor the session holds is stored as it is
-(counted once, see ``server/store.py``); a view of anything else is copied first. An in-place
-op (``setitem``) replaces its target under the same id: it writes into the target's array when
-the store says nothing shares it (:meth:`TensorStore.writable`), else into a counted copy.
+Limits (ARCHITECTURE.md, invariant 8): :meth:`Session._check` refuses an op whose inferred
+outputs exceed the ndim cap or the per-op byte cap (``limit_exceeded``, on the sum of an op's
+outputs) before numpy runs; :meth:`_execute` reserves their bytes in the store
+(``quota_exceeded``, ``server_memory_exhausted``) before numpy allocates them. An output of
+data-dependent length (an ``UNKNOWN`` dim) is charged after numpy ran and before it is stored,
+with the same codes (:meth:`Outcomes.keep`). A refused op fails like any other: its outputs
+are marked failed and the session goes on. A result that is a view of a tensor the session
+holds is stored as it is (counted once, see ``server/store.py``); a view of anything else is
+copied first. An in-place op (``setitem``) replaces its target under the same id: it writes
+into the target's array when the store says nothing shares it (:meth:`TensorStore.writable`),
+else into a counted copy.
 Deadline: :attr:`Job.op_started` is the monotonic time the running op began; the transport
 watches it and, past the deadline, closes the session (:meth:`close`): the op itself cannot be
 interrupted, so its result is discarded when numpy returns.
@@ -27,11 +31,9 @@ interrupted, so its result is discarded when numpy returns.
 
 from __future__ import annotations
 
-import logging
 import time
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -63,10 +65,8 @@ from .errors import StoreError
 from .fastpath import FAST_OPS, FastPath
 from .limits import Limits as Limits
 from .limits import output_bytes
-from .logs import fields
-from .store import Failure, Stored, TensorStore, root_of
-
-log = logging.getLogger("tensorwire.session")
+from .outcome import Job, Outcomes
+from .store import Failure, Stored, TensorStore
 
 INLINE_COST = 1 << 16  # element operations an op may cost and still run on the event loop
 
@@ -74,16 +74,6 @@ Reply = tuple[
     ReadReply | SyncReply | StatsReply | DescribeReply | RequestFailed | SessionError,
     Sequence[memoryview],
 ]
-
-
-@dataclass
-class Job:
-    batch: Batch
-    buffers: Sequence[Buffer]
-    rejected: ErrorInfo | None = None  # the whole batch was refused: every op fails with this
-    next: int = 0  # index of the next op to run
-    errors: list[ErrorInfo] = field(default_factory=list)
-    op_started: float | None = None  # time.monotonic() when the running op began
 
 
 class Session:
@@ -100,13 +90,26 @@ class Session:
         self.device_index = device_index
         self.store = store if store is not None else TensorStore()
         self.limits = limits if limits is not None else Limits()
-        self.ops_run = 0
-        self.op_counts: Counter[str] = Counter()  # by op name; read by server.metrics
-        self.error_counts: Counter[str] = Counter()  # failed ops by error code
+        self.outcomes = Outcomes(session_id, self.store, self.limits)
         self.store.budget.sessions += 1
         self.closed = False  # set by close(); the ops loop stops at the next op
         self._in_thread = False  # a worker thread runs this session's ops now
-        self._fast = FastPath(self, INLINE_COST)  # Unary and Binary ops, see server/fastpath.py
+        self._fast = FastPath(self.outcomes, INLINE_COST)  # Unary and Binary ops
+
+    @property
+    def ops_run(self) -> int:
+        """Ops that stored their results."""
+        return self.outcomes.ops_run
+
+    @property
+    def op_counts(self) -> Counter[str]:
+        """Ops that stored their results, by op name (read by ``server.metrics``)."""
+        return self.outcomes.op_counts
+
+    @property
+    def error_counts(self) -> Counter[str]:
+        """Failed ops, by error code (read by ``server.metrics``)."""
+        return self.outcomes.error_counts
 
     def enter_thread(self) -> None:
         """The transport is about to run :meth:`step` in a worker thread (call on the loop)."""
@@ -202,25 +205,17 @@ class Session:
             for tensor_id in op.inputs():
                 value = self.store.get(tensor_id)
                 if isinstance(value, Failure):
-                    self._settle(op, value)  # inherit the original failure
+                    self.outcomes.mark(op, value)  # inherit the original failure
                     return None
                 args.append(value.array)
                 metas.append(value.meta)
             out_metas = op.infer_all(*metas)
             return args, out_metas, output_bytes(out_metas, self.limits)
         except StoreError as exc:
-            self._fail(op, exc.code, str(exc), job)
+            self.outcomes.fail(op, exc.code, str(exc), job)
         except InvalidOpError as exc:
-            self._fail(op, ErrorCode.INVALID_OP, str(exc), job)
+            self.outcomes.fail(op, ErrorCode.INVALID_OP, str(exc), job)
         return None
-
-    def _settle(self, op: AnyOp, value: Failure) -> None:
-        """Store ``value`` under every output of ``op`` (replacing, for an in-place op)."""
-        for out in op.outputs():
-            if op.inplace:
-                self.store.replace(out, value)
-            else:
-                self.store.put(out, value)
 
     def _execute(
         self,
@@ -231,7 +226,7 @@ class Session:
         job: Job,
     ) -> None:
         """Reserve ``nbytes`` (None: :func:`output_bytes` of ``metas``), run ``op``, settle
-        the reservation on what the results really hold (:meth:`_charge`) and store them. An
+        the reservation on what the results really hold and store them (:meth:`Outcomes.keep`). An
         in-place op writes into its target only when the store says nothing else shares it
         (:meth:`TensorStore.writable`), and reserves nothing then; otherwise it runs on a
         copy, which is counted (copy-on-write)."""
@@ -242,117 +237,14 @@ class Session:
             reserved = 0 if in_place else nbytes
             self.store.reserve(reserved)
         except StoreError as exc:
-            self._fail(op, exc.code, str(exc), job)
+            self.outcomes.fail(op, exc.code, str(exc), job)
             return
         try:
             raw = executor.run(op, args, job.buffers, metas, in_place=in_place)
         except Exception as exc:
-            self._run_failed(op, exc, reserved, job)
+            self.outcomes.run_failed(op, exc, reserved, job)
             return
-        self._keep(op, raw, metas, reserved, job, verified=True)
-
-    def _keep(
-        self,
-        op: AnyOp,
-        raw: np.ndarray[Any, Any] | tuple[np.ndarray[Any, Any], ...],
-        metas: tuple[TensorMeta, ...],
-        reserved: int,
-        job: Job,
-        verified: bool = False,
-    ) -> None:
-        """Verify what numpy returned for ``op`` against ``metas`` (:func:`executor.checked`;
-        ``verified``: :func:`executor.run` did), settle the reservation of ``reserved`` bytes
-        on it (:meth:`_charge`) and store it; or fail the op, the reservation given back."""
-        try:
-            if verified and isinstance(raw, tuple):
-                results = raw
-            else:
-                results = executor.checked(op, raw, metas)
-            arrays = tuple(self._owned(a) for a in results)
-            needs = self._charge(arrays, reserved)
-        except Exception as exc:
-            self._run_failed(op, exc, reserved, job)
-            return
-        for out, array, meta, need in zip(op.outputs(), arrays, metas, needs, strict=True):
-            stored = Stored(array, TensorMeta(array.shape, meta.dtype))  # known dims now
-            if op.inplace:
-                self.store.replace(out, stored, reserved=need)
-            else:
-                self.store.put(out, stored, reserved=need)
-        self.ops_run += 1
-        self.op_counts[getattr(op, "op", None) or op.kind] += 1
-
-    def _run_failed(self, op: AnyOp, exc: Exception, reserved: int, job: Job) -> None:
-        """Fail ``op``, which raised ``exc`` while or after numpy ran, and give back the
-        ``reserved`` bytes: a data-dependent output over a limit keeps its code
-        (:class:`StoreError`), a refused op is ``invalid_op``, a result that is not the
-        inferred one ``internal``, and any other exception (numpy's genuine runtime failures)
-        ``execution_failed``."""
-        self.store.cancel(reserved)
-        if isinstance(exc, StoreError):
-            self._fail(op, exc.code, str(exc), job)
-        elif isinstance(exc, InvalidOpError):
-            self._fail(op, ErrorCode.INVALID_OP, str(exc), job)
-        elif isinstance(exc, executor.InferenceMismatch):
-            self._fail(op, ErrorCode.INTERNAL, str(exc), job)
-        else:
-            self._fail(op, ErrorCode.EXECUTION_FAILED, f"{type(exc).__name__}: {exc}", job)
-
-    def _charge(self, arrays: tuple[np.ndarray[Any, Any], ...], reserved: int) -> list[int]:
-        """The bytes each result adds to the store (a view of a held root adds none, a root
-        shared by two results counts once), with the reservation of ``reserved`` bytes grown
-        or shrunk to their sum. A data-dependent output (an ``UNKNOWN`` dim) is only known now:
-        it is checked against the per-op cap, quota and budget here, before it is stored.
-
-        Raises:
-            StoreError: ``limit_exceeded``, ``quota_exceeded`` or ``server_memory_exhausted``;
-                the reservation is then unchanged.
-        """
-        seen: set[int] = set()
-        needs: list[int] = []
-        for array in arrays:
-            root = root_of(array)
-            fresh = not self.store.holds(root) and id(root) not in seen
-            seen.add(id(root))
-            needs.append(root.nbytes if fresh else 0)
-        total = sum(needs)
-        if total > reserved:
-            if total > self.limits.max_op_bytes:
-                raise StoreError(
-                    ErrorCode.LIMIT_EXCEEDED,
-                    f"the outputs need {total} bytes; the per-op limit is "
-                    f"{self.limits.max_op_bytes}",
-                )
-            self.store.reserve(total - reserved)
-        elif total < reserved:
-            self.store.cancel(reserved - total)
-        return needs
-
-    def _owned(self, array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
-        """``array`` if the store can count it exactly, else a C-contiguous copy.
-
-        Kept: a view of (or the same array as) a tensor this session holds, and an array that
-        owns its memory alone — a fresh result, or the buffer the decoder allocated for a
-        fragmented upload (zero-copy). Copied: a view of a received message or of a temporary.
-        (An array whose root is not held cannot overlap a held tensor: every held array lies
-        inside its own held root.)
-        """
-        root = root_of(array)
-        if self.store.holds(root):
-            return array
-        if root.base is None and root.nbytes == array.nbytes:
-            return array
-        return array.copy(order="C")
-
-    def _fail(self, op: AnyOp, code: ErrorCode, message: str, job: Job) -> None:
-        error = ErrorInfo(code=code, message=message, op=op.describe())
-        self.error_counts[code.value] += 1
-        level = logging.ERROR if code is ErrorCode.INTERNAL else logging.INFO
-        log.log(level, "op failed", extra=fields(session=self.session_id, op=error.op, code=code))
-        if code is ErrorCode.DUPLICATE_TENSOR or (op.inplace and op.out not in self.store):
-            job.errors.append(error)  # the id belongs to another tensor: leave it alone
-        else:
-            self._settle(op, Failure(error))
+        self.outcomes.keep(op, raw, metas, reserved, job, verified=True)
 
     def finish(self, job: Job) -> list[Reply]:
         """Apply the batch's frees, then answer its requests in order."""

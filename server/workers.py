@@ -1,11 +1,10 @@
-"""Worker threads for heavy ops, watched against the per-op deadline.
-
-Rule: imports anyio, ``protocol`` and ``server.session`` only; knows nothing of sockets.
+"""Worker threads for heavy ops, watched against the per-op deadline. It runs sessions and
+knows nothing of sockets: the connection loop (``server/connection.py``) calls it.
 
 A numpy call cannot be interrupted, so the per-op deadline means: when one op has run for
 ``deadline`` seconds, :meth:`Workers.run` closes the session and raises :class:`Drop`; the
-transport then closes the connection. The worker thread runs on to the end of its numpy call
-in the server's task group (so neither the session nor the event loop waits for it), the
+connection loop then closes the connection. The worker thread runs on to the end of its numpy
+call in the server's task group (so neither the session nor the event loop waits for it), the
 session stops before its next op, and the result is discarded with its reserved bytes given
 back (``Session.leave_thread``). The thread keeps its worker slot until numpy returns, so at
 most ``worker_threads`` such ops run at once; cheap ops, reads and pings never wait for them.
@@ -23,7 +22,8 @@ import anyio.abc
 from protocol import ErrorCode
 
 from .errors import Drop
-from .session import Job, Session
+from .outcome import Job
+from .session import Session
 
 log = logging.getLogger("tensorwire.server")
 
