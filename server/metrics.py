@@ -1,8 +1,7 @@
 """Prometheus metrics of one server, exposed at ``GET /metrics``.
 
-Rule: imports prometheus_client, ``protocol`` and ``server.session`` only; no I/O (the
-transport serves :meth:`Metrics.exposition`). Each :class:`~server.app.Server` owns its own
-registry, so several servers in one process never share counts.
+No I/O: the transport serves :meth:`Metrics.exposition`. Each :class:`~server.app.Server` owns
+its own registry, so several servers in one process never share counts.
 
 Two kinds of numbers. Counters the transport bumps as things happen (sessions opened, bytes,
 read latency, refusals) are prometheus_client objects. Numbers the sessions already keep (ops

@@ -1,0 +1,359 @@
+"""One websocket connection of the server, from its hello to its session's end.
+
+With ``server.app`` (listeners, HTTP answers, drain), ``server.wire`` and ``server.sending``,
+the only server modules that touch sockets.
+
+Per connection: the handshake (the client's :class:`~protocol.Hello`, answered with
+:class:`~protocol.Welcome` or :class:`~protocol.Refused`) makes a :class:`Session`; then the
+wire decodes messages as their bytes arrive and stops reading the socket while ``max_queued``
+of them wait (so TCP pushes back on a client that sends faster than the server runs); one task
+takes them in order, runs each (cheap ops on the loop, heavy ones in a bounded worker-thread
+pool, given up if the connection is lost meanwhile) and sends its replies before it takes the
+next. (One task, not a receiving task handing batches to a working one: that hand-over cost an
+event-loop turn, about 130 us, on every upload.)
+
+Each live session is one :class:`Live` record: its session, its connection and its count of
+messages received but not yet answered, which the drain (``Server.drain``) reads to close a
+session (1001) as soon as it owes nothing.
+
+Guards (README, "Security"): the Origin, the token and the connection count were checked on
+the HTTP upgrade (``server.guard``), before a session exists. Each decoder refuses declared
+buffers over the message size or the session's quota before allocating them. A batch that
+leaves the event loop is watched against the per-op deadline (``server.workers``); past it the
+session is closed (close code 1008, reason ``deadline_exceeded: ...``). A reply the client does
+not take within the send timeout drops the connection; so does a client that sends nothing for
+the idle timeout while the server owes it nothing. Close reasons start with the
+:class:`~protocol.ErrorCode`.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import anyio
+from websockets.asyncio.server import ServerConnection
+from websockets.exceptions import ConnectionClosed
+
+from protocol import (
+    CLIENT_ADAPTER,
+    PROTOCOL_VERSION,
+    Batch,
+    ErrorCode,
+    ErrorInfo,
+    Hello,
+    MessageDecoder,
+    Read,
+    Refused,
+    SessionError,
+    Welcome,
+    encode,
+)
+from protocol.messages import Message
+
+from .budget import MemoryBudget
+from .config import ServerConfig
+from .errors import Drop
+from .limits import Limits
+from .logs import fields
+from .metrics import REFUSAL_LIMIT, Metrics
+from .outcome import Job
+from .session import Session
+from .store import TensorStore
+from .wire import WireConnection
+from .workers import Workers
+
+if TYPE_CHECKING:
+    from .received import Received  # what the wire hands over; annotations only
+
+log = logging.getLogger("tensorwire.server")
+
+_DROP_LIMIT = {  # refusals_total label of each reason a session is dropped
+    ErrorCode.IDLE_TIMEOUT: "idle",
+    ErrorCode.SEND_TIMEOUT: "send_timeout",
+    ErrorCode.DEADLINE_EXCEEDED: "deadline",
+}
+
+
+@dataclass(eq=False)
+class Live:
+    """One live session: its :class:`Session`, its connection, and how many messages it sent
+    that are received but not answered yet."""
+
+    session: Session
+    ws: WireConnection
+    in_flight: int = 0
+
+    def idle(self) -> bool:
+        """Whether the session owes nothing: no message being answered, none waiting whole."""
+        return self.in_flight == 0 and not self.ws.waiting
+
+
+class Connections:
+    """Runs every upgraded connection of one server; :attr:`live` holds its sessions.
+
+    ``draining`` returns True once the server drains: a session is then closed (1001) as soon
+    as it owes nothing. ``live`` is the server's own dict (``Server.sessions``).
+    """
+
+    def __init__(
+        self,
+        config: ServerConfig,
+        device_count: int,
+        server_id: str,
+        budget: MemoryBudget,
+        workers: Workers,
+        metrics: Metrics,
+        live: dict[str, Live],
+        draining: Callable[[], bool],
+    ) -> None:
+        self.live = live  # by session id
+        self.open = 0  # upgraded connections being handled
+        self._config = config
+        self._device_count = device_count
+        self._server_id = server_id
+        self._budget = budget
+        self._workers = workers
+        self._metrics = metrics
+        self._draining = draining
+        self._limits = Limits(max_op_bytes=config.max_op_bytes, max_ndim=config.max_ndim)
+        self._all_closed: anyio.Event | None = None  # set when the last session leaves
+
+    async def all_closed(self) -> None:
+        """Return once no session is left (while draining, no new one comes)."""
+        if self.live:
+            self._all_closed = anyio.Event()
+            await self._all_closed.wait()
+
+    def refused(self, limit: str, ws: ServerConnection, reason: str) -> None:
+        """Count and log a connection, or work, refused because of ``limit``."""
+        self._metrics.refused(limit)
+        log.info("refused", extra=fields(limit=limit, peer=peer(ws), reason=reason))
+
+    async def handle(self, ws: ServerConnection) -> None:
+        """The websockets handler of one upgraded connection: serve it until it ends."""
+        assert isinstance(ws, WireConnection)  # Server.serve makes them
+        self.open += 1
+        try:
+            await self._handle_open(ws)
+        finally:
+            self.open -= 1
+
+    async def _handle_open(self, ws: WireConnection) -> None:
+        timeout = self._config.handshake_timeout
+        try:
+            with anyio.fail_after(timeout):
+                session = await self._handshake(ws)
+        except TimeoutError:
+            self.refused("handshake_timeout", ws, "no hello in time")
+            await ws.close(1008, f"{ErrorCode.IDLE_TIMEOUT}: no hello within {timeout} s")
+            return
+        except ConnectionClosed:
+            return  # the peer left before its hello
+        if session is None:
+            return
+        sid = session.session_id
+        live = self.live[sid] = Live(session, ws)
+        self._metrics.sessions_opened.inc()
+        address = peer(ws)
+        log.info(
+            "session opened", extra=fields(session=sid, peer=address, device=session.device_index)
+        )
+        try:
+            if self._draining():
+                await ws.close(1001, "server shutting down")
+            await self._run(live)
+        except ConnectionClosed:
+            pass  # the peer went away, or was cut off, while a reply was being sent
+        finally:
+            del self.live[sid]
+            self._metrics.retire(session)
+            session.close()
+            log.info(
+                "session closed",
+                extra=fields(session=sid, peer=address, ops=session.ops_run, code=ws.close_code),
+            )
+            if self._all_closed is not None and not self.live:
+                self._all_closed.set()
+
+    async def _handshake(self, ws: WireConnection) -> Session | None:
+        max_header = self._config.max_header_size
+        ws.decode_one(lambda: MessageDecoder(CLIENT_ADAPTER, max_header, max_buffer_bytes=0))
+        ws.max_header = max_header
+        received = await ws.receive()
+        assert received is not None  # no timeout given
+        hello = received.message
+        error: ErrorInfo | None = received.error
+        if error is None and not isinstance(hello, Hello):
+            error = ErrorInfo(code=ErrorCode.BAD_MESSAGE, message="the first message must be hello")
+        elif isinstance(hello, Hello):
+            error = self._check_hello(hello)
+        if error is not None or not isinstance(hello, Hello):
+            assert error is not None
+            self.refused(REFUSAL_LIMIT.get(error.code, error.code.value), ws, error.message)
+            await self._send(ws, Refused(protocol=PROTOCOL_VERSION, error=error))
+            await ws.close(1000, "handshake refused")
+            return None
+        store = TensorStore(self._config.effective_session_quota, self._budget)
+        session = Session(secrets.token_hex(8), hello.device_index, store, self._limits)
+        self._decode_for(ws, session)  # before the welcome: the client may send at once
+        await self._send(
+            ws,
+            Welcome(
+                protocol=PROTOCOL_VERSION,
+                device_index=hello.device_index,
+                device_count=self._device_count,
+                server_id=self._server_id,
+                session_id=session.session_id,
+            ),
+        )
+        return session
+
+    def _decode_for(self, ws: WireConnection, session: Session) -> None:
+        """Decode what ``ws`` receives from now on as ``session``'s batches: limits checked,
+        uploads refused by its quota before they are allocated."""
+        config = self._config
+        ws.decoders = lambda: MessageDecoder(
+            CLIENT_ADAPTER,
+            config.max_header_size,
+            max_buffer_bytes=config.max_message_size,
+            check=lambda m: session.check_upload(m) if isinstance(m, Batch) else None,
+            max_buffers=config.max_buffers,
+            allocate=self._budget.allocate,
+        )
+        ws.max_waiting = config.max_queued
+
+    def _check_hello(self, hello: Hello) -> ErrorInfo | None:
+        count = self._device_count
+        if hello.protocol != PROTOCOL_VERSION:
+            return ErrorInfo(
+                code=ErrorCode.VERSION_MISMATCH,
+                message=(
+                    f"client speaks protocol v{hello.protocol}, this server speaks "
+                    f"v{PROTOCOL_VERSION}; upgrade the older side"
+                ),
+            )
+        if hello.device_index >= count:
+            return ErrorInfo(
+                code=ErrorCode.BAD_DEVICE_INDEX,
+                message=(
+                    f"device index {hello.device_index} does not exist: this server hosts "
+                    f"{count} device(s), indices 0..{count - 1}"
+                ),
+            )
+        return None  # the token was checked on the upgrade request (server.guard)
+
+    async def _send(
+        self, ws: WireConnection, message: Message, buffers: tuple[memoryview, ...] = ()
+    ) -> None:
+        """Send one message and count its bytes.
+
+        Raises:
+            Drop: ``send_timeout``, the client did not take it within ``send_timeout``.
+        """
+        try:
+            sent = await ws.send_message(encode(message, buffers), self._config.send_timeout)
+            self._metrics.sent_bytes.inc(sent)
+        except TimeoutError:
+            raise Drop(
+                ErrorCode.SEND_TIMEOUT,
+                f"the client took no reply for {self._config.send_timeout} s",
+            ) from None
+
+    async def _run(self, live: Live) -> None:
+        """Answer the session's messages one by one, in order, until it ends."""
+        ws = live.ws
+        try:
+            while True:
+                try:
+                    item = await self._receive_idle(ws)
+                except ConnectionClosed:
+                    return
+                live.in_flight += 1
+                self._metrics.received_bytes.inc(item.nbytes)
+                await self._answer(live, item)
+                await self._settled(live)
+        except Drop as drop:
+            self.refused(_DROP_LIMIT.get(drop.code, drop.code.value), ws, drop.reason)
+            if drop.code is ErrorCode.SEND_TIMEOUT:
+                ws.transport.abort()  # the client does not read: a close frame would not pass
+            else:
+                await ws.close(1008, drop.reason)
+
+    async def _receive_idle(self, ws: WireConnection) -> Received:
+        """The next message. Raises :class:`Drop` after the idle timeout (it runs only while
+        the server owes nothing: messages are answered before the next is taken)."""
+        idle = self._config.idle_timeout
+        item = await ws.receive(idle)
+        if item is None:
+            raise Drop(ErrorCode.IDLE_TIMEOUT, f"nothing received for {idle} s")
+        return item
+
+    async def _answer(self, live: Live, item: Received) -> None:
+        """Run one received message and send its replies.
+
+        Raises:
+            Drop: the op deadline passed, a worker step failed, or a reply was not taken.
+        """
+        ws, session = live.ws, live.session
+        if not isinstance(item.message, Batch):
+            error = item.error or ErrorInfo(
+                code=ErrorCode.BAD_MESSAGE, message="hello is only valid as the first message"
+            )
+            log.warning(
+                "bad message", extra=fields(session=session.session_id, error=error.message)
+            )
+            await self._send(ws, SessionError(error=error))
+            return
+        job = session.start(item.message, item.buffers, rejected=item.error)
+        while not session.step(job, inline=True):
+            await self._off_loop(live, job)
+        if session.closed:
+            raise Drop(ErrorCode.INTERNAL, "a worker step failed; see the server log")
+        for reply, buffers in session.finish(job):
+            await self._send(ws, reply, tuple(buffers))
+        reads = sum(isinstance(r, Read) for r in item.message.requests)
+        self._metrics.read_done(reads, time.perf_counter() - item.at)
+
+    async def _off_loop(self, live: Live, job: Job) -> None:
+        """Run the rest of ``job`` in a worker thread (:meth:`Workers.run`); stop waiting for
+        it if the connection is lost meanwhile (the session ends; the thread finishes alone).
+
+        Raises:
+            ConnectionClosed: the connection was lost.
+            Drop: from :meth:`Workers.run`.
+        """
+        ws = live.ws
+        lost = ws.connection_lost_waiter
+        with anyio.CancelScope() as scope:
+
+            def cancel(_: object) -> None:
+                scope.cancel()
+
+            lost.add_done_callback(cancel)
+            try:
+                await self._workers.run(live.session, job)
+            finally:
+                lost.remove_done_callback(cancel)
+        if scope.cancelled_caught:
+            raise ws.close_exc
+
+    async def _settled(self, live: Live) -> None:
+        """One received message is answered; while draining, close the session once nothing
+        it sent waits."""
+        live.in_flight -= 1
+        if self._draining() and live.idle():
+            await live.ws.close(1001, "server shutting down")
+
+
+def peer(ws: ServerConnection) -> str:
+    """The client's address as ``host:port`` (``[host]:port`` for IPv6), for the log."""
+    address = ws.remote_address
+    if isinstance(address, tuple) and len(address) >= 2:
+        host = address[0]
+        return f"[{host}]:{address[1]}" if ":" in str(host) else f"{host}:{address[1]}"
+    return str(address)
