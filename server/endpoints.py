@@ -1,7 +1,7 @@
 """Plain HTTP answers on the websocket port: ``GET /healthz`` and ``GET /metrics``.
 
-Rule: builds ``websockets.http11.Response`` objects only; the transport decides when to send
-them (``process_request`` runs before every websocket upgrade).
+It only builds ``websockets.http11.Response`` objects; the transport decides when to send them
+(``process_request`` runs before every websocket upgrade).
 
 ``/healthz`` needs no token (container health checks and load balancers call it) and says only
 whether the server takes new sessions::

@@ -1,6 +1,5 @@
-"""The gate in front of every session: checks made on the HTTP upgrade request, and TLS.
-
-Rule: imports websockets' HTTP types, ``protocol`` and ``server.config`` only; no session state.
+"""The gate in front of every session: checks made on the HTTP upgrade request, and TLS. It
+holds no session state: it runs before any session exists.
 
 Everything here runs during the websocket opening handshake, before the connection is
 upgraded and before any session exists (protocol/README.md, "Upgrade"). A refusal is an
@@ -70,7 +69,8 @@ class Gate:
                 connection,
                 http.HTTPStatus.FORBIDDEN,
                 ErrorCode.ORIGIN_REFUSED,
-                f"Origin {origin!r} is not allowed; start the server with --allow-origin {origin}",
+                f"Origin {origin!r} is not allowed; start the server with "
+                f"--allowed-origins {origin}",
             )
         if config.token is not None and not token_matches(request, config.token):
             return "auth", refusal(
