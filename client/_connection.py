@@ -1,7 +1,7 @@
 """One session with a server device, driven by the threads that use it.
 
-Rule: imports ``protocol``, ``client.errors`` and the client's transport and receive buffers
-only; knows nothing of arrays.
+The layer below ``client.device``: it knows nothing of arrays. Opening the session (upgrade,
+handshake, refusals) is ``client._opening``'s.
 
 Theory of operation. The websocket is :class:`client._transport.Transport`: websockets'
 sans-I/O protocol over a socket that the calling threads read and write themselves, so a read
@@ -38,27 +38,19 @@ from __future__ import annotations
 
 import collections
 import itertools
-import ssl
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
 from typing import Any
 
 import numpy as np
-from pydantic import ValidationError
-from websockets.exceptions import InvalidStatus
 
 from protocol import (
-    PROTOCOL_VERSION,
     SERVER_ADAPTER,
     Batch,
     DecodeError,
     DescribeReply,
-    ErrorCode,
-    ErrorInfo,
-    Hello,
     ReadReply,
-    Refused,
     RequestFailed,
     SessionError,
     StatsReply,
@@ -72,55 +64,17 @@ from protocol.messages import Request
 from protocol.ops import AnyOp
 
 from ._buffers import BufferPool, PooledDecoder
-from ._transport import Closed, InvalidHandshake, InvalidURI, Transport
-from .errors import (
-    ConnectionLost,
-    HandshakeError,
-    RemoteError,
-    ServerProtocolError,
-    handshake_error,
-)
+from ._opening import close_code, handshake, open_transport
+from ._transport import Closed
+from .errors import ConnectionLost, RemoteError, ServerProtocolError
 
 FLUSH_OPS = 2048
 FLUSH_BYTES = 1 << 20
 COPY_BELOW = 1 << 20  # uploads smaller than this are copied; larger ones are sent before return
-MAX_MESSAGE = 2**31
 CLOSE_TIMEOUT = 10.0
 KEEPALIVE_POLL = 1.0  # seconds between the keeper's looks at an idle socket (server pings)
 
 Frames = bytes | list[bytes | memoryview]
-
-
-def _refusal(exc: InvalidStatus) -> HandshakeError | None:
-    """The typed error in an HTTP refusal of the upgrade (a JSON ErrorInfo body), if any."""
-    response = exc.response
-    try:
-        info = ErrorInfo.model_validate_json(response.body or b"")
-    except ValidationError:
-        if response.status_code != 401:
-            return None
-        info = ErrorInfo(code=ErrorCode.AUTH_FAILED, message="the server refused the token")
-    return handshake_error(info)
-
-
-def _close_code(transport: Transport) -> ErrorCode | None:
-    """The ErrorCode a server put at the start of its close reason (or 1009: too big)."""
-    received = transport.protocol.close_rcvd
-    if received is None:
-        return None
-    if received.code == 1009:
-        return ErrorCode.LIMIT_EXCEEDED
-    try:
-        return ErrorCode(received.reason.partition(":")[0])
-    except ValueError:
-        return None
-
-
-def _tls(url: str, ca_file: str | None) -> ssl.SSLContext | None:
-    """Certificates are verified for ``wss://``, against ``ca_file`` or the system's CAs."""
-    if not url.startswith("wss://"):
-        return None
-    return ssl.create_default_context(cafile=ca_file)
 
 
 class Reply(Future[Any]):
@@ -179,45 +133,15 @@ class Connection:
         self._closed: Future[None] = Future()  # fails when the connection ends
         self._stop = threading.Event()
         self._pool = BufferPool()
-        self._ws = self._open(url, open_timeout, token, ca_file)
-        try:
-            self.welcome: Welcome = self._handshake(index)  # within open_timeout
+        self._ws = open_transport(url, open_timeout, token, ca_file)
+        try:  # the socket keeps open_timeout until opened(): the handshake is bounded too
+            self.welcome: Welcome = handshake(self._ws, url, index, self._receive)
         except BaseException:
             self._ws.close()
             raise
         self._ws.opened()
         self._keeper = threading.Thread(target=self._keep, name=f"tensorwire {url}", daemon=True)
         self._keeper.start()
-
-    # --- opening ----------------------------------------------------------------------------
-
-    def _open(
-        self, url: str, open_timeout: float, token: str | None, ca_file: str | None
-    ) -> Transport:
-        headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
-        try:
-            return Transport(url, open_timeout, MAX_MESSAGE, headers, _tls(url, ca_file))
-        except InvalidStatus as exc:
-            refused = _refusal(exc)
-            if refused is not None:
-                raise refused from None
-            raise ConnectionLost(f"cannot connect to {url}: {exc}") from exc
-        except (OSError, InvalidHandshake, InvalidURI, TimeoutError) as exc:
-            raise ConnectionLost(f"cannot connect to {url}: {exc}") from exc
-
-    def _handshake(self, index: int) -> Welcome:
-        try:
-            hello = Hello(protocol=PROTOCOL_VERSION, device_index=index)
-            with self._ws.send_lock:
-                self._ws.send(to_frames(encode(hello)))
-            reply, _ = self._receive()
-        except (Closed, DecodeError) as exc:
-            raise ConnectionLost(f"handshake with {self.url} failed: {exc}") from exc
-        if isinstance(reply, Refused):
-            raise handshake_error(reply.error)
-        if not isinstance(reply, Welcome):
-            raise ConnectionLost(f"handshake with {self.url} failed: unexpected {reply.type}")
-        return reply
 
     def _keep(self) -> None:
         """The keeper thread: while no thread reads, process what the socket holds (pings)."""
@@ -303,7 +227,7 @@ class Connection:
         with self._waiters_lock:  # not _lock: a flush may hold it, waiting on the socket
             if self._error is None:
                 reason = "closed" if self._closing else f"lost ({exc})"
-                code = None if self._closing else _close_code(self._ws)
+                code = None if self._closing else close_code(self._ws)
                 self._error = ConnectionLost(f"connection to {self.url} {reason}", code=code)
             waiters, self._waiters = self._waiters, {}
         for future in (*waiters.values(), *also, self._closed):
