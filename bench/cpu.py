@@ -32,8 +32,8 @@ def _best(fn: Callable[[], object], reps: int = 7) -> float:
     return best
 
 
-class _StubConnection:
-    """What ``client._functions.apply`` needs of a connection, doing nothing."""
+class _StubDevice:
+    """What ``client.array.apply`` needs of a device (its op-building API), doing nothing."""
 
     def __init__(self) -> None:
         self.last = 0
@@ -47,11 +47,6 @@ class _StubConnection:
 
     def release(self, tensor_id: int) -> None:
         pass
-
-
-class _StubDevice:
-    def __init__(self) -> None:
-        self._conn = _StubConnection()
 
 
 def _batch() -> tuple[Batch, list[bytes | memoryview]]:

@@ -1,98 +1,111 @@
-"""``RemoteArray``: a handle on a tensor that lives on a server.
+"""``RemoteArray``: a handle on a tensor that lives on a server, and the core that builds ops.
 
 A handle knows its id, shape, dtype and device locally. Operators build ops and return new
 handles at once; only :meth:`RemoteArray.numpy` (and what needs a value: ``bool(x)``,
 ``float(x)``, ``np.asarray(x)``) waits for the server. Dropping the last reference frees the
 tensor on the server (batched with the next flush).
+
+Each core function builds a typed op with a client-allocated output id, runs the protocol's
+inference rule (so a shape or dtype error is raised here, before anything is sent), queues the
+op and returns the new handle at once. This module calls the device API (``client.device``)
+below it; the categories of the standard (``client.standard``) build on it, and the namespace
+above it is reached only through :func:`register_namespace`.
 """
 
 from __future__ import annotations
 
 import operator
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from protocol import DType, TensorMeta, to_numpy
+from protocol import DType, TensorMeta, from_numpy
+from protocol.codec import byte_view
+from protocol.ops import (
+    UNKNOWN,
+    AnyOp,
+    AsType,
+    Binary,
+    BinaryName,
+    FromBuffer,
+    Full,
+    GetItem,
+    IndexItem,
+    PermuteDims,
+    Reshape,
+    SetItem,
+    Unary,
+    UnaryName,
+)
+from protocol.scalars import PyScalar, scalar_dtype, scalar_from_python
+
+from ._handle import Handle, common_device, index_key, ints, wire_dtype
+from .device import register_array_type
 
 if TYPE_CHECKING:
     from .device import Device
     from .namespace import Namespace
 
+# How __array_namespace__ finds a device's namespace. The namespace is the top layer, so it
+# registers itself here once, on import (client/__init__ imports it), instead of this module
+# importing upward.
+_namespace_of: Callable[[Device], Namespace] | None = None
 
-class RemoteArray:
+
+def register_namespace(namespace_of: Callable[[Device], Namespace]) -> None:
+    """Make ``x.__array_namespace__()`` return ``namespace_of(x.device)``. Called once by
+    ``client.namespace``."""
+    global _namespace_of
+    _namespace_of = namespace_of
+
+
+# --- the operators, from factories (each is a plain method to Python and to mypy) -------------
+
+Operator = Callable[["RemoteArray", Any], "RemoteArray"]
+
+
+def _unary_operator(name: UnaryName) -> Callable[[RemoteArray], RemoteArray]:
+    def unary_operator(self: RemoteArray) -> RemoteArray:
+        return unary(name, self)
+
+    unary_operator.__doc__ = f"Element-wise ``{name}``."
+    return unary_operator
+
+
+def _binary_operator(name: BinaryName, reflected: bool = False) -> Operator:
+    def binary_operator_(self: RemoteArray, other: Any) -> RemoteArray:
+        return binary_operator(name, self, other, reflected)
+
+    order = "``other`` and this array" if reflected else "this array and ``other``"
+    binary_operator_.__doc__ = f"Element-wise ``{name}`` of {order}."
+    return binary_operator_
+
+
+def _operators(name: BinaryName) -> tuple[Operator, Operator, Operator]:
+    """The operator for ``name``, its reflected form and its in-place form."""
+
+    def inplace_operator_(self: RemoteArray, other: Any) -> RemoteArray:
+        return inplace_operator(name, self, other)
+
+    inplace_operator_.__doc__ = f"In-place ``{name}``: one op that keeps this array's id."
+    return _binary_operator(name), _binary_operator(name, reflected=True), inplace_operator_
+
+
+class RemoteArray(Handle):
     """A tensor on a remote device. Create them with a namespace: ``client.namespace(dev)``."""
 
-    __slots__ = ("_device", "_id", "_meta", "__weakref__")
+    __slots__ = ()
     __array_ufunc__ = None  # numpy defers to our reflected operators instead of downloading
     __hash__ = None  # type: ignore[assignment]  # __eq__ is element-wise, as in numpy
 
-    def __init__(self, device: Device, tensor_id: int, meta: TensorMeta) -> None:
-        self._device = device
-        self._id = tensor_id
-        self._meta = meta
-
-    def __del__(self) -> None:
-        try:  # not contextlib.suppress: this runs once per op, and try costs nothing
-            self._device._conn.release(self._id)
-        except Exception:  # noqa: S110 - at interpreter exit the session ends anyway
-            pass
-
-    # --- what is known locally ----------------------------------------------------------------
-
-    @property
-    def tensor_id(self) -> int:
-        return self._id
-
-    @property
-    def meta(self) -> TensorMeta:
-        return self._meta
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return self._meta.shape
-
-    @property
-    def dtype(self) -> np.dtype[Any]:
-        return to_numpy(self._meta.dtype)
-
-    @property
-    def wire_dtype(self) -> DType:
-        return self._meta.dtype
-
-    @property
-    def device(self) -> Device:
-        return self._device
-
-    @property
-    def ndim(self) -> int:
-        return len(self._meta.shape)
-
-    @property
-    def size(self) -> int:
-        n = 1
-        for d in self._meta.shape:
-            n *= d
-        return n
-
     @property
     def T(self) -> RemoteArray:  # noqa: N802 - the standard's name
-        return _f.permute_dims(self, tuple(reversed(range(self.ndim))))
+        return permute_dims(self, tuple(reversed(range(self.ndim))))
 
     @property
     def mT(self) -> RemoteArray:  # noqa: N802 - the standard's name
-        return _f.matrix_transpose(self)
-
-    def __repr__(self) -> str:
-        shape = "(" + ", ".join(map(str, self.shape)) + ("," if self.ndim == 1 else "") + ")"
-        dtype, dev = self._meta.dtype, self._device
-        return f"RemoteArray(shape={shape}, dtype={dtype}, id=#{self._id}, device={dev!r})"
-
-    def __len__(self) -> int:
-        if not self.shape:
-            raise TypeError("len() of a 0-d array")
-        return self.shape[0]
+        return matrix_transpose(self)
 
     def __iter__(self) -> Iterator[RemoteArray]:
         if not self.shape:
@@ -100,65 +113,25 @@ class RemoteArray:
         for i in range(self.shape[0]):
             yield self[i]
 
-    # --- values: these wait for the server ------------------------------------------------------
-
-    def numpy(self) -> np.ndarray[Any, Any]:
-        """The values as a new, writable numpy array (one round trip).
-
-        Raises:
-            RemoteError: the op that produced this tensor, or one it depends on, failed.
-            ConnectionLost: the connection closed or broke.
-        """
-        return self._device._read_blocking(self)
-
-    def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray[Any, Any]:
-        values = self.numpy()
-        return values if dtype is None else values.astype(dtype, copy=False)
-
-    def _scalar(self) -> Any:
-        if self.size != 1:
-            raise TypeError(f"only arrays with one element can be converted, not {self.shape}")
-        return self.numpy().reshape(()).item()
-
-    def __bool__(self) -> bool:
-        return bool(self._scalar())
-
-    def __int__(self) -> int:
-        return int(self._scalar())
-
-    def __float__(self) -> float:
-        return float(self._scalar())
-
-    def __complex__(self) -> complex:
-        return complex(self._scalar())
-
-    def __index__(self) -> int:
-        if self._meta.dtype == "bool" or not self._meta.dtype.startswith(("int", "uint")):
-            raise TypeError(f"only integer arrays can be used as an index, not {self.dtype}")
-        return operator.index(self._scalar())
-
-    # --- ops ----------------------------------------------------------------------------------
-
     def __array_namespace__(self, *, api_version: str | None = None) -> Namespace:
-        from .namespace import namespace
-
         if api_version not in (None, "2021.12", "2022.12", "2023.12", "2024.12"):
             raise ValueError(f"unsupported array API version {api_version!r}")
-        return namespace(self._device)
+        assert _namespace_of is not None, "client.namespace registers itself on import"
+        return _namespace_of(self._device)
 
     def astype(self, dtype: Any) -> RemoteArray:
-        return _f.astype(self, dtype)
+        return astype(self, dtype)
 
     def reshape(self, *shape: Any) -> RemoteArray:
         if len(shape) == 1 and isinstance(shape[0], tuple | list):
             shape = tuple(shape[0])
-        return _f.reshape(self, shape)
+        return reshape(self, shape)
 
     def __getitem__(self, key: Any) -> RemoteArray:
-        return _f.getitem(self, key)
+        return getitem(self, key)
 
     def __setitem__(self, key: Any, value: Any) -> None:
-        _f.setitem(self, key, value)
+        setitem(self, key, value)
 
     def to_device(self, device: Any, /, *, stream: Any = None) -> RemoteArray:
         """This array on ``device``: itself when already there, else a copy (between two
@@ -167,173 +140,236 @@ class RemoteArray:
             raise ValueError("remote devices have no streams")
         if device is self._device:
             return self
-        return _f.upload(self.numpy(), device)
+        return upload(self.numpy(), device)
 
-    def __dlpack__(self, *, stream: Any = None, max_version: Any = None,
-                   dl_device: Any = None, copy: Any = None) -> Any:  # fmt: skip
-        """A DLPack capsule of a *host copy* (one read): a remote array's memory is on a
-        server, so it cannot be shared. The capsule describes CPU memory.
+    __neg__ = _unary_operator("negative")
+    __pos__ = _unary_operator("positive")
+    __abs__ = _unary_operator("abs")
+    __invert__ = _unary_operator("bitwise_invert")
 
-        Raises:
-            BufferError: ``copy=False`` (sharing is impossible) or a non-CPU ``dl_device``.
-        """
-        if copy is False:
-            raise BufferError("a remote array's memory is on a server: it can only be copied")
-        if dl_device is not None and tuple(dl_device) != (1, 0):
-            raise BufferError("a remote array can only be exported to the host CPU")
-        kwargs = {} if max_version is None else {"max_version": max_version}
-        return self.numpy().__dlpack__(**kwargs)
+    __add__, __radd__, __iadd__ = _operators("add")
+    __sub__, __rsub__, __isub__ = _operators("subtract")
+    __mul__, __rmul__, __imul__ = _operators("multiply")
+    __truediv__, __rtruediv__, __itruediv__ = _operators("divide")
+    __floordiv__, __rfloordiv__, __ifloordiv__ = _operators("floor_divide")
+    __mod__, __rmod__, __imod__ = _operators("remainder")
+    __pow__, __rpow__, __ipow__ = _operators("pow")
+    __matmul__, __rmatmul__, __imatmul__ = _operators("matmul")
+    __and__, __rand__, __iand__ = _operators("bitwise_and")
+    __or__, __ror__, __ior__ = _operators("bitwise_or")
+    __xor__, __rxor__, __ixor__ = _operators("bitwise_xor")
+    __lshift__, __rlshift__, __ilshift__ = _operators("bitwise_left_shift")
+    __rshift__, __rrshift__, __irshift__ = _operators("bitwise_right_shift")
 
-    def __dlpack_device__(self) -> tuple[int, int]:
-        """``(kDLCPU, 0)``: :meth:`__dlpack__` exports a host copy."""
-        return (1, 0)
-
-    def __neg__(self) -> RemoteArray:
-        return _f.negative(self)
-
-    def __pos__(self) -> RemoteArray:
-        return _f.positive(self)
-
-    def __abs__(self) -> RemoteArray:
-        return _f.abs(self)
-
-    def __invert__(self) -> RemoteArray:
-        return _f.bitwise_invert(self)
-
-    def __add__(self, other: Any) -> RemoteArray:
-        return _f.binary_operator("add", self, other, reflected=False)
-
-    def __radd__(self, other: Any) -> RemoteArray:
-        return _f.binary_operator("add", self, other, reflected=True)
-
-    def __sub__(self, other: Any) -> RemoteArray:
-        return _f.binary_operator("subtract", self, other, reflected=False)
-
-    def __rsub__(self, other: Any) -> RemoteArray:
-        return _f.binary_operator("subtract", self, other, reflected=True)
-
-    def __mul__(self, other: Any) -> RemoteArray:
-        return _f.binary_operator("multiply", self, other, reflected=False)
-
-    def __rmul__(self, other: Any) -> RemoteArray:
-        return _f.binary_operator("multiply", self, other, reflected=True)
-
-    def __truediv__(self, other: Any) -> RemoteArray:
-        return _f.binary_operator("divide", self, other, reflected=False)
-
-    def __rtruediv__(self, other: Any) -> RemoteArray:
-        return _f.binary_operator("divide", self, other, reflected=True)
-
-    def __floordiv__(self, other: Any) -> RemoteArray:
-        return _f.binary_operator("floor_divide", self, other, reflected=False)
-
-    def __rfloordiv__(self, other: Any) -> RemoteArray:
-        return _f.binary_operator("floor_divide", self, other, reflected=True)
-
-    def __mod__(self, other: Any) -> RemoteArray:
-        return _f.binary_operator("remainder", self, other, reflected=False)
-
-    def __rmod__(self, other: Any) -> RemoteArray:
-        return _f.binary_operator("remainder", self, other, reflected=True)
-
-    def __pow__(self, other: Any) -> RemoteArray:
-        return _f.binary_operator("pow", self, other, reflected=False)
-
-    def __rpow__(self, other: Any) -> RemoteArray:
-        return _f.binary_operator("pow", self, other, reflected=True)
-
-    def __matmul__(self, other: Any) -> RemoteArray:
-        return _f.binary_operator("matmul", self, other, reflected=False)
-
-    def __rmatmul__(self, other: Any) -> RemoteArray:
-        return _f.binary_operator("matmul", self, other, reflected=True)
-
-    def __and__(self, other: Any) -> RemoteArray:
-        return _f.binary_operator("bitwise_and", self, other, reflected=False)
-
-    def __rand__(self, other: Any) -> RemoteArray:
-        return _f.binary_operator("bitwise_and", self, other, reflected=True)
-
-    def __or__(self, other: Any) -> RemoteArray:
-        return _f.binary_operator("bitwise_or", self, other, reflected=False)
-
-    def __ror__(self, other: Any) -> RemoteArray:
-        return _f.binary_operator("bitwise_or", self, other, reflected=True)
-
-    def __xor__(self, other: Any) -> RemoteArray:
-        return _f.binary_operator("bitwise_xor", self, other, reflected=False)
-
-    def __rxor__(self, other: Any) -> RemoteArray:
-        return _f.binary_operator("bitwise_xor", self, other, reflected=True)
-
-    def __lshift__(self, other: Any) -> RemoteArray:
-        return _f.binary_operator("bitwise_left_shift", self, other, reflected=False)
-
-    def __rlshift__(self, other: Any) -> RemoteArray:
-        return _f.binary_operator("bitwise_left_shift", self, other, reflected=True)
-
-    def __rshift__(self, other: Any) -> RemoteArray:
-        return _f.binary_operator("bitwise_right_shift", self, other, reflected=False)
-
-    def __rrshift__(self, other: Any) -> RemoteArray:
-        return _f.binary_operator("bitwise_right_shift", self, other, reflected=True)
-
-    def __iadd__(self, other: Any) -> RemoteArray:
-        return _f.inplace_operator("add", self, other)
-
-    def __isub__(self, other: Any) -> RemoteArray:
-        return _f.inplace_operator("subtract", self, other)
-
-    def __imul__(self, other: Any) -> RemoteArray:
-        return _f.inplace_operator("multiply", self, other)
-
-    def __itruediv__(self, other: Any) -> RemoteArray:
-        return _f.inplace_operator("divide", self, other)
-
-    def __ifloordiv__(self, other: Any) -> RemoteArray:
-        return _f.inplace_operator("floor_divide", self, other)
-
-    def __imod__(self, other: Any) -> RemoteArray:
-        return _f.inplace_operator("remainder", self, other)
-
-    def __ipow__(self, other: Any) -> RemoteArray:
-        return _f.inplace_operator("pow", self, other)
-
-    def __imatmul__(self, other: Any) -> RemoteArray:
-        return _f.inplace_operator("matmul", self, other)
-
-    def __iand__(self, other: Any) -> RemoteArray:
-        return _f.inplace_operator("bitwise_and", self, other)
-
-    def __ior__(self, other: Any) -> RemoteArray:
-        return _f.inplace_operator("bitwise_or", self, other)
-
-    def __ixor__(self, other: Any) -> RemoteArray:
-        return _f.inplace_operator("bitwise_xor", self, other)
-
-    def __ilshift__(self, other: Any) -> RemoteArray:
-        return _f.inplace_operator("bitwise_left_shift", self, other)
-
-    def __irshift__(self, other: Any) -> RemoteArray:
-        return _f.inplace_operator("bitwise_right_shift", self, other)
-
-    def __lt__(self, other: Any) -> RemoteArray:
-        return _f.binary_operator("less", self, other, reflected=False)
-
-    def __le__(self, other: Any) -> RemoteArray:
-        return _f.binary_operator("less_equal", self, other, reflected=False)
-
-    def __gt__(self, other: Any) -> RemoteArray:
-        return _f.binary_operator("greater", self, other, reflected=False)
-
-    def __ge__(self, other: Any) -> RemoteArray:
-        return _f.binary_operator("greater_equal", self, other, reflected=False)
-
-    def __eq__(self, other: Any) -> RemoteArray:  # type: ignore[override]
-        return _f.binary_operator("equal", self, other, reflected=False)
-
-    def __ne__(self, other: Any) -> RemoteArray:  # type: ignore[override]
-        return _f.binary_operator("not_equal", self, other, reflected=False)
+    __lt__ = _binary_operator("less")
+    __le__ = _binary_operator("less_equal")
+    __gt__ = _binary_operator("greater")
+    __ge__ = _binary_operator("greater_equal")
+    __eq__ = _binary_operator("equal")  # type: ignore[assignment]
+    __ne__ = _binary_operator("not_equal")  # type: ignore[assignment]
 
 
-from . import _functions as _f  # noqa: E402  (functions build RemoteArrays: a cycle by nature)
+register_array_type(RemoteArray)
+
+
+# --- building ops -----------------------------------------------------------------------------
+
+
+def apply(
+    make: Callable[[int], AnyOp], *inputs: RemoteArray, device: Device | None = None
+) -> RemoteArray:
+    """Build ``make(out)``, check it locally, queue it and return the output handle.
+
+    :func:`apply_many` for one output, without its generality on the hot path (a
+    data-dependent output takes :func:`apply_many`'s round trip).
+    """
+    dev = device if device is not None else common_device(inputs)
+    out = dev.new_id()
+    op = make(out)
+    metas = op.infer_all(*[a.meta for a in inputs])
+    if len(metas) == 1 and UNKNOWN not in metas[0].shape:
+        dev.submit(op)
+        return RemoteArray(dev, out, metas[0])
+    return _queue(dev, op, [out], metas)[0]
+
+
+def apply_many(
+    make: Callable[[int, tuple[int, ...]], AnyOp],
+    count: int,
+    *inputs: RemoteArray,
+    device: Device | None = None,
+) -> tuple[RemoteArray, ...]:
+    """Build ``make(out, more)`` for an op with ``count`` outputs, check it locally, queue it
+    and return the output handles. An output whose shape is data-dependent costs one round
+    trip: the server runs the op and describes the output before this returns.
+
+    Raises:
+        RemoteError: the server could not run an op with a data-dependent output.
+    """
+    dev = device if device is not None else common_device(inputs)
+    ids = [dev.new_id() for _ in range(count)]
+    op = make(ids[0], tuple(ids[1:]))
+    return _queue(dev, op, ids, op.infer_all(*[a.meta for a in inputs]))
+
+
+def _queue(
+    dev: Device, op: AnyOp, ids: list[int], metas: tuple[TensorMeta, ...]
+) -> tuple[RemoteArray, ...]:
+    """Queue the checked ``op``, whose outputs ``ids`` have ``metas``; their handles."""
+    dev.submit(op)
+    unknown = [i for i, meta in enumerate(metas) if UNKNOWN in meta.shape]
+    if unknown:  # one round trip for all of them
+        try:
+            described = dev.describe([ids[i] for i in unknown])
+        except BaseException:
+            for tensor_id in ids:  # no handle will own them: free the failed outputs
+                dev.release(tensor_id)
+            raise
+        learnt = dict(zip(unknown, described, strict=True))
+        metas = tuple(learnt.get(i, meta) for i, meta in enumerate(metas))
+    return tuple(RemoteArray(dev, i, meta) for i, meta in zip(ids, metas, strict=True))
+
+
+def apply_inplace(make: Callable[[int], AnyOp], target: RemoteArray,
+                  *inputs: RemoteArray) -> RemoteArray:  # fmt: skip
+    """Queue the in-place op ``make(target id)``, whose inputs are ``target`` then ``inputs``;
+    ``target`` keeps its id, shape and dtype. Returns ``target``."""
+    common_device((target, *inputs))
+    op = make(target.tensor_id)
+    op.infer_all(target.meta, *(a.meta for a in inputs))
+    target.device.submit(op)
+    return target
+
+
+def upload(values: np.ndarray[Any, Any], device: Device) -> RemoteArray:
+    """Copy a local numpy array to ``device`` (raw bytes, little-endian, C order)."""
+    dtype = from_numpy(values.dtype)
+    # Note: not np.ascontiguousarray, which turns a 0-d array into a 1-d one
+    values = np.asarray(values, dtype=values.dtype.newbyteorder("<"), order="C")
+    shape = values.shape
+    out = device.new_id()
+    device.submit_upload(
+        lambda buffer: FromBuffer(out=out, shape=shape, dtype=dtype, buffer=buffer),
+        byte_view(values),
+    )
+    return RemoteArray(device, out, TensorMeta(shape, dtype))
+
+
+def full(shape: int | Sequence[int], value: PyScalar, dtype: DType, device: Device) -> RemoteArray:
+    """An array of ``shape`` filled with ``value``."""
+    dims = ints(shape)
+    if isinstance(value, np.generic):
+        value = value.item()
+    return apply(
+        lambda out: Full(out=out, shape=dims, dtype=dtype, value=scalar_from_python(value)),
+        device=device,
+    )
+
+
+# --- element-wise -----------------------------------------------------------------------------
+
+
+def operand(value: Any, like: RemoteArray) -> RemoteArray | None:
+    """``value`` as an array on ``like``'s device, or None if it cannot take part in an op."""
+    if isinstance(value, RemoteArray):
+        return value
+    if isinstance(value, np.generic):
+        value = np.asarray(value)
+    if isinstance(value, np.ndarray):
+        return upload(value, like.device)
+    if isinstance(value, bool | int | float | complex):
+        return full((), value, scalar_dtype(value, like.wire_dtype), like.device)
+    return None
+
+
+def binary(name: BinaryName, x1: RemoteArray, x2: RemoteArray) -> RemoteArray:
+    return apply(lambda out: Binary(op=name, out=out, x1=x1.tensor_id, x2=x2.tensor_id), x1, x2)
+
+
+def unary(name: UnaryName, x: RemoteArray) -> RemoteArray:
+    return apply(lambda out: Unary(op=name, out=out, x=x.tensor_id), x)
+
+
+def binary_operator(
+    name: BinaryName, self: RemoteArray, other: Any, reflected: bool
+) -> RemoteArray:
+    """``self <op> other`` (``other <op> self`` if ``reflected``), or NotImplemented when
+    ``other`` cannot take part, so that Python tries the other operand."""
+    other_array = operand(other, self)
+    if other_array is None:
+        result: RemoteArray = NotImplemented
+        return result
+    return binary(name, other_array, self) if reflected else binary(name, self, other_array)
+
+
+def inplace_operator(name: BinaryName, self: RemoteArray, other: Any) -> RemoteArray:
+    """``self op= other``: computes ``self op other``, then stores it under ``self``'s id.
+
+    Raises:
+        ValueError: the result would not have ``self``'s shape.
+        TypeError: the result's dtype cannot be cast back to ``self``'s (int ``/=``, ...).
+    """
+    result = binary_operator(name, self, other, reflected=False)
+    if result is NotImplemented:
+        return NotImplemented  # type: ignore[no-any-return]
+    if result.shape != self.shape:
+        raise ValueError(f"in-place {name} would change the shape {self.shape} to {result.shape}")
+    if result.wire_dtype != self.wire_dtype:
+        if not np.can_cast(result.dtype, self.dtype, casting="same_kind"):
+            raise TypeError(f"in-place {name} cannot store {result.dtype} into {self.dtype}")
+        result = astype(result, self.dtype)
+    r = result
+    return apply_inplace(lambda out: SetItem(out=out, key=("...",), value=r.tensor_id), self, r)
+
+
+def astype(x: RemoteArray, dtype: Any) -> RemoteArray:
+    target = wire_dtype(dtype)
+    return apply(lambda out: AsType(out=out, x=x.tensor_id, dtype=target), x)
+
+
+# --- shapes and indexing ----------------------------------------------------------------------
+
+
+def reshape(x: RemoteArray, shape: Sequence[int]) -> RemoteArray:
+    dims = tuple(operator.index(d) for d in shape)
+    return apply(lambda out: Reshape(out=out, x=x.tensor_id, shape=dims), x)
+
+
+def permute_dims(x: RemoteArray, axes: Sequence[int]) -> RemoteArray:
+    order = tuple(operator.index(a) for a in axes)
+    return apply(lambda out: PermuteDims(out=out, x=x.tensor_id, axes=order), x)
+
+
+def matrix_transpose(x: RemoteArray) -> RemoteArray:
+    if x.ndim < 2:
+        raise ValueError(f"matrix_transpose needs at least 2 dimensions, not {x.ndim}")
+    axes = list(range(x.ndim))
+    axes[-2], axes[-1] = axes[-1], axes[-2]
+    return permute_dims(x, axes)
+
+
+def _key(x: RemoteArray, key: Any) -> tuple[tuple[IndexItem, ...], list[RemoteArray]]:
+    def index_array(item: Any) -> RemoteArray:
+        array = item if isinstance(item, RemoteArray) else upload(np.asarray(item), x.device)
+        if array.device is not x.device:
+            raise ValueError("an index array must be on the indexed array's device")
+        return array
+
+    return index_key(key, index_array)
+
+
+def getitem(x: RemoteArray, key: Any) -> RemoteArray:
+    index, arrays = _key(x, key)
+    return apply(lambda out: GetItem(out=out, x=x.tensor_id, key=index), x, *arrays)
+
+
+def setitem(x: RemoteArray, key: Any, value: Any) -> None:
+    """``x[key] = value`` as an in-place op: ``x`` keeps its id; nothing travels back."""
+    index, arrays = _key(x, key)
+    if not isinstance(value, RemoteArray):
+        value_array = operand(value, x)
+        if value_array is None:
+            raise TypeError(f"cannot assign {type(value).__name__} to an array")
+        value = value_array
+    v = value if value.wire_dtype == x.wire_dtype else astype(value, x.dtype)
+    apply_inplace(lambda out: SetItem(out=out, key=index, value=v.tensor_id), x, v, *arrays)

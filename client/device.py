@@ -4,6 +4,10 @@
 needs the caller to run a loop, and several threads may share one device: the thread that waits
 for a reply reads it (``AsyncRemoteDevice`` waits in a worker thread, so it never blocks the
 caller's loop). Ops never wait; only reads, syncs and stats do.
+
+:class:`Device` is also the API the array layer builds ops with (``new_id``, ``submit``,
+``submit_upload``, ``release``, ``submit_read``, ``describe``): this module is the layer below
+``client.array`` and knows arrays only through the hook :func:`register_array_type`.
 """
 
 from __future__ import annotations
@@ -11,7 +15,8 @@ from __future__ import annotations
 import asyncio
 import os
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 from functools import partial
 from types import TracebackType
@@ -38,6 +43,19 @@ if TYPE_CHECKING:
 
 TOKEN_ENV = "TENSOR_SERVER_TOKEN"  # noqa: S105 - the variable's name, not a token
 
+ArrayType = Callable[["Device", int, TensorMeta], "RemoteArray"]
+
+# The handle type of the layer above, for submit_unchecked: client.array registers RemoteArray
+# once, on import (client/__init__ imports it first), so that this layer imports nothing upward.
+_array_type: ArrayType | None = None
+
+
+def register_array_type(array_type: ArrayType) -> None:
+    """Make :meth:`Device.submit_unchecked` return handles of ``array_type``. Called once by
+    ``client.array``."""
+    global _array_type
+    _array_type = array_type
+
 
 @dataclass(frozen=True)
 class SessionStats:
@@ -51,7 +69,24 @@ class SessionStats:
 
 
 class Device:
-    """What both device kinds share: the connection, ids, and op submission."""
+    """What both device kinds share: the session, and the API the array layer builds ops with.
+
+    ``new_id``, ``submit`` and ``release`` are the connection's own methods, bound once here:
+    every op calls them, and an op must cost no call more than the connection does.
+    """
+
+    new_id: Callable[[], int]
+    """A fresh tensor id for an op's output: the client allocates every id itself."""
+
+    submit: Callable[[AnyOp], None]
+    """Queue a checked op; it travels with the next flush (nothing waits).
+
+    Raises:
+        ConnectionLost: the connection is closed or broken.
+    """
+
+    release: Callable[[int], None]
+    """Free a tensor id on the server at the next flush. Safe from ``__del__``, in any thread."""
 
     def __init__(
         self,
@@ -67,8 +102,9 @@ class Device:
         url = _url_of(url)
         self.url = url
         self.index = index
-        self._conn = Connection(url, index, token, open_timeout, ca_file)
-        self._close = weakref.finalize(self, self._conn.close)  # also runs at exit
+        self._conn = conn = Connection(url, index, token, open_timeout, ca_file)
+        self.new_id, self.submit, self.release = conn.new_id, conn.submit, conn.release
+        self._close = weakref.finalize(self, conn.close)  # also runs at exit
 
     @property
     def server_id(self) -> str:
@@ -87,31 +123,46 @@ class Device:
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.url!r}, index={self.index})"
 
+    def submit_upload(self, make_op: Callable[[int], AnyOp], data: memoryview) -> None:
+        """Queue the op ``make_op(buffer_index)`` whose bytes are ``data``; the caller may
+        change the memory behind ``data`` once this returns.
+
+        Raises:
+            ConnectionLost: the connection is closed, or broke before a large upload was sent.
+        """
+        self._conn.submit_upload(make_op, data)
+
+    def submit_read(self, tensor_id: int) -> Future[np.ndarray[Any, Any]]:
+        """Flush with a read of ``tensor_id``; the future resolves with a new, writable numpy
+        array. Its ``result()`` reads the connection while it waits, so call it from a thread
+        that may block (:meth:`AsyncRemoteDevice.read` waits in a worker thread).
+
+        The future raises ``RemoteError`` if the op that produced the tensor, or one it depends
+        on, failed, and ``ConnectionLost`` if the connection closed or broke.
+        """
+        return self._conn.request(partial(_read, tensor=tensor_id))
+
+    def describe(self, tensor_ids: Sequence[int]) -> list[TensorMeta]:
+        """The shapes and dtypes the server holds for ``tensor_ids`` (the outputs of an op with
+        data-dependent shapes): the requests are pipelined, so this costs one round trip
+        however many ids there are.
+
+        Raises:
+            RemoteError: the op that produced one of them failed.
+            ConnectionLost: the connection closed or broke.
+        """
+        futures = [self._conn.request(partial(_describe, tensor=t)) for t in tensor_ids]
+        replies = [f.result() for f in futures]
+        return [TensorMeta(tuple(r.shape), r.dtype) for r in replies]
+
     def submit_unchecked(self, op: AnyOp, meta: TensorMeta) -> RemoteArray:
         """Send ``op`` as it is, without the local shape and dtype checks, and return a handle
         for its output described by ``meta``. A protocol-level tool for tests and experiments:
         if ``op`` is invalid, reading the handle raises ``RemoteError``.
         """
-        from .array import RemoteArray
-
-        self._conn.submit(op)
-        return RemoteArray(self, op.out, meta)
-
-    def _read_blocking(self, array: RemoteArray) -> np.ndarray[Any, Any]:
-        future = self._conn.request(lambda rid: Read(request_id=rid, tensor=array.tensor_id))
-        result: np.ndarray[Any, Any] = future.result()
-        return result
-
-    def _describe_blocking(self, tensor_ids: Sequence[int]) -> list[TensorMeta]:
-        """The shapes and dtypes the server holds for ``tensor_ids``: the requests are
-        pipelined, so this costs one round trip however many ids there are.
-
-        Raises:
-            RemoteError: the op that produced one of them failed.
-        """
-        futures = [self._conn.request(partial(_describe, tensor=t)) for t in tensor_ids]
-        replies = [f.result() for f in futures]
-        return [TensorMeta(tuple(r.shape), r.dtype) for r in replies]
+        assert _array_type is not None, "client.array registers the handle type on import"
+        self.submit(op)
+        return _array_type(self, op.out, meta)
 
     def _raise_server_error(self) -> None:
         error = self._conn.take_server_error()
@@ -138,6 +189,10 @@ def _url_of(target: str) -> str:
 
 def _describe(request_id: int, tensor: int) -> Describe:
     return Describe(request_id=request_id, tensor=tensor)
+
+
+def _read(request_id: int, tensor: int) -> Read:
+    return Read(request_id=request_id, tensor=tensor)
 
 
 def _stats(reply: StatsReply) -> SessionStats:
@@ -227,10 +282,14 @@ class AsyncRemoteDevice(Device):
         )
 
     async def read(self, array: RemoteArray) -> np.ndarray[Any, Any]:
-        """The array's values as a writable numpy array."""
-        reply = self._conn.request(lambda rid: Read(request_id=rid, tensor=array.tensor_id))
-        result: np.ndarray[Any, Any] = await asyncio.to_thread(reply.result)
-        return result
+        """The array's values as a new, writable numpy array (one round trip, awaited in a
+        worker thread).
+
+        Raises:
+            RemoteError: the op that produced ``array``, or one it depends on, failed.
+            ConnectionLost: the connection closed or broke.
+        """
+        return await asyncio.to_thread(self.submit_read(array.tensor_id).result)
 
     async def sync(self) -> None:
         await asyncio.to_thread(self._conn.request(lambda rid: Sync(request_id=rid)).result)

@@ -1,0 +1,97 @@
+"""Statistical functions: reductions and cumulative sums and products."""
+
+from __future__ import annotations
+
+import builtins
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import numpy as np
+
+from protocol.ops import Cumulative, Reduce, ReduceName
+
+from .._handle import opt_int, opt_ints
+from ..array import RemoteArray, apply, astype
+
+
+def reduce(name: ReduceName, x: RemoteArray, axis: int | Sequence[int] | None, keepdims: bool,
+           dtype: Any = None, correction: float = 0.0) -> RemoteArray:  # fmt: skip
+    """One reduction op; a ``dtype`` casts the input before and the result after, if needed."""
+    if dtype is not None:
+        x = astype(x, dtype)
+    axes = opt_ints(axis)
+    result = apply(
+        lambda out: Reduce(
+            op=name, out=out, x=x.tensor_id, axis=axes, keepdims=keepdims, correction=correction
+        ),
+        x,
+    )
+    if dtype is not None and result.dtype != np.dtype(dtype):
+        result = astype(result, dtype)
+    return result
+
+
+class StatisticalFunctions:
+    """Mixed into :class:`~client.namespace.Namespace`."""
+
+    @staticmethod
+    def sum(x: RemoteArray, /, *, axis: int | Sequence[int] | None = None, dtype: Any = None,
+            keepdims: builtins.bool = False) -> RemoteArray:  # fmt: skip
+        return reduce("sum", x, axis, keepdims, dtype)
+
+    @staticmethod
+    def prod(x: RemoteArray, /, *, axis: int | Sequence[int] | None = None, dtype: Any = None,
+            keepdims: builtins.bool = False) -> RemoteArray:  # fmt: skip
+        return reduce("prod", x, axis, keepdims, dtype)
+
+    @staticmethod
+    def mean(x: RemoteArray, /, *, axis: int | Sequence[int] | None = None,
+            keepdims: builtins.bool = False) -> RemoteArray:  # fmt: skip
+        return reduce("mean", x, axis, keepdims)
+
+    @staticmethod
+    def max(x: RemoteArray, /, *, axis: int | Sequence[int] | None = None,
+            keepdims: builtins.bool = False) -> RemoteArray:  # fmt: skip
+        return reduce("max", x, axis, keepdims)
+
+    @staticmethod
+    def min(x: RemoteArray, /, *, axis: int | Sequence[int] | None = None,
+            keepdims: builtins.bool = False) -> RemoteArray:  # fmt: skip
+        return reduce("min", x, axis, keepdims)
+
+    @staticmethod
+    def std(x: RemoteArray, /, *, axis: int | Sequence[int] | None = None,
+            correction: int | float = 0.0,
+            keepdims: builtins.bool = False) -> RemoteArray:  # fmt: skip
+        return reduce("std", x, axis, keepdims, correction=float(correction))
+
+    @staticmethod
+    def var(x: RemoteArray, /, *, axis: int | Sequence[int] | None = None,
+            correction: int | float = 0.0,
+            keepdims: builtins.bool = False) -> RemoteArray:  # fmt: skip
+        return reduce("var", x, axis, keepdims, correction=float(correction))
+
+    @staticmethod
+    def cumulative_sum(x: RemoteArray, /, *, axis: int | None = None, dtype: Any = None,
+                       include_initial: builtins.bool = False) -> RemoteArray:  # fmt: skip
+        return _cumulative("cumulative_sum", x, axis, dtype, include_initial)
+
+    @staticmethod
+    def cumulative_prod(x: RemoteArray, /, *, axis: int | None = None, dtype: Any = None,
+                        include_initial: builtins.bool = False) -> RemoteArray:  # fmt: skip
+        return _cumulative("cumulative_prod", x, axis, dtype, include_initial)
+
+
+def _cumulative(name: Literal["cumulative_sum", "cumulative_prod"], x: RemoteArray,
+                axis: int | None, dtype: Any, include_initial: bool) -> RemoteArray:  # fmt: skip
+    if dtype is not None:
+        x = astype(x, dtype)
+    axis = opt_int(axis)
+    result = apply(
+        lambda out: Cumulative(out=out, op=name, x=x.tensor_id, axis=axis,
+                               include_initial=include_initial),
+        x,
+    )  # fmt: skip
+    if dtype is not None and result.dtype != np.dtype(dtype):
+        result = astype(result, dtype)
+    return result
