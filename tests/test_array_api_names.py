@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import inspect
+from typing import get_args
+
 import numpy as np
 import pytest
 
 import client
+from client.standard.elementwise import GENERATED
+from protocol.ops import BinaryName, UnaryName
 
 MAIN = """
 e inf nan newaxis pi
@@ -60,3 +65,22 @@ def test_every_array_method_and_attribute_exists(xp: client.Namespace) -> None:
     x = xp.asarray(np.ones((2, 2)))
     assert not [n for n in ARRAY if not callable(getattr(x, n, None))]
     assert not [n for n in ATTRIBUTES if not hasattr(x, n)]
+
+
+def test_elementwise_functions_are_generated_for_exactly_the_protocols_ops() -> None:
+    """One generated function per unary and binary op of the protocol, none more, each on the
+    namespace as the standard writes it: ``name(x, /)``, ``name(x1, x2, /)``."""
+    unary = {name for name, kind in GENERATED.items() if kind == "unary"}
+    binary = {name for name, kind in GENERATED.items() if kind == "binary"}
+    assert unary == set(get_args(UnaryName))
+    assert binary == set(get_args(BinaryName))
+    positional = inspect.Parameter.POSITIONAL_ONLY
+    for names, params in ((unary, ["x"]), (binary, ["x1", "x2"])):
+        for name in names:
+            attribute = inspect.getattr_static(client.Namespace, name)
+            assert isinstance(attribute, staticmethod), name
+            assert attribute.__func__.__module__ == "client.standard.elementwise", name
+            signature = inspect.signature(getattr(client.Namespace, name))
+            assert [(p.name, p.kind) for p in signature.parameters.values()] == [
+                (p, positional) for p in params
+            ], name

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import threading
+import weakref
 from typing import Any
 
 import numpy as np
@@ -136,6 +137,16 @@ def test_failed_op_is_reported_and_session_carries_on(dev: client.RemoteDevice) 
     np.testing.assert_array_equal((a * 2).numpy(), np.full((2, 3), 2.0))
     assert dev.stats().failed == 2  # bad and dependant; the temporary exp(bad) was freed
     dev.sync()
+
+
+def test_namespace_is_one_object_and_does_not_keep_its_device_alive(url: str) -> None:
+    dev = client.RemoteDevice(url)
+    xp = client.namespace(dev)
+    assert client.namespace(dev) is xp and xp.ones(1).__array_namespace__() is xp
+    session = dev._close  # the finalizer that closes the session
+    device = weakref.ref(dev)
+    del dev, xp  # no cycle: the session closes at once, without a garbage collection
+    assert device() is None and not session.alive
 
 
 def test_reading_unknown_tensor_fails_cleanly(dev: client.RemoteDevice) -> None:
