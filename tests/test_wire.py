@@ -73,9 +73,9 @@ def test_version_mismatch_is_refused_and_closed_cleanly(url: str) -> None:
 
 
 def test_client_raises_version_mismatch(url: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    import client._connection
+    import client._opening
 
-    monkeypatch.setattr(client._connection, "PROTOCOL_VERSION", 2)
+    monkeypatch.setattr(client._opening, "PROTOCOL_VERSION", 2)
     with pytest.raises(client.VersionMismatchError, match="client speaks protocol v2"):
         client.RemoteDevice(url)
 
