@@ -1,9 +1,10 @@
 """A websocket client connection driven by the threads that use it: no thread of its own.
 
-Rule: imports the standard library and websockets only; knows nothing of Tensorwire messages.
-
-websockets' sans-I/O :class:`~websockets.client.ClientProtocol` does the protocol (handshake,
-framing, masking, pings, the close handshake); this module owns the socket. Sending is done by
+It knows nothing of Tensorwire messages. websockets' sans-I/O
+:class:`~websockets.client.ClientProtocol` does the opening handshake, pings and the close
+handshake; data frames are framed and parsed with ``protocol.framing`` (shared with the
+server), so that a payload is masked with one copy and received straight into its array; this
+module owns the socket. Sending is done by
 the sending thread; receiving by whichever thread calls :meth:`Transport.receive` (the caller
 must let one thread at a time do that). Nothing crosses a thread on the way, which halves a
 small round trip's cost against websockets' threaded clients on a 2-core machine.
@@ -20,27 +21,32 @@ import os
 import select
 import socket
 import ssl
-import struct
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Protocol
 
-from websockets import frames
-from websockets.client import ClientProtocol
 from websockets.exceptions import InvalidHandshake, InvalidURI
-from websockets.frames import Frame, Opcode
-from websockets.http11 import Response
-from websockets.uri import parse_uri
+from websockets.frames import Frame
 
-RECV_SIZE = 1 << 18
+from protocol.framing import (
+    MAX_HEADER,
+    FrameError,
+    FrameHeader,
+    Opcode,
+    apply_mask,
+    encode_header,
+    header_size,
+    parse_header,
+)
+
+from ._upgrade import RECV_SIZE, upgrade
+
 # The first read of a message: a small reply whole in one call, and little of a large one,
 # whose bytes read this way are copied twice more (into the read buffer, then the array) where
 # the rest is received in place. 64 KiB against 256 KiB, interleaved in one process: 1 MiB
 # downloads 3-8% faster in three runs, 8 MiB 4%; 200 KiB downloads and reads unchanged.
 FIRST_BITE = 1 << 16
 SMALL_FRAME = 1 << 16  # over TLS, frames below this go out in one write, header and payload joined
-_DATA = (Opcode.BINARY, Opcode.CONT, Opcode.TEXT)
-_CONTROL = 8  # opcodes from 8 up are control frames
 
 
 class Sink(Protocol):
@@ -76,51 +82,17 @@ class Transport:
         headers: Mapping[str, str] | None = None,
         ssl_context: ssl.SSLContext | None = None,
     ) -> None:
-        uri = parse_uri(url)
-        sock = socket.create_connection((uri.host, uri.port), timeout=open_timeout)
-        try:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            if uri.secure:
-                context = ssl_context or ssl.create_default_context()
-                sock = context.wrap_socket(sock, server_hostname=uri.host)
-            self.socket = sock
-            self.protocol = ClientProtocol(uri, max_size=max_size)  # no extensions: no deflate
-            self._lock = threading.Lock()  # the protocol's state and the FIFO
-            self._send_lock = threading.Lock()  # who writes the FIFO to the socket
-            self._out: collections.deque[bytes] = collections.deque()
-            self._events: collections.deque[Frame] = collections.deque()
-            self._rbuf = bytearray()  # read from the socket, not parsed yet, from _rpos on
-            self._rpos = 0
-            self._scratch = memoryview(bytearray(RECV_SIZE))  # see _recv_more
-            self._taken = 0  # bytes of the stream parsed so far
-            self._handshake(headers or {})  # the socket keeps open_timeout: see opened()
-        except BaseException:
-            sock.close()
-            raise
-
-    def _handshake(self, headers: Mapping[str, str]) -> None:
-        protocol = self.protocol
-        request = protocol.connect()
-        for name, value in headers.items():
-            request.headers[name] = value
-        protocol.send_request(request)
-        for chunk in protocol.data_to_send():
-            self.socket.sendall(chunk)
-        while True:
-            data = self.socket.recv(RECV_SIZE)
-            if data:
-                protocol.receive_data(data)
-            else:
-                protocol.receive_eof()
-            events = protocol.events_received()
-            for i, event in enumerate(events):
-                if isinstance(event, Response):
-                    if protocol.handshake_exc is not None:
-                        raise protocol.handshake_exc
-                    self._events.extend(_frames(events[i + 1 :]))
-                    return
-            if not data:
-                raise InvalidHandshake("connection closed during the opening handshake")
+        opened = upgrade(url, open_timeout, max_size, headers or {}, ssl_context)
+        self.socket = opened.socket  # it keeps open_timeout until opened()
+        self.protocol = opened.protocol
+        self._lock = threading.Lock()  # the protocol's state and the FIFO
+        self._send_lock = threading.Lock()  # who writes the FIFO to the socket
+        self._out: collections.deque[bytes] = collections.deque()
+        self._events: collections.deque[Frame] = collections.deque(opened.early)
+        self._rbuf = bytearray()  # read from the socket, not parsed yet, from _rpos on
+        self._rpos = 0
+        self._scratch = memoryview(bytearray(RECV_SIZE))  # see _recv_more
+        self._taken = 0  # bytes of the stream parsed so far
 
     def opened(self) -> None:
         """The caller's own opening exchange is done: no timeout on the socket from now on."""
@@ -146,18 +118,18 @@ class Transport:
             with self._lock:
                 self._check_open()
             opcode = Opcode.CONT if i else Opcode.BINARY
-            self._write_frame(_frame_header(opcode, i == last, len(frame)), frame)
+            self._write_frame(opcode, i == last, frame)
             self._flush_out()  # control frames that receiving made meanwhile
 
-    def _write_frame(self, header: bytes, payload: bytes | memoryview) -> None:
+    def _write_frame(self, opcode: Opcode, fin: bool, payload: bytes | memoryview) -> None:
         """Write one masked data frame, framed here and not by the protocol: one copy of the
         payload (masking, with a fresh key: RFC 6455, 5.3), written by :meth:`_send_parts`.
         The caller holds the send lock; the protocol sees no data frames of ours and needs
         none."""
         mask = os.urandom(4)
-        masked: bytes = frames.apply_mask(payload, mask)  # type: ignore[attr-defined]  # C
+        masked = apply_mask(payload, mask)
         try:
-            self._send_parts(header + mask, masked)
+            self._send_parts(encode_header(opcode, fin, len(payload), mask), masked)
         except OSError as exc:
             raise Closed(f"send failed: {exc}") from exc
 
@@ -243,25 +215,26 @@ class Transport:
 
     def _receive(self, sink: Sink) -> None:
         while self._events:  # frames that came with the handshake's response
-            frame = self._events.popleft()
-            sink.feed(frame.data)
-            if frame.fin:
+            early = self._events.popleft()
+            sink.feed(early.data)
+            if early.fin:
                 return
         inside = False  # within a fragmented message: read headers in small bites
         while True:
-            header = self._take(2, 16 if inside else FIRST_BITE)
-            fin, opcode, length, more = _parse_header(header)
-            if more:
-                header += self._take(more, 16)
-                length = _long_length(header)
-            if opcode >= _CONTROL:
-                self._control(header + self._take(length, RECV_SIZE))
+            head = self._take(2, 16 if inside else FIRST_BITE)
+            size = header_size(head[0], head[1])
+            if size > 2:
+                head += self._take(size - 2, 16)
+            frame = _parsed(head)
+            assert frame is not None  # the whole header was taken
+            if frame.control:
+                self._control(head + self._take(frame.length, RECV_SIZE))
                 continue
-            if not inside and length <= RECV_SIZE:  # a first frame arrives whole: the
-                sink.feed(self._take(length, RECV_SIZE))  # message's header is in it
+            if not inside and frame.length <= RECV_SIZE:  # a first frame arrives whole: the
+                sink.feed(self._take(frame.length, RECV_SIZE))  # message's header is in it
             else:
-                self._payload(sink, length)
-            if fin:
+                self._payload(sink, frame.length)
+            if frame.fin:
                 return
             inside = True
 
@@ -281,13 +254,10 @@ class Transport:
     def _whole_control_frame(self) -> bytearray | None:
         """The control frame at the front of the read buffer, taken off it, if it is whole."""
         buf, pos = self._rbuf, self._rpos
-        if len(buf) - pos < 2:
+        frame = _parsed(bytes(buf[pos : pos + MAX_HEADER]))
+        if frame is None or not frame.control or len(buf) - pos < frame.size + frame.length:
             return None
-        fin, opcode, length, more = _parse_header(bytes(buf[pos : pos + 2]))
-        size = 2 + more + length
-        if opcode < _CONTROL or more or len(buf) - pos < size:
-            return None
-        return self._take(size, 0)
+        return self._take(frame.size + frame.length, 0)
 
     def _control(self, frame: bytearray) -> None:
         with self._lock:
@@ -396,37 +366,16 @@ class Transport:
         self.socket.close()
 
 
-def _frame_header(opcode: Opcode, fin: bool, length: int) -> bytes:
-    """The first bytes of a masked client frame, up to the masking key."""
-    first = (0x80 if fin else 0) | opcode
-    if length < 126:
-        return struct.pack("!BB", first, 0x80 | length)
-    if length < 1 << 16:
-        return struct.pack("!BBH", first, 0x80 | 126, length)
-    return struct.pack("!BBQ", first, 0x80 | 127, length)
-
-
-def _parse_header(head: bytes | bytearray) -> tuple[bool, int, int, int]:
-    """FIN, opcode, payload length (if short) and how many extended-length bytes follow, from
-    a frame's first two bytes.
+def _parsed(head: bytes | bytearray) -> FrameHeader | None:
+    """The server frame header at the start of ``head`` (None while it is not whole).
 
     Raises:
-        Closed: a masked frame: servers never mask (RFC 6455, 5.1).
+        Closed: a frame that breaks RFC 6455 (a masked one: servers never mask, 5.1).
     """
-    if head[1] & 0x80:
-        raise Closed("the server sent a masked frame")
-    length = head[1] & 0x7F
-    more = {126: 2, 127: 8}.get(length, 0)
-    return bool(head[0] & 0x80), head[0] & 0x0F, 0 if more else length, more
-
-
-def _long_length(header: bytearray) -> int:
-    return int.from_bytes(header[2:], "big")
-
-
-def _frames(events: Iterable[object]) -> list[Frame]:
-    """The data frames among ``events`` (control frames are the protocol's business)."""
-    return [e for e in events if isinstance(e, Frame) and e.opcode in _DATA]
+    try:
+        return parse_header(head, masked=False)
+    except FrameError as exc:
+        raise Closed(f"the server sent a bad frame: {exc}") from None
 
 
 __all__ = ["Closed", "InvalidHandshake", "InvalidURI", "Transport"]
