@@ -33,7 +33,7 @@ import numpy as np
 from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 
-from server.frames import unmask_in_place
+from protocol.framing import unmask_in_place
 
 COMMAND = struct.Struct("<cQ")
 FRAGMENT = 1 << 18  # as protocol.codec.to_frames fragments large messages

@@ -6,7 +6,8 @@ everything, prints the effective settings (token hidden) and exits 0 without bin
 
 Exit status: 0 after SIGINT or SIGTERM (the first one drains: see :meth:`Server.drain`; a second
 one cuts the drain short), 2 for a bad command line, a bad setting, a device the server must
-not host, or an unsafe exposure (a non-loopback bind without a token; unreadable TLS files):
+not host, an unsafe exposure (a non-loopback bind without a token; unreadable TLS files), or a
+websockets release outside the supported range that lacks what the wire needs:
 one line on stderr, no traceback, nothing bound; 1 when the address cannot be bound (one line
 on stderr). Warnings (``--insecure``, a token without TLS off loopback) go to stderr, one line
 each, before the ``listening on`` line.
@@ -34,6 +35,7 @@ from protocol import DeviceSpecError
 from . import logs
 from .app import Server
 from .config import ENV_PREFIX, InsecureConfigError, ServerConfig, UnsupportedDeviceError
+from .websockets_adapter import UnsupportedWebsocketsError
 
 PROG = "python -m server"
 _SHOWN_DEFAULTS = {"device": "ndarray", "worker_threads": "the number of cores"}
@@ -139,7 +141,12 @@ def build_server(argv: list[str] | None = None) -> Server:
     config = _settings(values)
     try:
         return Server(config)
-    except (DeviceSpecError, UnsupportedDeviceError, InsecureConfigError) as exc:
+    except (
+        DeviceSpecError,
+        UnsupportedDeviceError,
+        InsecureConfigError,
+        UnsupportedWebsocketsError,
+    ) as exc:
         _fail(str(exc))
 
 

@@ -42,6 +42,7 @@ from .connection import Connections, Live
 from .guard import Gate, tls_context
 from .logs import fields
 from .metrics import Metrics
+from .websockets_adapter import require_internals
 from .wire import WireConnection
 from .workers import Workers
 
@@ -56,10 +57,13 @@ class Server:
 
     Raises:
         UnsupportedDeviceError: from the constructor, for a remote or capture device.
+        UnsupportedWebsocketsError: from the constructor, for a websockets release that lacks
+            an internal the wire relies on (``server/websockets_adapter.py``).
     """
 
     def __init__(self, config: ServerConfig) -> None:
         self.device = validate_host_device(config.device)
+        require_internals()  # a websockets release without what the wire needs: say so now
         self.warnings = validate_security(config)
         self.config = config
         self.server_id = secrets.token_hex(8)
@@ -158,7 +162,7 @@ class Server:
             for each in servers:
                 await each.wait_closed()
         for live in list(self.sessions.values()):
-            live.ws.transport.abort()
+            live.ws.abort()
 
     async def _serve_metrics(self) -> WsServer:
         """The ``--metrics-port`` listener: HTTP only, never a websocket."""

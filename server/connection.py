@@ -64,6 +64,7 @@ from .metrics import REFUSAL_LIMIT, Metrics
 from .outcome import Job
 from .session import Session
 from .store import TensorStore
+from .websockets_adapter import when_lost
 from .wire import WireConnection
 from .workers import Workers
 
@@ -280,7 +281,7 @@ class Connections:
         except Drop as drop:
             self.refused(_DROP_LIMIT.get(drop.code, drop.code.value), ws, drop.reason)
             if drop.code is ErrorCode.SEND_TIMEOUT:
-                ws.transport.abort()  # the client does not read: a close frame would not pass
+                ws.abort()  # the client does not read: a close frame would not pass
             else:
                 await ws.close(1008, drop.reason)
 
@@ -327,20 +328,14 @@ class Connections:
             ConnectionClosed: the connection was lost.
             Drop: from :meth:`Workers.run`.
         """
-        ws = live.ws
-        lost = ws.connection_lost_waiter
         with anyio.CancelScope() as scope:
-
-            def cancel(_: object) -> None:
-                scope.cancel()
-
-            lost.add_done_callback(cancel)
+            forget = when_lost(live.ws, scope.cancel)
             try:
                 await self._workers.run(live.session, job)
             finally:
-                lost.remove_done_callback(cancel)
+                forget()
         if scope.cancelled_caught:
-            raise ws.close_exc
+            raise live.ws.closed_error()
 
     async def _settled(self, live: Live) -> None:
         """One received message is answered; while draining, close the session once nothing

@@ -1,45 +1,35 @@
 """Sending on the server's websocket wire: data frames framed here, payloads never copied.
 
-Rule: imports asyncio, websockets, ``protocol`` and ``server.frames`` only.
-
-Each frame's header is written to the transport and then the payload's memoryview: websockets'
-``Frame.serialize`` copied every byte. The transport's write buffer limit (``write_limit``) is
-the backpressure, and a reply's send deadline is a loop timer made only while it waits.
+Each frame's header is written and then the payload's memoryview: websockets'
+``Frame.serialize`` copied every byte. On plain TCP, while asyncio's transport holds nothing,
+all of a reply's frames go straight to the socket in gathered ``sendmsg`` calls (the transport
+would make two sends per frame, and copy what the socket did not take); the rest goes through
+the transport, whose write buffer limit (``write_limit``) is the backpressure. A reply's send
+deadline is a loop timer made only while it waits (``AdaptedConnection.wait_writable``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import Sequence
 from typing import Any
 
-from websockets.asyncio.server import ServerConnection
-from websockets.frames import Opcode
-from websockets.protocol import State
-
 from protocol.codec import to_frames
+from protocol.framing import Opcode, encode_header
 
-from .frames import frame_header
+from .websockets_adapter import AdaptedConnection
 
 SMALL_SEND = 1 << 18  # frames below this go out in one write, header and payload joined
 IOV_MAX = 1024  # buffers one sendmsg takes (Linux)
 
 
-class SendingConnection(ServerConnection):
+class SendingConnection(AdaptedConnection):
     """A websockets server connection that sends whole Tensorwire messages itself
     (:meth:`send_message`); the rest is websockets'."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._send_lock = asyncio.Lock()
-        self._sock: socket.socket | None = None  # plain TCP only: see connection_made
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        super().connection_made(transport)
-        sock = getattr(transport, "_sock", None)  # asyncio's selector transport, plain TCP
-        plain = transport.get_extra_info("sslcontext") is None
-        self._sock = sock if plain and isinstance(sock, socket.socket) else None
 
     async def send_message(
         self, chunks: Sequence[bytes | memoryview], within: float | None = None
@@ -57,7 +47,7 @@ class SendingConnection(ServerConnection):
         async with self._send_lock:
             last = len(parts) - 1
             headers = [
-                frame_header(Opcode.CONT if i else Opcode.BINARY, i == last, len(part))
+                encode_header(Opcode.CONT if i else Opcode.BINARY, i == last, len(part))
                 for i, part in enumerate(parts)
             ]
             first, skip = self._send_now(headers, parts)
@@ -69,17 +59,16 @@ class SendingConnection(ServerConnection):
         self, headers: list[bytes], parts: Sequence[bytes | memoryview]
     ) -> tuple[int, int]:
         """Write the frames straight to a plain TCP socket while asyncio's transport holds
-        nothing (so order is kept), gathered into as few ``sendmsg`` calls as the socket takes:
-        the transport would make two sends per frame, and copy what the socket did not take.
+        nothing (so order is kept), gathered into as few ``sendmsg`` calls as the socket takes.
         Returns where the transport takes over: the first frame not wholly sent, and how many
         of its bytes (header first) were.
         """
-        sock, transport = self._sock, self.transport
+        sock, transport = self.raw_socket, self.transport
         if (
             sock is None
             or transport.get_write_buffer_size()
             or transport.is_closing()
-            or self.protocol.state is not State.OPEN
+            or not self.is_open
         ):
             return 0, 0
         buffers: list[bytes | memoryview] = []
@@ -112,9 +101,7 @@ class SendingConnection(ServerConnection):
     ) -> None:
         """Write one frame (less its first ``skip`` bytes, already sent) to the transport;
         wait while the transport is over its write limit."""
-        if self.protocol.state is not State.OPEN:
-            async with self.send_context():  # waits for the close, raises ConnectionClosed
-                pass
+        await self.raise_if_closing()
         if skip >= len(header):
             self.transport.write(memoryview(payload)[skip - len(header) :])
         elif len(payload) < SMALL_SEND:
@@ -122,39 +109,8 @@ class SendingConnection(ServerConnection):
         else:
             self.transport.write(header[skip:])
             self.transport.write(payload)
-        if self.paused:  # over the write limit: wait for the client to take bytes
-            await self._drain(deadline)
-
-    async def _drain(self, deadline: float | None) -> None:
-        """Wait until the transport is under its write limit again (websockets' flow control
-        wakes the waiter), up to ``deadline``: a timer of the loop's, made only when waiting,
-        instead of a cancel scope around every send.
-
-        Raises:
-            TimeoutError: the deadline passed.
-            ConnectionClosed: the connection was lost meanwhile.
-        """
-        waiter: asyncio.Future[None] = self.loop.create_future()
-        expired = []
-
-        def expire() -> None:
-            if not waiter.done():
-                expired.append(True)
-                waiter.set_result(None)
-
-        timer = None if deadline is None else self.loop.call_at(deadline, expire)
-        self.drain_waiters.append(waiter)
-        try:
-            await waiter
-        except Exception:  # connection_lost passes its error on
-            await asyncio.shield(self.connection_lost_waiter)
-            raise self.close_exc from None
-        finally:
-            self.drain_waiters.remove(waiter)
-            if timer is not None:
-                timer.cancel()
-        if expired:
-            raise TimeoutError("the client took no bytes before the send deadline")
+        if self.write_paused:  # over the write limit: wait for the client to take bytes
+            await self.wait_writable(deadline)
 
 
 __all__ = ["SendingConnection"]

@@ -1,53 +1,95 @@
 """The server's websocket wire: data frames parsed here, payloads received straight into place.
 
-Rule: imports asyncio, websockets, ``protocol``, ``server.frames`` and ``server.sending`` only;
-knows nothing of sessions.
-
-websockets' asyncio :class:`ServerConnection` still does the HTTP upgrade, keepalive pings,
-the close handshake and every control frame. Data frames never reach it: this subclass is an
-asyncio :class:`~asyncio.BufferedProtocol`, so the event loop reads the socket into memory this
-module chooses. Inside a large payload that memory is the room the message decoder offers in its
+websockets' asyncio connection still does the HTTP upgrade, keepalive pings, the close
+handshake and every control frame. Data frames never reach it: this subclass is an asyncio
+:class:`~asyncio.BufferedProtocol`, so the event loop reads the socket into memory this module
+chooses. Inside a large payload that memory is the room the message decoder offers in its
 destination array, so the bytes go from the kernel into the tensor once and the client's mask is
 removed in place; elsewhere it is a receive buffer parsed here. Whole control frames are handed
 to websockets byte for byte, so pongs, closes and protocol errors behave as they did. Websockets
 alone copies each received byte about four times (buffer, frame slice, unmask, reassembly).
 
-On plain TCP, each readiness event reads on while the socket holds bytes (up to 1 MiB), so a
-fragmented upload does not cost a turn of the event loop per frame header and payload.
+Theory of operation: the byte stream is in one :class:`Reading` state at a time::
 
-Sending is :class:`server.sending.SendingConnection`'s.
+    REQUEST  --request whole, handed to websockets-->  UPGRADE
+    UPGRADE  --websockets accepted the upgrade------>  FRAME
+    FRAME    --a data frame's header----------------->  PAYLOAD   (a control frame: FRAME)
+    PAYLOAD  --the frame's last payload byte--------->  FRAME     (its message may be whole)
+    any      --a frame that breaks RFC 6455---------->  FAILED    (closed 1002 or 1009)
+
+In UPGRADE, and in FRAME while the owner has set no decoders yet, bytes wait in the buffer
+(*held*), and reading stops if the buffer fills. On plain TCP, each readiness event reads on
+while the socket holds bytes (up to 1 MiB), so a fragmented upload does not cost a turn of the
+event loop per frame header and payload. Sending is :class:`server.sending.SendingConnection`'s;
+every websockets internal is named in ``server/websockets_adapter.py``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
-import math
 import socket
 import struct
 from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
 from typing import Any
-
-from websockets.frames import CloseCode, Opcode
-from websockets.protocol import State
 
 from protocol import DecodeError
 from protocol.codec import MAX_HEADER
+from protocol.framing import (
+    MAX_HEADER as MAX_FRAME_HEADER,
+)
+from protocol.framing import (
+    CloseCode,
+    FrameError,
+    FrameHeader,
+    Opcode,
+    apply_mask,
+    parse_header,
+    unmask_in_place,
+)
 
-from .frames import Decoder, Received, apply_mask, received, unmask_in_place
+from .received import Decoder, received, unmask_into
+from .receiving import ReceivingConnection
 from .sending import SendingConnection
 
 RECV_SIZE = 1 << 18  # the largest first frame taken whole
 SMALL_BUFFER = 1 << 14  # the receive buffer of a session at rest (grown for larger frames)
-HEADER_BITE = 14  # the longest masked frame header: read alone inside a fragmented message
 MAX_REQUEST = 1 << 16  # bytes of an HTTP upgrade request buffered before websockets sees them
-QUEUE_HIGH = 8  # default of max_waiting
 READ_AHEAD = 1 << 20  # bytes read on past one readiness event before the loop has a turn
-_CONTROL = 8
 _LEN = struct.Struct("<I")
 
 
-class WireConnection(SendingConnection, asyncio.BufferedProtocol):
+class Reading(Enum):
+    """Where the byte stream stands (see the module docstring)."""
+
+    REQUEST = "request"  # the HTTP upgrade request, up to its blank line
+    UPGRADE = "upgrade"  # the request is websockets'; bytes after it wait for its answer
+    FRAME = "frame"  # at a frame boundary: the next bytes are a frame header
+    PAYLOAD = "payload"  # inside a data frame's payload
+    FAILED = "failed"  # a protocol violation: every byte is dropped
+
+
+@dataclass
+class _Frame:
+    """The data frame being read: payload bytes left, bytes read (the mask's phase), its key."""
+
+    left: int
+    pos: int
+    mask: bytes
+    fin: bool
+
+
+@dataclass
+class _Message:
+    """The data message being read, and the error decoding it met (the rest is drained)."""
+
+    decoder: Decoder | None  # None: no decoder exists (closing after a refused hello): dropped
+    error: DecodeError | None = None
+    nbytes: int = 0
+
+
+class WireConnection(SendingConnection, ReceivingConnection, asyncio.BufferedProtocol):
     """A websocket server connection that decodes Tensorwire messages as their bytes arrive.
 
     The owner sets :attr:`decoders` (a fresh decoder per message), takes whole messages with
@@ -59,27 +101,12 @@ class WireConnection(SendingConnection, asyncio.BufferedProtocol):
         self.decoders: Callable[[], Decoder] | None = None
         self._one_only = False  # decoders serve one message, then bytes wait for new ones
         self.max_header = MAX_HEADER  # the decoders' limit: a longer header is not buffered
-        self.max_waiting = QUEUE_HIGH  # whole messages waiting: stop reading the socket (TCP
-        # pushes back on a client that sends faster than its messages are answered)
+        self._reading = Reading.REQUEST
+        self._frame = _Frame(0, 0, b"", False)  # meaningful in PAYLOAD
+        self._message: _Message | None = None
         self._buf = bytearray(SMALL_BUFFER)
         self._start = self._end = 0  # unparsed bytes of _buf
         self._direct: memoryview | None = None  # room handed to the loop inside a payload
-        self._deferred = False  # bytes wait for the upgrade to finish or for decoders
-        self._request_fed = False
-        self._reading_paused = False
-        self._failed = False  # a protocol violation: nothing more is parsed
-        # the frame being read (its header is parsed) and the message it belongs to
-        self._left = 0  # payload bytes of the frame not read yet
-        self._pos = 0  # payload bytes of the frame read so far (the mask's phase)
-        self._mask = b""
-        self._fin = False
-        self._decoder: Decoder | None = None  # set while a data message is being read
-        self._error: DecodeError | None = None
-        self._nbytes = 0
-        self._messages: collections.deque[Received] = collections.deque()
-        self._waiter: asyncio.Future[None] | None = None
-        self._idle_at = 0.0  # when the wait in progress times out (see receive)
-        self._idle_timer: asyncio.TimerHandle | None = None
         self._offered = 0  # bytes of the last room get_buffer offered
 
     def decode_one(self, decoders: Callable[[], Decoder]) -> None:
@@ -88,10 +115,11 @@ class WireConnection(SendingConnection, asyncio.BufferedProtocol):
         session's messages, which may be right behind it in the same read)."""
         self.decoders, self._one_only = decoders, True
 
-    @property
-    def waiting(self) -> int:
-        """Whole messages received and not taken by :meth:`receive` yet."""
-        return len(self._messages)
+    def _held(self) -> bool:
+        """Whether bytes wait: for websockets' answer to the upgrade, or for decoders."""
+        if self._reading is Reading.UPGRADE:
+            return self.upgrading
+        return self._reading is Reading.FRAME and self.decoders is None and self.is_open
 
     # --- receiving: asyncio calls these ---------------------------------------------------------
 
@@ -102,42 +130,42 @@ class WireConnection(SendingConnection, asyncio.BufferedProtocol):
 
     def _room(self) -> memoryview:
         if self._start == self._end:
-            decoder = self._decoder
-            room = None if decoder is None or self._error else decoder.writable()
-            if room is not None and self._left:
-                self._direct = room[: self._left]
+            message = self._message
+            decoder = None if message is None or message.error else message.decoder
+            room = None if decoder is None else decoder.writable()
+            if room is not None and self._reading is Reading.PAYLOAD:
+                self._direct = room[: self._frame.left]
                 return self._direct
             self._start = self._end = 0
-            if room is not None and self.protocol.state is State.OPEN:  # the next frame's
-                return memoryview(self._buf)[:HEADER_BITE]  # header alone: then its payload
-        elif len(self._buf) - self._end < HEADER_BITE:  # goes straight to the room above
+            if room is not None and self.is_open:  # the next frame's header alone: then its
+                return memoryview(self._buf)[:MAX_FRAME_HEADER]  # payload goes straight to
+        elif len(self._buf) - self._end < MAX_FRAME_HEADER:  # the room above
             self._compact()
-            if len(self._buf) - self._end < HEADER_BITE:  # never an empty view: that reads
-                self._grow(2 * len(self._buf))  # as the end of the stream
+            if len(self._buf) - self._end < MAX_FRAME_HEADER:  # never an empty view: that
+                self._grow(2 * len(self._buf))  # reads as the end of the stream
         return memoryview(self._buf)[self._end :]
 
     def buffer_updated(self, nbytes: int) -> None:
         full = nbytes == self._offered  # else the socket had no more: no read-ahead
         self._take(nbytes)
-        if full and self._sock is not None:
-            self._read_on(self._sock)
+        if full and self.raw_socket is not None:
+            self._read_on(self.raw_socket)
 
     def _read_on(self, sock: socket.socket) -> None:
         """Go on reading what the socket already holds, up to :data:`READ_AHEAD` bytes, before
         the event loop has its next turn. A large message arrives as header, payload, header,
         ... and asyncio reads once per readiness event, so each of those reads would otherwise
         cost a turn of the loop (an A/B of 1 MiB uploads and their syncs, four server pairs:
-        9% less wall time on average, 2-9% less server CPU).
-        Stops at the first read that would wait, and whenever reading should stop (paused,
-        failed, waiting for decoders, closing).
+        9% less wall time on average, 2-9% less server CPU). Stops at the first read that would
+        wait, and whenever reading should stop (paused, failed, held, closing).
 
         Raises:
             OSError: the socket failed; asyncio then closes the connection with it, as it does
                 for an error of its own read.
         """
         budget = READ_AHEAD
-        while budget > 0 and not (self._reading_paused or self._failed or self._deferred):
-            if self.protocol.state is not State.OPEN:
+        while budget > 0 and not self.reading_paused and self.is_open:
+            if self._reading is Reading.FAILED or self._held():
                 return
             room = self.get_buffer(-1)
             try:
@@ -159,212 +187,180 @@ class WireConnection(SendingConnection, asyncio.BufferedProtocol):
         room, self._direct = self._direct, None
         if room is None:
             self._end += nbytes
-            self._parse()
+            self.parse()
             return
-        assert self._decoder is not None
-        unmask_in_place(room[:nbytes], self._mask, self._pos)
-        self._decoder.advance(nbytes)
-        self._pos += nbytes
-        self._nbytes += nbytes
-        self._left -= nbytes
-        if not self._left:
-            self._frame_done()
+        assert self._message is not None and self._message.decoder is not None  # it offered room
+        frame = self._frame
+        unmask_in_place(room[:nbytes], frame.mask, frame.pos)
+        self._message.decoder.advance(nbytes)
+        self._payload_read(nbytes)
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
-        if self._idle_timer is not None:
-            self._idle_timer.cancel()  # it holds this connection until it fires
-            self._idle_timer = None
-        self._wake()
+        self.stop_waiting()
 
     # --- parsing ----------------------------------------------------------------------------
 
-    def _parse(self) -> None:
-        """Parse what the receive buffer holds, as far as it goes; read the socket again if
-        it was stopped for bytes that are now parsed."""
-        self._parse_buffer()
-        if self._reading_paused:
-            self._update_reading()
-
-    def _parse_buffer(self) -> None:
-        self._deferred = False
-        if self._failed:
+    def parse(self) -> None:
+        """Parse what the receive buffer holds, as far as it goes (also after bytes were held:
+        the upgrade is done, or decoders are set); read the socket again if it was stopped."""
+        if self._reading is Reading.FAILED:
             self._start = self._end = 0
             return
-        while self._end > self._start:
-            state = self.protocol.state
-            if state is State.CONNECTING:
-                self._feed_request()
-                return
-            if state is State.CLOSED or (state is State.OPEN and self.decoders is None):
-                self._deferred = state is not State.CLOSED
-                self._update_reading()
-                return
-            if self._left:
+        while self._end > self._start and not self._held():
+            reading = self._reading
+            if reading is Reading.REQUEST:
+                if not self._request():
+                    break
+            elif reading is Reading.UPGRADE:  # no longer held: websockets answered
+                if self.is_closed:
+                    break  # refused, or gone: the bytes go nowhere
+                self._reading = Reading.FRAME  # open, or already closing: frames follow
+            elif reading is Reading.PAYLOAD:
                 self._payload_from_buffer()
-            elif not self._frame():
-                return
+            elif not self._next_frame():
+                break
+        if self.reading_paused or self._held():
+            self.update_reading()
 
-    def _feed_request(self) -> None:
+    def _request(self) -> bool:
         """Hand websockets the HTTP upgrade request, and nothing after it (frames that follow
-        are ours, parsed once the upgrade is answered)."""
-        if self._request_fed:
-            self._deferred = True
-            self._update_reading()
-            return
+        are ours, parsed once the upgrade is answered); False while it is not whole."""
         data = self._buf[self._start : self._end]
         end = data.find(b"\r\n\r\n")
         if end < 0 and len(data) < MAX_REQUEST:
-            return
+            return False
         upto = len(data) if end < 0 else end + 4
         self._start += upto
-        self._request_fed = True
-        self._deferred = self._end > self._start  # frames behind the request: parsed later
-        self.data_received(bytes(data[:upto]))
+        self._reading = Reading.UPGRADE
+        self.feed(bytes(data[:upto]))
+        return True
 
-    def _frame(self) -> bool:
-        """Parse the frame header at the front of the buffer; False if more bytes are needed."""
-        buf, s = self._buf, self._start
-        avail = self._end - s
-        if avail < 2:
-            return False
-        first, second = buf[s], buf[s + 1]
-        if not second & 0x80:
-            return self._fail(CloseCode.PROTOCOL_ERROR, "incorrect masking")
-        if first & 0x70:
-            return self._fail(CloseCode.PROTOCOL_ERROR, "reserved bits must be 0")
-        length = second & 0x7F
-        extra = 2 if length == 126 else 8 if length == 127 else 0
-        header = 2 + extra + 4
-        if avail < header:
-            return False
-        if extra:
-            length = int.from_bytes(buf[s + 2 : s + 2 + extra], "big")
-        opcode, fin = first & 0x0F, bool(first & 0x80)
-        if opcode >= _CONTROL:
-            if length > 125:
-                return self._fail(CloseCode.PROTOCOL_ERROR, "control frame too long")
-            if avail < header + length:
-                return False
-            self._start += header + length
-            self.data_received(bytes(buf[s : s + header + length]))  # websockets' business
-            return True
-        return self._data_frame(opcode, fin, header, length)
-
-    def _data_frame(self, opcode: int, fin: bool, header: int, length: int) -> bool:
-        starting = opcode in (Opcode.BINARY, Opcode.TEXT)
-        if opcode == Opcode.CONT and self._decoder is None:
-            return self._fail(CloseCode.PROTOCOL_ERROR, "unexpected continuation frame")
-        if starting and self._decoder is not None:
-            return self._fail(CloseCode.PROTOCOL_ERROR, "expected a continuation frame")
-        if not starting and opcode != Opcode.CONT:
-            return self._fail(CloseCode.PROTOCOL_ERROR, f"invalid opcode {opcode}")
-        max_size = self.protocol.max_message_size
-        size = length if starting else self._nbytes + length
-        if max_size is not None and size > max_size:
-            return self._fail(
-                CloseCode.MESSAGE_TOO_BIG, f"over size limit ({size} > {max_size} bytes)"
-            )
+    def _next_frame(self) -> bool:
+        """Parse the frame at the front of the buffer: a whole control frame goes to
+        websockets, a data frame's header starts its payload. False if more bytes are needed
+        (or the frame broke the protocol)."""
         s = self._start
+        try:
+            header = parse_header(memoryview(self._buf)[s : self._end], masked=True)
+        except FrameError as exc:
+            return self._fail(exc)
+        if header is None:
+            return False
+        if header.control:
+            size = header.size + header.length
+            if self._end - s < size:
+                return False
+            self._start += size
+            self.feed(bytes(self._buf[s : s + size]))  # websockets' business
+            return True
+        try:
+            return self._data_frame(header)
+        except FrameError as exc:
+            return self._fail(exc)
+
+    def _data_frame(self, header: FrameHeader) -> bool:
+        """Start reading a data frame's payload; False to wait for more of its first bytes.
+
+        Raises:
+            FrameError: the frame is out of sequence, or the message grows past the limit.
+        """
+        starting = header.opcode in (Opcode.BINARY, Opcode.TEXT)
+        if header.opcode == Opcode.CONT and self._message is None:
+            raise FrameError("unexpected continuation frame")
+        if starting and self._message is not None:
+            raise FrameError("expected a continuation frame")
+        if not starting and header.opcode != Opcode.CONT:
+            raise FrameError(f"invalid opcode {header.opcode}")
+        limit = self.message_size_limit
+        size = header.length + (0 if starting or self._message is None else self._message.nbytes)
+        if limit is not None and size > limit:
+            raise FrameError(f"over size limit ({size} > {limit} bytes)", CloseCode.MESSAGE_TOO_BIG)
         take = 0
         if starting:  # the message's header must reach the decoder in one piece
-            take = self._prefix(length, header)
+            take = self._prefix(header)
             if take < 0:
                 return False
-        self._mask = bytes(self._buf[s + header - 4 : s + header])
-        self._start += header
-        self._left, self._pos, self._fin = length, 0, fin
+        self._start += header.size
+        self._frame = _Frame(header.length, 0, header.mask, header.fin)
+        self._reading = Reading.PAYLOAD
         if starting:
-            assert self.decoders is not None
-            self._decoder, self._error, self._nbytes = self.decoders(), None, 0
+            self._message = self._new_message()
             if take:
                 self._payload_from_buffer(take)
-        if not self._left:
+        if not header.length:
             self._frame_done()
         return True
 
-    def _prefix(self, length: int, header: int) -> int:
+    def _new_message(self) -> _Message:
+        return _Message(None if self.decoders is None else self.decoders())
+
+    def _prefix(self, header: FrameHeader) -> int:
         """How much of a message's first frame to take at once (all of it if it is small; else
         the message header's length word and the header), or -1 to wait for more bytes (the
         buffer grows to hold them)."""
-        s = self._start + header
+        s = self._start + header.size
         avail = self._end - s
+        length = header.length
         if length <= RECV_SIZE:
             need = length
         elif avail < _LEN.size:
             need = _LEN.size
         else:
-            word = apply_mask(self._buf[s : s + _LEN.size], bytes(self._buf[s - 4 : s]))
+            word = apply_mask(self._buf[s : s + _LEN.size], header.mask)
             need = min(length, _LEN.size + _LEN.unpack(word)[0])
             if need > _LEN.size + self.max_header:
                 need = _LEN.size  # a header over the limit: the decoder refuses it
         if avail >= need:
             return need
-        if header + need > len(self._buf) - self._start:
-            self._grow(header + need)
+        if header.size + need > len(self._buf) - self._start:
+            self._grow(header.size + need)
         return -1
 
     def _payload_from_buffer(self, most: int | None = None) -> None:
-        take = min(self._left, self._end - self._start)
+        take = min(self._frame.left, self._end - self._start)
         if most is not None:
             take = min(take, most)
         s = self._start
         self._start += take
-        if self._error is None and self._decoder is not None and self._taking():
-            self._to_decoder(self._decoder, memoryview(self._buf)[s : s + take])
-        self._pos += take
-        self._nbytes += take
-        self._left -= take
-        if not self._left:
+        message = self._message
+        if message is not None and message.error is None and self.taking_data:
+            if message.decoder is not None:
+                data = memoryview(self._buf)[s : s + take]
+                try:
+                    unmask_into(message.decoder, data, self._frame.mask, self._frame.pos)
+                except DecodeError as exc:
+                    message.error = exc  # the rest of the message is drained
+        self._payload_read(take)
+
+    def _payload_read(self, n: int) -> None:
+        """``n`` more payload bytes of the frame were read."""
+        frame = self._frame
+        frame.pos += n
+        frame.left -= n
+        if self._message is not None:
+            self._message.nbytes += n
+        if not frame.left:
             self._frame_done()
 
-    def _to_decoder(self, decoder: Decoder, data: memoryview) -> None:
-        """Unmask ``data`` (the frame's payload from ``self._pos`` on) into ``decoder``: copied
-        once into the room it offers and unmasked there, else fed as a fresh bytes object (the
-        message's header, or bytes past what it declares)."""
-        pos = self._pos
-        try:
-            while len(data):
-                room = decoder.writable()
-                if room is None:
-                    phase = pos & 3
-                    decoder.feed(apply_mask(data, self._mask[phase:] + self._mask[:phase]))
-                    return
-                n = min(len(room), len(data))
-                room[:n] = data[:n]
-                unmask_in_place(room[:n], self._mask, pos)
-                decoder.advance(n)
-                data, pos = data[n:], pos + n
-        except DecodeError as exc:
-            self._error = exc
-
     def _frame_done(self) -> None:
-        if not self._fin or self._decoder is None:
+        self._reading = Reading.FRAME
+        message = self._message
+        if not self._frame.fin or message is None:
             return
-        decoder, self._decoder = self._decoder, None
+        self._message = None
         if self._one_only:
             self.decoders, self._one_only = None, False
-        if not self._taking():
-            return  # a message that ends after the client's close is dropped
-        self._messages.append(received(decoder, self._error, self._nbytes))
-        self._nbytes = 0
-        self._wake()
-        self._update_reading()
+        if message.decoder is not None and self.taking_data:  # a message that ends after the
+            self.deliver(received(message.decoder, message.error, message.nbytes))  # client's
+        # close is dropped, as websockets drops it
 
-    def _taking(self) -> bool:
-        """Whether data frames still count: not after the client's close frame (websockets
-        discards them), but still after ours, as websockets delivers them."""
-        state = self.protocol.state
-        open_ = state is State.OPEN or state is State.CLOSING
-        return open_ and self.protocol.close_rcvd is None
-
-    def _fail(self, code: CloseCode, reason: str) -> bool:
+    def _fail(self, error: FrameError) -> bool:
         """A protocol violation: close as websockets would, and read nothing more."""
-        self._start = self._end = self._left = 0
-        self._decoder = None
-        self._failed = True
-        self.protocol.fail(code, reason)
-        self.send_data()
+        self._start = self._end = 0
+        self._message = None
+        self._reading = Reading.FAILED
+        self.fail(error.close_code, str(error))
         return False
 
     # --- the receive buffer ---------------------------------------------------------------------
@@ -382,73 +378,14 @@ class WireConnection(SendingConnection, asyncio.BufferedProtocol):
         buf[:size] = self._buf[self._start : self._end]
         self._buf, self._start, self._end = buf, 0, size
 
-    def _update_reading(self) -> None:
-        """Stop reading the socket while whole messages wait or bytes wait for the upgrade."""
-        full = len(self._messages) >= self.max_waiting
-        stuck = self._deferred and len(self._buf) - self._end < HEADER_BITE
-        want = full or stuck
-        if want != self._reading_paused:
-            self._reading_paused = want
-            if want:
-                self.transport.pause_reading()
-            else:
-                self.transport.resume_reading()
+    def stuck(self) -> bool:
+        """Whether held bytes fill the buffer, so reading must stop until they are parsed."""
+        return self._held() and len(self._buf) - self._end < MAX_FRAME_HEADER
 
-    # --- the owner's side ---------------------------------------------------------------------
-
-    def _wake(self) -> None:
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_result(None)
-
-    def _closed(self) -> bool:
-        return self.protocol.state is State.CLOSED
-
-    def _idle_check(self) -> None:
-        """The idle timer: wake a wait that began ``within`` seconds ago or more. One timer
-        serves every wait: it is armed for the first and, when it fires during a later one,
-        armed again for that one's deadline (a timer made and cancelled per wait cost 3-4% of
-        the server's CPU on small reads)."""
-        self._idle_timer = None
-        if self._waiter is None or self._idle_at == math.inf:
-            return  # not waiting, or waiting without a timeout: the next timed wait arms it
-        if self.loop.time() < self._idle_at:
-            self._idle_timer = self.loop.call_at(self._idle_at, self._idle_check)
-        else:
-            self._wake()
-
-    async def receive(self, within: float | None = None) -> Received | None:
-        """The next whole message, or None once ``within`` seconds pass without one (a timer
-        of the loop's, see :meth:`_idle_check`: cheaper than a cancel scope).
-
-        Raises:
-            ConnectionClosed: the connection closed and every message was taken.
-        """
-        if self._deferred:
-            self._parse()
-        if not self._messages:
-            if self._closed():
-                raise self.close_exc
-            if len(self._buf) > SMALL_BUFFER and self._start == self._end:
-                self._buf = bytearray(SMALL_BUFFER)  # at rest: 16 KiB a session, not 256
-            self._waiter = self.loop.create_future()
-            if within is None:
-                self._idle_at = math.inf
-            else:
-                self._idle_at = self.loop.time() + within
-                if self._idle_timer is None:
-                    self._idle_timer = self.loop.call_at(self._idle_at, self._idle_check)
-            try:
-                await self._waiter
-            finally:
-                self._waiter = None
-            if not self._messages:
-                if self._closed():
-                    raise self.close_exc
-                return None
-        item = self._messages.popleft()
-        if self._reading_paused:
-            self._update_reading()
-        return item
+    def at_rest(self) -> None:
+        """Nothing is waiting: shrink a grown receive buffer (16 KiB a session, not 256)."""
+        if len(self._buf) > SMALL_BUFFER and self._start == self._end:
+            self._buf = bytearray(SMALL_BUFFER)
 
 
-__all__ = ["WireConnection"]
+__all__ = ["Reading", "WireConnection"]

@@ -35,8 +35,8 @@ from protocol import (
     decode,
     encode,
 )
+from protocol.framing import apply_mask, unmask_in_place
 from protocol.ops import FromBuffer, Full
-from server.frames import apply_mask, unmask_in_place
 
 from .raw import Witness
 from .servers import ServerProcess, run_server

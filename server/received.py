@@ -1,0 +1,69 @@
+"""What the wire hands the connection loop: one whole message, decoded, or the error that
+decoding it met."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from protocol import (
+    Batch,
+    DecodeError,
+    ErrorCode,
+    ErrorInfo,
+    Hello,
+    MessageDecoder,
+    MessageLimitError,
+)
+from protocol.codec import Buffer
+from protocol.framing import apply_mask, rotate_mask, unmask_in_place
+
+Decoder = MessageDecoder[Hello | Batch]
+
+
+@dataclass
+class Received:
+    """One whole message off the wire, decoded, or the error that decoding it met."""
+
+    message: Hello | Batch | None
+    buffers: list[Buffer]
+    error: ErrorInfo | None = None
+    nbytes: int = 0
+    at: float = field(default_factory=time.perf_counter)  # when it arrived whole
+
+
+def received(decoder: Decoder, error: DecodeError | None, nbytes: int) -> Received:
+    """The outcome of one message fed to ``decoder``: a limit error keeps the (valid) header,
+    so that its ops can be failed one by one."""
+    try:
+        if error is not None:
+            raise error
+        message, buffers = decoder.finish()
+    except MessageLimitError as exc:
+        return Received(decoder.message, [], ErrorInfo(code=exc.code, message=str(exc)), nbytes)
+    except DecodeError as exc:
+        return Received(None, [], ErrorInfo(code=ErrorCode.BAD_MESSAGE, message=str(exc)), nbytes)
+    return Received(message, buffers, nbytes=nbytes)
+
+
+def unmask_into(decoder: Decoder, data: memoryview, mask: bytes, pos: int) -> None:
+    """Unmask ``data`` (a frame's payload from byte ``pos`` on, masked with ``mask``) into
+    ``decoder``: copied once into the room it offers and unmasked there, else fed as a fresh
+    bytes object (the message's header, or bytes past what it declares).
+
+    Raises:
+        DecodeError: the decoder refused the bytes (the caller drains the rest unread).
+    """
+    while len(data):
+        room = decoder.writable()
+        if room is None:
+            decoder.feed(apply_mask(data, rotate_mask(mask, pos)))
+            return
+        n = min(len(room), len(data))
+        room[:n] = data[:n]
+        unmask_in_place(room[:n], mask, pos)
+        decoder.advance(n)
+        data, pos = data[n:], pos + n
+
+
+__all__ = ["Decoder", "Received", "received", "unmask_into"]

@@ -1,0 +1,70 @@
+"""The websockets and asyncio internals the server's wire relies on are all there.
+
+``server/websockets_adapter.py`` names every one; a websockets release that removes one must
+fail here (and the server must refuse to start), not in the middle of a session.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from websockets.asyncio.client import connect
+from websockets.asyncio.connection import Connection
+from websockets.asyncio.server import ServerConnection, serve
+
+from server.websockets_adapter import (
+    SUPPORTED,
+    UnsupportedWebsocketsError,
+    missing_internals,
+    require_internals,
+)
+from server.wire import WireConnection
+
+
+def test_the_installed_websockets_has_every_class_level_internal() -> None:
+    assert missing_internals() == []
+    require_internals()
+
+
+@pytest.mark.asyncio
+async def test_a_live_connection_has_every_internal() -> None:
+    found: asyncio.Future[list[str]] = asyncio.get_running_loop().create_future()
+
+    async def handler(ws: ServerConnection) -> None:
+        assert isinstance(ws, WireConnection)
+        found.set_result(missing_internals(ws))
+        await ws.close()
+
+    async with serve(handler, "127.0.0.1", 0, create_connection=WireConnection) as server:
+        port = server.sockets[0].getsockname()[1]
+        async with connect(f"ws://127.0.0.1:{port}", compression=None):
+            assert await asyncio.wait_for(found, 10) == []
+
+
+def test_a_missing_internal_stops_the_server_from_starting(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delattr(Connection, "send_context")  # where websockets defines it
+    with pytest.raises(UnsupportedWebsocketsError) as refused:
+        require_internals()
+    message = str(refused.value)
+    assert "ServerConnection.send_context" in message and SUPPORTED in message
+
+
+@pytest.mark.asyncio
+async def test_a_close_right_after_the_upgrade_completes_the_close_handshake() -> None:
+    """The client's close reply may arrive while the wire still waits on the upgrade: it must
+    be parsed (websockets' state is then CLOSING, not OPEN), or the close would time out."""
+    closed: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+
+    async def handler(ws: ServerConnection) -> None:
+        await ws.close(1001, "going away")
+        closed.set_result(ws.protocol.close_rcvd is not None)  # the client's reply was read
+
+    async with serve(handler, "127.0.0.1", 0, create_connection=WireConnection) as server:
+        port = server.sockets[0].getsockname()[1]
+        async with connect(f"ws://127.0.0.1:{port}", compression=None) as ws:
+            await ws.wait_closed()
+            assert await asyncio.wait_for(closed, 30)
+            assert ws.protocol.close_code == 1001
