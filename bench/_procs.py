@@ -1,8 +1,8 @@
 """Child processes the suite measures against (a real server, the ceiling peer), started by
 :mod:`server.process`, and their memory.
 
-Rule: imports only the standard library (and :mod:`server.process`, which does too). Linux
-only for memory figures (``/proc``).
+Standard library only (and :mod:`server.process`, which is too; an import contract checks
+both). Linux only for memory figures (``/proc``).
 """
 
 from __future__ import annotations

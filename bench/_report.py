@@ -1,6 +1,6 @@
 """Figures, their goals, and how they are printed and written.
 
-Rule: imports only the standard library (``rich`` if installed, for the table).
+Standard library only (``rich`` if installed, for the table): an import contract says so.
 """
 
 from __future__ import annotations

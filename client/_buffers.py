@@ -1,7 +1,5 @@
 """Receive buffers for large replies, kept and reused once nothing refers to them.
 
-Rule: imports numpy, ``protocol`` and the standard library only.
-
 Why: a large download is received (``recv_into``) straight into a new array. Memory the
 process has never touched, or gave back to the kernel, costs a page fault per page on first
 write, which on a virtual machine that hands free guest memory back to its host (free page

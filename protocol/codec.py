@@ -1,7 +1,5 @@
 """The binary codec: one websocket message is a typed header followed by raw buffers.
 
-Rule: this module imports numpy, pydantic and ``protocol`` siblings only. No I/O.
-
 Layout of one binary websocket message (protocol v1)::
 
     u32 little-endian  N, the header's length in bytes (1 <= N <= MAX_HEADER)

@@ -1,6 +1,6 @@
 """The dtypes that may travel on the wire, and their numpy counterparts.
 
-Rule: this module imports numpy and nothing else from the project.
+The bottom of the protocol: it imports nothing else of the project.
 
 Only the numeric dtypes of the Python Array API standard exist here. Everything travels
 little-endian; object, string, void and structured dtypes cannot even be named.

@@ -1,7 +1,5 @@
 """Protocol v1 messages. See ``protocol/README.md`` for the message flow.
 
-Rule: this module imports pydantic and ``protocol`` siblings only. No I/O.
-
 Client to server: :class:`Hello` first, then any number of :class:`Batch`.
 Server to client: :class:`Welcome` or :class:`Refused` first, then replies to the requests in
 batches (:class:`ReadReply`, :class:`SyncReply`, :class:`StatsReply`, :class:`RequestFailed`) in

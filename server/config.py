@@ -1,9 +1,9 @@
 """Server configuration, read from flags and ``TENSOR_SERVER_*`` variables, and the startup
 validator.
 
-Rule: imports ``protocol``, pydantic and pydantic-settings only; nothing here binds, spawns or
-starts a loop. (Reading ``--token-file`` and the cgroup memory limit are the only file reads;
-the TLS files are read by ``server.guard`` when the server is built.)
+Nothing here binds, spawns or starts a loop (an import contract in ``pyproject.toml`` keeps
+sockets, processes and event loops out). Reading ``--token-file`` and the cgroup memory limit
+are the only file reads; the TLS files are read by ``server.guard`` when the server is built.
 
 Every field of :class:`ServerConfig` is one setting: ``python -m server`` makes a flag of it
 (``max_message_size`` -> ``--max-message-size``) and pydantic-settings reads the same setting

@@ -1,7 +1,5 @@
 """Structured logs: one line per event on stderr, as ``key=value`` text or as JSON.
 
-Rule: imports the standard library only.
-
 A log call names the event in its message and carries its fields in ``extra``::
 
     log.info("session opened", extra=fields(session=sid, peer="127.0.0.1:50312", device=0))

@@ -1,8 +1,9 @@
 """Start ``python -m server`` as a child process and learn its address: the one launcher that
 the tests and the benchmarks share.
 
-Rule: imports only the standard library, so importing it loads neither numpy, websockets nor
-anyio. Nothing in the server imports it: a server never starts processes.
+It imports only the standard library (an import contract in ``pyproject.toml`` checks it), so
+importing it loads neither numpy, websockets nor anyio. Nothing in the server imports it: a
+server never starts processes.
 
     with start_server("--token", TOKEN, cwd=ROOT) as srv:   # python -m server --port 0 ...
         srv.url, srv.host, srv.port      # "ws://127.0.0.1:PORT", "127.0.0.1", PORT

@@ -76,6 +76,23 @@ def _broadcast_unknown(shapes: list[tuple[int, ...]]) -> tuple[int, ...]:
     return tuple(out)
 
 
+def _array_index(meta: TensorMeta, shape: tuple[int, ...], dim: int) -> tuple[tuple[int, ...], int]:
+    """What an index array at dimension ``dim`` contributes to the advanced-index block (its
+    shape; a boolean mask, one dimension of unknown length) and how many dimensions it uses."""
+    if meta.dtype == "bool":
+        width = len(meta.shape)
+        indexed = tuple(shape[dim : dim + width])
+        if not all(m in (d, 0) for d, m in zip(indexed, meta.shape, strict=True)):
+            raise OpIndexError(
+                f"boolean index of shape {meta.shape} does not match the indexed "
+                f"dimensions {indexed}"
+            )
+        return (UNKNOWN,), width
+    if shape[dim] == 0 and 0 not in meta.shape:
+        raise OpIndexError(f"index into an empty axis {dim}")
+    return meta.shape, 1
+
+
 def index_shape(shape: tuple[int, ...], key: tuple[IndexItem, ...],
                 metas: tuple[TensorMeta, ...]) -> tuple[int, ...]:  # fmt: skip
     """The shape of ``x[key]`` for ``x`` of ``shape``; ``metas`` describe the index tensors."""
@@ -104,22 +121,9 @@ def index_shape(shape: tuple[int, ...], key: tuple[IndexItem, ...],
             out.append(len(range(*item.to_slice().indices(shape[dim]))))
             dim += 1
         elif isinstance(item, ArrayIndex):
-            meta = next(arrays)
-            if meta.dtype == "bool":
-                width = len(meta.shape)
-                indexed = tuple(shape[dim : dim + width])
-                if not all(m in (d, 0) for d, m in zip(indexed, meta.shape, strict=True)):
-                    raise OpIndexError(
-                        f"boolean index of shape {meta.shape} does not match the indexed "
-                        f"dimensions {shape[dim : dim + width]}"
-                    )
-                adv_shapes.append((UNKNOWN,))
-                dim += width
-            else:
-                if shape[dim] == 0 and 0 not in meta.shape:
-                    raise OpIndexError(f"index into an empty axis {dim}")
-                adv_shapes.append(meta.shape)
-                dim += 1
+            block, width = _array_index(next(arrays), shape, dim)
+            adv_shapes.append(block)
+            dim += width
             adv_pos.append(len(out))
             out.append(None)
         elif isinstance(item, int):
