@@ -44,7 +44,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.protocol import State
 from websockets.version import version as websockets_version
 
-SUPPORTED = ">=14.0,<18"  # as pyproject.toml says; CI runs the suite on the lowest and newest
+SUPPORTED = ">=15.0,<18"  # as pyproject.toml says; CI runs the suite on the lowest and newest
 
 _CLASS_INTERNALS = ("data_received", "send_data", "send_context", "connection_lost")
 _INSTANCE_INTERNALS = ("paused", "drain_waiters", "connection_lost_waiter", "loop")
@@ -139,16 +139,9 @@ class AdaptedConnection(ServerConnection):
         protocol: Any = self.protocol
         if hasattr(protocol, "max_message_size"):  # websockets 16 and later
             limit: int | None = protocol.max_message_size
-        else:
+        else:  # websockets 15
             limit = protocol.max_size
         return limit
-
-    @property
-    def close_code(self) -> int | None:
-        """The close code once the connection is closed (websockets' connections have it
-        only from 15 on; the sans-I/O protocol has it in every supported version)."""
-        code: int | None = self.protocol.close_code
-        return code
 
     def closed_error(self) -> ConnectionClosed:
         """The ``ConnectionClosed`` that says how the connection ended (once it has)."""

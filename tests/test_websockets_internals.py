@@ -7,6 +7,7 @@ fail here (and the server must refuse to start), not in the middle of a session.
 from __future__ import annotations
 
 import asyncio
+import tomllib
 
 import pytest
 from websockets.asyncio.client import connect
@@ -20,6 +21,8 @@ from server.websockets_adapter import (
     require_internals,
 )
 from server.wire import WireConnection
+
+from .servers import ROOT
 
 
 def test_the_installed_websockets_has_every_class_level_internal() -> None:
@@ -68,3 +71,9 @@ async def test_a_close_right_after_the_upgrade_completes_the_close_handshake() -
             await ws.wait_closed()
             assert await asyncio.wait_for(closed, 30)
             assert ws.protocol.close_code == 1001
+
+
+def test_the_supported_range_is_the_one_pyproject_pins() -> None:
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    pinned = [d for d in pyproject["project"]["dependencies"] if d.startswith("websockets")]
+    assert pinned == [f"websockets{SUPPORTED}"]
