@@ -34,7 +34,7 @@ from protocol.framing import (
     FrameHeader,
     Opcode,
     apply_mask,
-    encode_header,
+    frame_header,
     header_size,
     parse_header,
 )
@@ -129,7 +129,7 @@ class Transport:
         mask = os.urandom(4)
         masked = apply_mask(payload, mask)
         try:
-            self._send_parts(encode_header(opcode, fin, len(payload), mask), masked)
+            self._send_parts(frame_header(opcode, fin, len(payload), mask), masked)
         except OSError as exc:
             raise Closed(f"send failed: {exc}") from exc
 
@@ -370,12 +370,13 @@ def _parsed(head: bytes | bytearray) -> FrameHeader | None:
     """The server frame header at the start of ``head`` (None while it is not whole).
 
     Raises:
-        Closed: a frame that breaks RFC 6455 (a masked one: servers never mask, 5.1).
+        Closed: a frame that breaks RFC 6455 (a masked one: servers never mask, 5.1; a
+            reserved bit; a control frame too long or fragmented).
     """
     try:
         return parse_header(head, masked=False)
     except FrameError as exc:
-        raise Closed(f"the server sent a bad frame: {exc}") from None
+        raise Closed(str(exc)) from None
 
 
 __all__ = ["Closed", "InvalidHandshake", "InvalidURI", "Transport"]

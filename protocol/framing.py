@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable
-from dataclasses import dataclass
 from enum import IntEnum
+from typing import NamedTuple
 
 import numpy as np
 from websockets import frames as _ws_frames
@@ -66,10 +66,10 @@ class FrameError(ProtocolError):
         self.close_code = close_code
 
 
-@dataclass(frozen=True, slots=True)
-class FrameHeader:
+class FrameHeader(NamedTuple):
     """A parsed frame header. ``size`` is the header's own length in bytes, ``length`` the
-    payload's; ``mask`` is the 4-byte masking key of a masked frame, else empty."""
+    payload's; ``mask`` is the 4-byte masking key of a masked frame, else empty. (A named
+    tuple: one is made per frame, on both sides' receive paths.)"""
 
     fin: bool
     opcode: int
@@ -89,37 +89,46 @@ def header_size(first: int, second: int) -> int:
     return MIN_HEADER + extra + (4 if second & 0x80 else 0)
 
 
-def parse_header(data: Bytes, masked: bool) -> FrameHeader | None:
-    """The frame header at the start of ``data``, or None while ``data`` holds only part of it.
+def parse_header(
+    data: Bytes, masked: bool, start: int = 0, end: int | None = None
+) -> FrameHeader | None:
+    """The frame header at ``data[start:end]`` (``end``: the end of the valid bytes, default
+    ``len(data)``), or None while that holds only part of it. No slice of ``data`` is made.
 
     ``masked`` is what the peer must send: True on the server (client frames are masked),
     False on the client.
 
     Raises:
-        FrameError: wrong masking, a reserved bit set, or a control frame that is fragmented
-            or longer than 125 bytes.
+        FrameError: wrong masking, a reserved bit set, or a control frame longer than 125
+            bytes or fragmented (checked in that order, as websockets does).
     """
-    if len(data) < MIN_HEADER:
+    avail = (len(data) if end is None else end) - start
+    if avail < MIN_HEADER:
         return None
-    first, second = data[0], data[1]
+    first, second = data[start], data[start + 1]
     if bool(second & 0x80) != masked:
-        raise FrameError("incorrect masking")
+        raise FrameError("incorrect masking" if masked else "the server sent a masked frame")
     if first & 0x70:
         raise FrameError("reserved bits must be 0")
-    size = header_size(first, second)
-    if len(data) < size:
-        return None
     length = second & 0x7F
-    if length >= 126:
-        length = int.from_bytes(data[2 : size - (4 if masked else 0)], "big")
-    opcode, fin = first & 0x0F, bool(first & 0x80)
-    if opcode >= FIRST_CONTROL and (length > MAX_CONTROL_PAYLOAD or not fin):
-        raise FrameError("control frame too long" if fin else "fragmented control frame")
-    mask = bytes(data[size - 4 : size]) if masked else b""
+    extra = 2 if length == 126 else 8 if length == 127 else 0
+    size = MIN_HEADER + extra + (4 if masked else 0)
+    if avail < size:
+        return None
+    if extra:
+        length = int.from_bytes(data[start + 2 : start + 2 + extra], "big")
+    opcode = first & 0x0F
+    fin = bool(first & 0x80)
+    if opcode >= FIRST_CONTROL:
+        if length > MAX_CONTROL_PAYLOAD:
+            raise FrameError("control frame too long")
+        if not fin:
+            raise FrameError("fragmented control frame")
+    mask = bytes(data[start + size - 4 : start + size]) if masked else b""
     return FrameHeader(fin, opcode, length, mask, size)
 
 
-def encode_header(opcode: int, fin: bool, length: int, mask: bytes = b"") -> bytes:
+def frame_header(opcode: int, fin: bool, length: int, mask: bytes = b"") -> bytes:
     """The header of a frame of ``length`` payload bytes; with a 4-byte ``mask`` (a client
     frame, whose payload the caller masks with it), the MASK bit and the key follow."""
     first = (0x80 if fin else 0) | opcode
@@ -165,7 +174,7 @@ __all__ = [
     "FrameHeader",
     "Opcode",
     "apply_mask",
-    "encode_header",
+    "frame_header",
     "header_size",
     "parse_header",
     "rotate_mask",

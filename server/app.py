@@ -38,10 +38,11 @@ from websockets.http11 import Request, Response
 from . import endpoints
 from .budget import MemoryBudget
 from .config import ServerConfig, validate_host_device, validate_security
-from .connection import Connections, Live
+from .connection import Connections
 from .guard import Gate, tls_context
 from .logs import fields
 from .metrics import Metrics
+from .session import Session
 from .websockets_adapter import require_internals
 from .wire import WireConnection
 from .workers import Workers
@@ -67,7 +68,6 @@ class Server:
         self.warnings = validate_security(config)
         self.config = config
         self.server_id = secrets.token_hex(8)
-        self.sessions: dict[str, Live] = {}  # by session id
         self.port: int | None = None
         self.metrics_port: int | None = None
         self.draining = False
@@ -75,8 +75,8 @@ class Server:
         self.budget = MemoryBudget(config.effective_memory_budget, config.spare_memory)
         self._ssl = tls_context(config)
         self.metrics = Metrics(
-            lambda: [live.session for live in self.sessions.values()],
-            lambda: sum(live.in_flight for live in self.sessions.values()),
+            lambda: [live.session for live in self._live.values()],
+            lambda: sum(live.in_flight for live in self._live.values()),
             lambda: self.draining,
             config.effective_memory_budget,
             lambda: self.budget.spare_bytes,
@@ -88,13 +88,18 @@ class Server:
             self.budget,
             self._workers,
             self.metrics,
-            self.sessions,
             lambda: self.draining,
         )
+        self._live = self._connections.live  # by session id: one record per live session
         self._gate = Gate(config, lambda: self._connections.open)
         self._endpoints = endpoints.Endpoints(
             str(self.device), self.metrics, config.token, config.metrics_auth
         )
+
+    @property
+    def sessions(self) -> dict[str, Session]:
+        """The open sessions, by session id (a snapshot)."""
+        return {sid: live.session for sid, live in self._live.items()}
 
     @property
     def scheme(self) -> str:
@@ -161,7 +166,7 @@ class Server:
                 each.close()
             for each in servers:
                 await each.wait_closed()
-        for live in list(self.sessions.values()):
+        for live in list(self._live.values()):
             live.ws.abort()
 
     async def _serve_metrics(self) -> WsServer:
@@ -204,18 +209,18 @@ class Server:
         """
         self.draining = True
         grace = self.config.shutdown_grace
-        log.info("draining", extra=fields(sessions=len(self.sessions), grace_s=grace))
+        log.info("draining", extra=fields(sessions=len(self._live), grace_s=grace))
         reason = "signal"  # unless the grace runs out first: cancelled from outside
         try:
             with anyio.move_on_after(grace) as scope:
                 async with anyio.create_task_group() as tg:
-                    for live in list(self.sessions.values()):
+                    for live in list(self._live.values()):
                         if live.idle():
                             tg.start_soon(live.ws.close, 1001, "server shutting down")
                 await self._connections.all_closed()
             reason = "grace" if scope.cancelled_caught else reason
         finally:
-            if left := len(self.sessions):
+            if left := len(self._live):
                 log.info("drain cut short", extra=fields(sessions_left=left, reason=reason))
             else:
                 log.info("drained")

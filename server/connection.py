@@ -1,7 +1,8 @@
 """One websocket connection of the server, from its hello to its session's end.
 
-With ``server.app`` (listeners, HTTP answers, drain), ``server.wire`` and ``server.sending``,
-the only server modules that touch sockets.
+With ``server.app`` (listeners, HTTP answers, drain) and the wire (``server.wire``,
+``server.receiving``, ``server.sending``, over ``server.websockets_adapter``), the only server
+modules that touch sockets.
 
 Per connection: the handshake (the client's :class:`~protocol.Hello`, answered with
 :class:`~protocol.Welcome` or :class:`~protocol.Refused`) makes a :class:`Session`; then the
@@ -69,7 +70,7 @@ from .wire import WireConnection
 from .workers import Workers
 
 if TYPE_CHECKING:
-    from .received import Received  # what the wire hands over; annotations only
+    from .incoming import Received  # what the wire hands over; annotations only
 
 log = logging.getLogger("tensorwire.server")
 
@@ -98,7 +99,7 @@ class Connections:
     """Runs every upgraded connection of one server; :attr:`live` holds its sessions.
 
     ``draining`` returns True once the server drains: a session is then closed (1001) as soon
-    as it owes nothing. ``live`` is the server's own dict (``Server.sessions``).
+    as it owes nothing.
     """
 
     def __init__(
@@ -109,10 +110,9 @@ class Connections:
         budget: MemoryBudget,
         workers: Workers,
         metrics: Metrics,
-        live: dict[str, Live],
         draining: Callable[[], bool],
     ) -> None:
-        self.live = live  # by session id
+        self.live: dict[str, Live] = {}  # by session id
         self.open = 0  # upgraded connections being handled
         self._config = config
         self._device_count = device_count
@@ -218,6 +218,7 @@ class Connections:
         """Decode what ``ws`` receives from now on as ``session``'s batches: limits checked,
         uploads refused by its quota before they are allocated."""
         config = self._config
+        ws.max_waiting = config.max_queued  # first: setting decoders parses what waited
         ws.decoders = lambda: MessageDecoder(
             CLIENT_ADAPTER,
             config.max_header_size,
@@ -226,7 +227,6 @@ class Connections:
             max_buffers=config.max_buffers,
             allocate=self._budget.allocate,
         )
-        ws.max_waiting = config.max_queued
 
     def _check_hello(self, hello: Hello) -> ErrorInfo | None:
         count = self._device_count

@@ -3,7 +3,7 @@ the connection loop takes them one by one with an idle timeout, and the socket s
 while too many wait (so TCP pushes back on a client that sends faster than it is answered).
 
 The parser (``server/wire.py``) calls :meth:`ReceivingConnection.deliver` with each whole
-message, and provides the three hooks below.
+message, and provides the two hooks below.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import collections
 import math
 from typing import Any
 
-from .received import Received
+from .incoming import Received
 from .websockets_adapter import AdaptedConnection
 
 QUEUE_HIGH = 8  # default of max_waiting
@@ -33,9 +33,6 @@ class ReceivingConnection(AdaptedConnection):
 
     # --- hooks the parser provides ------------------------------------------------------------
 
-    def parse(self) -> None:
-        """Parse bytes that were held (the owner set decoders, or the upgrade is done)."""
-
     def stuck(self) -> bool:
         """Whether held bytes fill the receive buffer."""
         return False
@@ -51,10 +48,12 @@ class ReceivingConnection(AdaptedConnection):
         return len(self._messages)
 
     def deliver(self, message: Received) -> None:
-        """A whole message arrived: queue it and wake the owner."""
+        """A whole message arrived: queue it and wake the owner (and stop reading the socket
+        once ``max_waiting`` messages wait)."""
         self._messages.append(message)
         self._wake()
-        self.update_reading()
+        if len(self._messages) >= self.max_waiting:
+            self.update_reading()
 
     def update_reading(self) -> None:
         """Stop reading the socket while ``max_waiting`` messages wait or held bytes fill the
@@ -101,7 +100,6 @@ class ReceivingConnection(AdaptedConnection):
         Raises:
             ConnectionClosed: the connection closed and every message was taken.
         """
-        self.parse()
         if not self._messages:
             if self.is_closed:
                 raise self.closed_error()

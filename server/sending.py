@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from protocol.codec import to_frames
-from protocol.framing import Opcode, encode_header
+from protocol.framing import Opcode, frame_header
 
 from .websockets_adapter import AdaptedConnection
 
@@ -47,7 +47,7 @@ class SendingConnection(AdaptedConnection):
         async with self._send_lock:
             last = len(parts) - 1
             headers = [
-                encode_header(Opcode.CONT if i else Opcode.BINARY, i == last, len(part))
+                frame_header(Opcode.CONT if i else Opcode.BINARY, i == last, len(part))
                 for i, part in enumerate(parts)
             ]
             first, skip = self._send_now(headers, parts)
@@ -101,7 +101,8 @@ class SendingConnection(AdaptedConnection):
     ) -> None:
         """Write one frame (less its first ``skip`` bytes, already sent) to the transport;
         wait while the transport is over its write limit."""
-        await self.raise_if_closing()
+        if not self.is_open:
+            await self.raise_if_closing()
         if skip >= len(header):
             self.transport.write(memoryview(payload)[skip - len(header) :])
         elif len(payload) < SMALL_SEND:

@@ -17,7 +17,10 @@ internal                               what the wire uses it for
                                        ``ConnectionClosed``, when a send finds it closing
 ``paused``, ``drain_waiters``          websockets' flow control: waiting until the
                                        transport is under its write limit
-``connection_lost_waiter``, ``loop``   noticing a lost connection; the connection's loop
+``connection_lost_waiter``             noticing a lost connection
+``loop``, ``transport``                the connection's event loop (timers) and asyncio
+                                       transport (pausing reads, writing frames), which the
+                                       wire's receive queue and sender use directly
 ``protocol.close_exc``                 the ``ConnectionClosed`` to raise
 ``protocol.max_message_size``          the message size limit (``max_size`` before 16)
 ``_SelectorSocketTransport._sock``     asyncio's socket, for gathered ``sendmsg`` calls
@@ -47,7 +50,7 @@ from websockets.version import version as websockets_version
 SUPPORTED = ">=15.0,<18"  # as pyproject.toml says; CI runs the suite on the lowest and newest
 
 _CLASS_INTERNALS = ("data_received", "send_data", "send_context", "connection_lost")
-_INSTANCE_INTERNALS = ("paused", "drain_waiters", "connection_lost_waiter", "loop")
+_INSTANCE_INTERNALS = ("paused", "drain_waiters", "connection_lost_waiter", "loop", "transport")
 
 
 class UnsupportedWebsocketsError(RuntimeError):
@@ -88,6 +91,15 @@ def require_internals() -> None:
         )
 
 
+def _message_size_limit(protocol: Any) -> int | None:
+    """The largest message the protocol accepts (``max_size``), or None for no limit."""
+    if hasattr(protocol, "max_message_size"):  # websockets 16 and later
+        limit: int | None = protocol.max_message_size
+    else:  # websockets 15
+        limit = protocol.max_size
+    return limit
+
+
 def _plain_socket(transport: asyncio.BaseTransport) -> socket.socket | None:
     """asyncio's own socket under a plain TCP transport, or None (TLS, or no such internal)."""
     if transport.get_extra_info("sslcontext") is not None:
@@ -106,6 +118,7 @@ class AdaptedConnection(ServerConnection):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.raw_socket: socket.socket | None = None  # set once connected, plain TCP only
+        self.message_size_limit = _message_size_limit(self.protocol)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -132,16 +145,6 @@ class AdaptedConnection(ServerConnection):
         state = self.protocol.state
         open_ = state is State.OPEN or state is State.CLOSING
         return open_ and self.protocol.close_rcvd is None
-
-    @property
-    def message_size_limit(self) -> int | None:
-        """The largest message accepted (``max_size``), or None for no limit."""
-        protocol: Any = self.protocol
-        if hasattr(protocol, "max_message_size"):  # websockets 16 and later
-            limit: int | None = protocol.max_message_size
-        else:  # websockets 15
-            limit = protocol.max_size
-        return limit
 
     def closed_error(self) -> ConnectionClosed:
         """The ``ConnectionClosed`` that says how the connection ended (once it has)."""

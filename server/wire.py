@@ -17,8 +17,12 @@ Theory of operation: the byte stream is in one :class:`Reading` state at a time:
     PAYLOAD  --the frame's last payload byte--------->  FRAME     (its message may be whole)
     any      --a frame that breaks RFC 6455---------->  FAILED    (closed 1002 or 1009)
 
-In UPGRADE, and in FRAME while the owner has set no decoders yet, bytes wait in the buffer
-(*held*), and reading stops if the buffer fills. On plain TCP, each readiness event reads on
+In UPGRADE (until websockets answers the request), and in FRAME while the connection is open
+and the owner has set no decoders yet, bytes wait in the buffer (*held*), and reading stops if
+the buffer fills; they are parsed when more bytes arrive or the owner sets decoders, which is
+also when UPGRADE gives way to FRAME. A data message that starts while no decoder exists (the
+connection is closing after a refused hello) is read and dropped; once the connection is
+lost, nothing more is parsed. On plain TCP, each readiness event reads on
 while the socket holds bytes (up to 1 MiB), so a fragmented upload does not cost a turn of the
 event loop per frame header and payload. Sending is :class:`server.sending.SendingConnection`'s;
 every websockets internal is named in ``server/websockets_adapter.py``.
@@ -30,16 +34,13 @@ import asyncio
 import socket
 import struct
 from collections.abc import Callable
-from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
 from protocol import DecodeError
 from protocol.codec import MAX_HEADER
 from protocol.framing import (
-    MAX_HEADER as MAX_FRAME_HEADER,
-)
-from protocol.framing import (
+    FIRST_CONTROL,
     CloseCode,
     FrameError,
     FrameHeader,
@@ -48,8 +49,11 @@ from protocol.framing import (
     parse_header,
     unmask_in_place,
 )
+from protocol.framing import (
+    MAX_HEADER as MAX_FRAME_HEADER,
+)
 
-from .received import Decoder, received, unmask_into
+from .incoming import Decoder, FrameBeingRead, MessageBeingRead, received, unmask_into
 from .receiving import ReceivingConnection
 from .sending import SendingConnection
 
@@ -70,25 +74,6 @@ class Reading(Enum):
     FAILED = "failed"  # a protocol violation: every byte is dropped
 
 
-@dataclass
-class _Frame:
-    """The data frame being read: payload bytes left, bytes read (the mask's phase), its key."""
-
-    left: int
-    pos: int
-    mask: bytes
-    fin: bool
-
-
-@dataclass
-class _Message:
-    """The data message being read, and the error decoding it met (the rest is drained)."""
-
-    decoder: Decoder | None  # None: no decoder exists (closing after a refused hello): dropped
-    error: DecodeError | None = None
-    nbytes: int = 0
-
-
 class WireConnection(SendingConnection, ReceivingConnection, asyncio.BufferedProtocol):
     """A websocket server connection that decodes Tensorwire messages as their bytes arrive.
 
@@ -98,28 +83,41 @@ class WireConnection(SendingConnection, ReceivingConnection, asyncio.BufferedPro
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.decoders: Callable[[], Decoder] | None = None
+        self._decoders: Callable[[], Decoder] | None = None
         self._one_only = False  # decoders serve one message, then bytes wait for new ones
         self.max_header = MAX_HEADER  # the decoders' limit: a longer header is not buffered
         self._reading = Reading.REQUEST
-        self._frame = _Frame(0, 0, b"", False)  # meaningful in PAYLOAD
-        self._message: _Message | None = None
+        self._frame = FrameBeingRead(0, 0, b"", False)  # meaningful in PAYLOAD; one, reused
+        self._message: MessageBeingRead | None = None
         self._buf = bytearray(SMALL_BUFFER)
         self._start = self._end = 0  # unparsed bytes of _buf
         self._direct: memoryview | None = None  # room handed to the loop inside a payload
         self._offered = 0  # bytes of the last room get_buffer offered
 
+    @property
+    def decoders(self) -> Callable[[], Decoder] | None:
+        """Makes a fresh decoder per message; while None, bytes wait at a message boundary.
+        Setting it parses what waited (the owner decides when its next message may come)."""
+        return self._decoders
+
+    @decoders.setter
+    def decoders(self, decoders: Callable[[], Decoder] | None) -> None:
+        self._decoders = decoders
+        if decoders is not None and self._end > self._start:
+            self.parse()
+
     def decode_one(self, decoders: Callable[[], Decoder]) -> None:
         """Decode the next message with ``decoders`` and then stop parsing until
         :attr:`decoders` is set again (a hello is decoded under other limits than the
         session's messages, which may be right behind it in the same read)."""
-        self.decoders, self._one_only = decoders, True
+        self._one_only = True
+        self.decoders = decoders
 
     def _held(self) -> bool:
         """Whether bytes wait: for websockets' answer to the upgrade, or for decoders."""
         if self._reading is Reading.UPGRADE:
             return self.upgrading
-        return self._reading is Reading.FRAME and self.decoders is None and self.is_open
+        return self._reading is Reading.FRAME and self._decoders is None and self.is_open
 
     # --- receiving: asyncio calls these ---------------------------------------------------------
 
@@ -202,25 +200,31 @@ class WireConnection(SendingConnection, ReceivingConnection, asyncio.BufferedPro
     # --- parsing ----------------------------------------------------------------------------
 
     def parse(self) -> None:
-        """Parse what the receive buffer holds, as far as it goes (also after bytes were held:
-        the upgrade is done, or decoders are set); read the socket again if it was stopped."""
+        """Parse what the receive buffer holds, as far as it goes, unless it is held (see the
+        module docstring) or the connection is gone; read the socket again if it was stopped.
+        Runs when bytes arrive and when decoders are set."""
         if self._reading is Reading.FAILED:
             self._start = self._end = 0
             return
-        while self._end > self._start and not self._held():
+        if self.is_closed:  # gone: nothing more is parsed (nothing below closes it at once)
+            return
+        while self._end > self._start:
             reading = self._reading
-            if reading is Reading.REQUEST:
+            if reading is Reading.PAYLOAD:
+                self._payload_from_buffer()
+            elif reading is Reading.FRAME:
+                if self._decoders is None and self.is_open:
+                    break  # held until the owner sets decoders
+                if not self._next_frame():
+                    break
+            elif reading is Reading.REQUEST:
                 if not self._request():
                     break
-            elif reading is Reading.UPGRADE:  # no longer held: websockets answered
-                if self.is_closed:
-                    break  # refused, or gone: the bytes go nowhere
-                self._reading = Reading.FRAME  # open, or already closing: frames follow
-            elif reading is Reading.PAYLOAD:
-                self._payload_from_buffer()
-            elif not self._next_frame():
+            elif self.upgrading:  # UPGRADE: held until websockets answers the request
                 break
-        if self.reading_paused or self._held():
+            else:  # UPGRADE answered: open, or already closing; frames follow
+                self._reading = Reading.FRAME
+        if self.reading_paused or self._end > self._start:
             self.update_reading()
 
     def _request(self) -> bool:
@@ -242,12 +246,12 @@ class WireConnection(SendingConnection, ReceivingConnection, asyncio.BufferedPro
         (or the frame broke the protocol)."""
         s = self._start
         try:
-            header = parse_header(memoryview(self._buf)[s : self._end], masked=True)
+            header = parse_header(self._buf, True, s, self._end)
         except FrameError as exc:
             return self._fail(exc)
         if header is None:
             return False
-        if header.control:
+        if header.opcode >= FIRST_CONTROL:
             size = header.size + header.length
             if self._end - s < size:
                 return False
@@ -282,18 +286,16 @@ class WireConnection(SendingConnection, ReceivingConnection, asyncio.BufferedPro
             if take < 0:
                 return False
         self._start += header.size
-        self._frame = _Frame(header.length, 0, header.mask, header.fin)
+        frame = self._frame
+        frame.left, frame.pos, frame.mask, frame.fin = header.length, 0, header.mask, header.fin
         self._reading = Reading.PAYLOAD
         if starting:
-            self._message = self._new_message()
+            self._message = MessageBeingRead(None if self._decoders is None else self._decoders())
             if take:
                 self._payload_from_buffer(take)
         if not header.length:
             self._frame_done()
         return True
-
-    def _new_message(self) -> _Message:
-        return _Message(None if self.decoders is None else self.decoders())
 
     def _prefix(self, header: FrameHeader) -> int:
         """How much of a message's first frame to take at once (all of it if it is small; else
@@ -350,7 +352,7 @@ class WireConnection(SendingConnection, ReceivingConnection, asyncio.BufferedPro
             return
         self._message = None
         if self._one_only:
-            self.decoders, self._one_only = None, False
+            self._decoders, self._one_only = None, False
         if message.decoder is not None and self.taking_data:  # a message that ends after the
             self.deliver(received(message.decoder, message.error, message.nbytes))  # client's
         # close is dropped, as websockets drops it
@@ -380,7 +382,7 @@ class WireConnection(SendingConnection, ReceivingConnection, asyncio.BufferedPro
 
     def stuck(self) -> bool:
         """Whether held bytes fill the buffer, so reading must stop until they are parsed."""
-        return self._held() and len(self._buf) - self._end < MAX_FRAME_HEADER
+        return len(self._buf) - self._end < MAX_FRAME_HEADER and self._held()
 
     def at_rest(self) -> None:
         """Nothing is waiting: shrink a grown receive buffer (16 KiB a session, not 256)."""

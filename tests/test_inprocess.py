@@ -31,7 +31,7 @@ def test_size_threshold_flushes_without_a_read(live: Server) -> None:
         x = xp.zeros(4)
         for _ in range(FLUSH_OPS + 10):
             x = x + 1
-        (session,) = (each.session for each in live.sessions.values())
+        (session,) = live.sessions.values()
         wait_until(lambda: session.ops_run >= FLUSH_OPS, "ops to arrive with no read or sync")
         assert x.numpy().tolist() == [FLUSH_OPS + 10.0] * 4
 
@@ -41,7 +41,7 @@ def test_session_end_frees_everything(live: Server) -> None:
     xp = client.namespace(dev)
     kept = [xp.asarray(np.ones(1000)) for _ in range(10)]
     dev.sync()
-    (session,) = (each.session for each in live.sessions.values())
+    (session,) = live.sessions.values()
     assert len(session.store) == 10 and session.store.nbytes == 80_000
     dev.close()
     wait_until(lambda: not live.sessions, "the session to end")
@@ -55,7 +55,7 @@ def test_frees_travel_with_the_next_batch(live: Server) -> None:
         xp = client.namespace(dev)
         a = xp.ones(10)
         dev.sync()
-        (session,) = (each.session for each in live.sessions.values())
+        (session,) = live.sessions.values()
         assert len(session.store) == 1
         del a
         gc.collect()

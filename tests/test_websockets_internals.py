@@ -55,24 +55,6 @@ def test_a_missing_internal_stops_the_server_from_starting(
     assert "ServerConnection.send_context" in message and SUPPORTED in message
 
 
-@pytest.mark.asyncio
-async def test_a_close_right_after_the_upgrade_completes_the_close_handshake() -> None:
-    """The client's close reply may arrive while the wire still waits on the upgrade: it must
-    be parsed (websockets' state is then CLOSING, not OPEN), or the close would time out."""
-    closed: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-
-    async def handler(ws: ServerConnection) -> None:
-        await ws.close(1001, "going away")
-        closed.set_result(ws.protocol.close_rcvd is not None)  # the client's reply was read
-
-    async with serve(handler, "127.0.0.1", 0, create_connection=WireConnection) as server:
-        port = server.sockets[0].getsockname()[1]
-        async with connect(f"ws://127.0.0.1:{port}", compression=None) as ws:
-            await ws.wait_closed()
-            assert await asyncio.wait_for(closed, 30)
-            assert ws.protocol.close_code == 1001
-
-
 def test_the_supported_range_is_the_one_pyproject_pins() -> None:
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
     pinned = [d for d in pyproject["project"]["dependencies"] if d.startswith("websockets")]

@@ -1,5 +1,5 @@
-"""What the wire hands the connection loop: one whole message, decoded, or the error that
-decoding it met."""
+"""Incoming messages: what the wire hands the connection loop (one whole message, decoded, or
+the error that decoding it met), and how a frame's masked payload reaches its decoder."""
 
 from __future__ import annotations
 
@@ -32,6 +32,25 @@ class Received:
     at: float = field(default_factory=time.perf_counter)  # when it arrived whole
 
 
+@dataclass(slots=True)
+class FrameBeingRead:
+    """The data frame being read: payload bytes left, bytes read (the mask's phase), its key."""
+
+    left: int
+    pos: int
+    mask: bytes
+    fin: bool
+
+
+@dataclass(slots=True)
+class MessageBeingRead:
+    """The data message being read, and the error decoding it met (the rest is drained)."""
+
+    decoder: Decoder | None  # None: no decoder exists (closing after a refused hello): dropped
+    error: DecodeError | None = None
+    nbytes: int = 0
+
+
 def received(decoder: Decoder, error: DecodeError | None, nbytes: int) -> Received:
     """The outcome of one message fed to ``decoder``: a limit error keeps the (valid) header,
     so that its ops can be failed one by one."""
@@ -57,7 +76,7 @@ def unmask_into(decoder: Decoder, data: memoryview, mask: bytes, pos: int) -> No
     while len(data):
         room = decoder.writable()
         if room is None:
-            decoder.feed(apply_mask(data, rotate_mask(mask, pos)))
+            decoder.feed(apply_mask(data, rotate_mask(mask, pos) if pos & 3 else mask))
             return
         n = min(len(room), len(data))
         room[:n] = data[:n]
@@ -66,4 +85,4 @@ def unmask_into(decoder: Decoder, data: memoryview, mask: bytes, pos: int) -> No
         data, pos = data[n:], pos + n
 
 
-__all__ = ["Decoder", "Received", "received", "unmask_into"]
+__all__ = ["Decoder", "FrameBeingRead", "MessageBeingRead", "Received", "received", "unmask_into"]
