@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from collections import Counter as Tally
 from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -40,7 +41,8 @@ from prometheus_client.registry import Collector
 
 from protocol import ErrorCode
 
-from .session import Session
+if TYPE_CHECKING:  # the sessions it reads are handed to it; it never makes one
+    from .session import Session
 
 PREFIX = "tensorwire"
 READ_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)

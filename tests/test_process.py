@@ -165,11 +165,3 @@ def test_importing_the_launcher_stays_light() -> None:
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             cwd=ROOT, timeout=60)  # fmt: skip
     assert result.returncode == 0 and result.stdout.strip() == "[]", result.stderr
-
-
-def test_the_server_never_imports_its_launcher() -> None:
-    """A server never starts processes: only tests, benchmarks and tools import it."""
-    for path in (ROOT / "server").rglob("*.py"):
-        if path.name != "process.py":
-            text = path.read_text()
-            assert "server.process" not in text and "from .process" not in text, path
