@@ -99,7 +99,7 @@ class Outcomes:
             else:
                 self.store.put(out, stored, reserved=need)
         self.ops_run += 1
-        self.op_counts[getattr(op, "op", None) or op.kind] += 1
+        self.op_counts[op.name()] += 1
 
     def run_failed(self, op: AnyOp, exc: Exception, reserved: int, job: Job) -> None:
         """Fail ``op``, which raised ``exc`` while or after numpy ran, and give back the

@@ -182,10 +182,15 @@ class ChildProcess:
 
         Raises:
             subprocess.TimeoutExpired: still running after ``timeout`` seconds.
+            RuntimeError: it exited, but a pipe stayed open (a process it started holds it),
+                so what it printed may be cut short.
         """
         status = self.process.wait(timeout)
-        self.stdout.wait_closed()
-        self.stderr.wait_closed()
+        if not (self.stdout.wait_closed() and self.stderr.wait_closed()):
+            raise RuntimeError(
+                f"{self.process.args!r} exited with {status}, but its output pipes stayed "
+                f"open for {_DRAIN_S} s: a process it started holds them"
+            )
         return status
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 10.0) -> int:
