@@ -454,11 +454,14 @@ def test_sigterm_exits_after_the_grace_while_numpy_runs() -> None:
 
 
 def test_a_session_with_work_in_flight_is_not_idle() -> None:
-    with run_server("--token", TOKEN, "--idle-timeout", "0.3", env=ONE_THREAD) as proc:
+    """The work (8 single-threaded 2000x2000 matmuls, about 2 s here) outlasts the idle
+    timeout, and nothing is sent meanwhile; the client's one gap that counts, from its
+    welcome to its batch, is far under the timeout's second."""
+    with run_server("--token", TOKEN, "--idle-timeout", "1", env=ONE_THREAD) as proc:
         with client.RemoteDevice(proc.url, token=TOKEN) as dev:
             xp = client.namespace(dev)
-            a = xp.ones((1000, 1000))
+            a = xp.ones((2000, 2000))
             m = a
             for _ in range(8):
-                m = m @ a / 1000.0  # seconds of work, with nothing sent meanwhile
-            np.testing.assert_allclose(m.numpy(), np.ones((1000, 1000)))
+                m = m @ a / 2000.0  # seconds of work, with nothing sent meanwhile
+            np.testing.assert_allclose(m.numpy(), np.ones((2000, 2000)))
