@@ -2,7 +2,9 @@
 API conformance suite: ``ARRAY_API_TESTS_MODULE=client.array_api``).
 
 Importing it connects to the server named by ``TENSORWIRE_URL`` (device ``TENSORWIRE_DEVICE``,
-default 0); every attribute is the namespace's.
+default 0) and puts that device's :class:`~client.Namespace` in its place in ``sys.modules``:
+``import client.array_api as xp`` gives the very object that ``x.__array_namespace__()`` and
+``client.namespace(device)`` return, so a tool that compares namespaces sees one.
 
 Raises (on import):
     RuntimeError: ``TENSORWIRE_URL`` is not set.
@@ -12,10 +14,9 @@ Raises (on import):
 from __future__ import annotations
 
 import os
-from typing import Any
+import sys
 
 from .device import RemoteDevice
-from .namespace import Namespace
 from .namespace import namespace as _namespace
 
 _url = os.environ.get("TENSORWIRE_URL")
@@ -23,15 +24,5 @@ if not _url:
     raise RuntimeError("set TENSORWIRE_URL to the server's ws:// address to import this module")
 
 device = RemoteDevice(_url, index=int(os.environ.get("TENSORWIRE_DEVICE", "0")))
-namespace = _namespace(device)  # the same object as x.__array_namespace__()
-__array_api_version__ = Namespace.__array_api_version__
-linalg = namespace.linalg
-fft = namespace.fft
-
-
-def __getattr__(name: str) -> Any:
-    return getattr(namespace, name)
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | {n for n in dir(namespace) if not n.startswith("_")})
+# The import system binds whatever sys.modules holds for this name once the module has run.
+sys.modules[__name__] = _namespace(device)  # type: ignore[assignment]

@@ -45,9 +45,16 @@ class Namespace(
     StatisticalFunctions,
     UtilityFunctions,
 ):
-    """Array functions with ``device`` as the default device for new arrays."""
+    """Array functions with ``device`` as the default device for new arrays.
+
+    It passes for a namespace module with the tools that inspect one (array-api-compat's
+    ``array_namespace``, scikit-learn, SciPy, the conformance suite): it has the module
+    attributes they read, ``__name__`` above all.
+    """
 
     __array_api_version__ = "2024.12"
+    __name__ = "client.array_api"  # the module that is this namespace for the default device
+    __package__ = "client"
 
     bool = np.dtype("bool")
     int8 = np.dtype("int8")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import sys
 from typing import get_args
 
 import numpy as np
@@ -84,3 +85,26 @@ def test_elementwise_functions_are_generated_for_exactly_the_protocols_ops() -> 
             assert [(p.name, p.kind) for p in signature.parameters.values()] == [
                 (p, positional) for p in params
             ], name
+
+
+def test_the_namespace_passes_for_a_namespace_module(
+    dev: client.RemoteDevice, url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Tools that inspect a namespace (array-api-compat, scikit-learn, SciPy, the conformance
+    suite) read its ``__name__``; ``client.array_api`` is the very same object."""
+    x = client.namespace(dev).asarray(np.ones(2))
+    xp = x.__array_namespace__()
+    assert xp is client.namespace(dev) is x.__array_namespace__(api_version="2024.12")
+    assert xp.__name__ == "client.array_api" and isinstance(xp.__name__, str)
+    monkeypatch.setenv("TENSORWIRE_URL", url)
+    monkeypatch.delitem(sys.modules, "client.array_api", raising=False)
+    try:
+        import client.array_api as module
+
+        assert isinstance(module, client.Namespace)
+        y = module.asarray(np.ones(2))
+        assert y.__array_namespace__() is module is sys.modules["client.array_api"]
+        assert client.namespace(y.device) is module
+    finally:  # the next import connects afresh
+        sys.modules.pop("client.array_api", None)
+        vars(client).pop("array_api", None)
