@@ -21,9 +21,10 @@ data-dependent length (an ``UNKNOWN`` dim) is charged after numpy ran and before
 with the same codes (:meth:`Outcomes.keep`). A refused op fails like any other: its outputs
 are marked failed and the session goes on. A result that is a view of a tensor the session
 holds is stored as it is (counted once, see ``server/store.py``); a view of anything else is
-copied first. An in-place op (``setitem``) replaces its target under the same id: it writes
-into the target's array when the store says nothing shares it (:meth:`TensorStore.writable`),
-else into a counted copy.
+copied first. An in-place op (``setitem``) writes into its target's memory, so the views that
+share it see the write, as in numpy; the store first moves memory that a read reply still
+sends from, and only a read-only view is written into a counted copy
+(:meth:`TensorStore.prepare_write`).
 Deadline: :attr:`Job.op_started` is the monotonic time the running op began; the transport
 watches it and, past the deadline, closes the session (:meth:`close`): the op itself cannot be
 interrupted, so its result is discarded when numpy returns.
@@ -54,7 +55,6 @@ from protocol import (
     StatsReply,
     SyncReply,
     TensorMeta,
-    byte_view,
 )
 from protocol.codec import Buffer
 from protocol.messages import Request
@@ -227,10 +227,13 @@ class Session:
     ) -> None:
         """Reserve ``nbytes`` (None: :func:`output_bytes` of ``metas``), run ``op``, settle
         the reservation on what the results really hold and store them (:meth:`Outcomes.keep`). An
-        in-place op writes into its target only when the store says nothing else shares it
-        (:meth:`TensorStore.writable`), and reserves nothing then; otherwise it runs on a
-        copy, which is counted (copy-on-write)."""
-        in_place = op.inplace and self.store.writable(op.out)
+        in-place op writes into its target's memory and reserves nothing, unless the store
+        says it cannot (:meth:`TensorStore.prepare_write`: a read-only view); it then runs on
+        a copy, which is counted."""
+        target = self.store.prepare_write(op.out) if op.inplace else None
+        in_place = target is not None
+        if target is not None:
+            args[0] = target  # its memory may have moved (a read reply still sends the old)
         try:
             if nbytes is None:
                 nbytes = output_bytes(metas, self.limits)
@@ -294,8 +297,9 @@ class Session:
         value = self._stored(request)
         if not isinstance(value, Stored):
             return value
-        self.store.share(request.tensor)  # the reply's bytes are written later
-        view = byte_view(value.array)
+        sent = np.ascontiguousarray(value.array).reshape(-1).view(np.uint8)
+        self.store.share(request.tensor, sent)  # the reply's bytes are written later
+        view = sent.data
         reply = ReadReply(
             request_id=request.request_id,
             shape=value.meta.shape,

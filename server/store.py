@@ -2,17 +2,25 @@
 
 Accounting (README, "Security") counts memory, not tensors: every stored array is either the
 owner of its memory (a *root*: an ndarray whose ``base`` is None) or a view whose root is
-already held by this store (``reshape``, slicing, ``permute_dims`` stay zero-copy). Roots are
-reference-counted by the tensors that use them; a root's bytes are counted once, while any
-tensor uses it, and given back when the last one is freed. Any other result (a view of a
-received message or of a temporary) is copied before it is stored (``server/outcome.py``), so
-no byte is held that is not counted. Bytes are *reserved* before numpy runs, from the inferred
-output size, against the session's quota and the server-wide budget (``server/budget.py``);
-the reservation becomes the new root, is given back when the result is a view of a held root,
-or is cancelled if the op fails. The roots also decide copy-on-write for in-place ops
-(:meth:`TensorStore.writable`): a root used by one tensor, whose bytes no read reply holds
-(:meth:`TensorStore.share`), may be written in place. When full, new work is refused
-(``quota_exceeded`` / ``server_memory_exhausted``); stored tensors are never dropped.
+already held by this store (``reshape``, slicing, ``permute_dims`` stay zero-copy). A root's
+bytes are counted once, while any tensor uses it, and given back when the last one is freed.
+Any other result (a view of a received message or of a temporary) is copied before it is
+stored (``server/outcome.py``), so no byte is held that is not counted. Bytes are *reserved*
+before numpy runs, from the inferred output size, against the session's quota and the
+server-wide budget (``server/budget.py``); the reservation becomes the new root, is given back
+when the result is a view of a held root, or is cancelled if the op fails. When full, new work
+is refused (``quota_exceeded`` / ``server_memory_exhausted``); stored tensors are never dropped.
+
+Views share memory, as in numpy (README, "Views"): an in-place op writes into its target's
+memory, so every tensor that views the same root sees the write. Two things must never see
+it, and :meth:`TensorStore.prepare_write` keeps them apart: a read reply whose bytes are not
+sent yet (:meth:`TensorStore.share` records the array it sends from, weakly; while that array
+lives, the root is *moved*: its bytes are copied to fresh memory and every tensor that used it
+is re-pointed there, so the reply keeps the old bytes and the tensors stay one family), and a
+read-only view (``broadcast_to``), which numpy cannot write: that one tensor is written into a
+copy. Moving a root changes no count: the new memory replaces the old under the same tensors,
+and the old is the reply's until it is sent, as the memory of a tensor freed before its reply
+is sent.
 
 Threads: a store is changed by one thread at a time — the event loop, or the worker thread
 running its session's ops (the session defers :meth:`TensorStore.close` until that thread has
@@ -23,6 +31,7 @@ shutdown) is discarded and its reservation given back.
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,13 +66,29 @@ def root_of(array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
     return root
 
 
+class Root:
+    """Memory that stored tensors use: the owning array, the ids of the tensors that view it,
+    and the arrays that read replies send from (weakly: a reply is sent once they are gone)."""
+
+    __slots__ = ("array", "users", "readers")
+
+    def __init__(self, array: np.ndarray[Any, Any]) -> None:
+        self.array = array
+        self.users: set[int] = set()
+        self.readers: list[weakref.ref[np.ndarray[Any, Any]]] = []
+
+    def being_sent(self) -> bool:
+        """Whether a read reply may still send these bytes."""
+        self.readers = [r for r in self.readers if r() is not None]
+        return bool(self.readers)
+
+
 class TensorStore:
     """Tensors by client-allocated id, with byte accounting against a quota and a budget."""
 
     def __init__(self, quota: int | None = None, budget: MemoryBudget | None = None) -> None:
         self._items: dict[int, Stored | Failure] = {}
-        # id(root) -> [root, tensors using it, read: a reply may still hold its bytes]
-        self._roots: dict[int, list[Any]] = {}
+        self._roots: dict[int, Root] = {}  # by id() of the root array
         self.quota = quota
         self.budget = budget if budget is not None else MemoryBudget(2**63)
         self.nbytes = 0  # bytes of the roots the stored arrays use
@@ -93,7 +118,7 @@ class TensorStore:
     def holds(self, root: np.ndarray[Any, Any]) -> bool:
         """True if ``root`` is the memory of a tensor in this store."""
         entry = self._roots.get(id(root))
-        return entry is not None and entry[0] is root
+        return entry is not None and entry.array is root
 
     def free_quota(self) -> int:
         """Bytes this session may still reserve (ignoring the server-wide budget)."""
@@ -146,30 +171,63 @@ class TensorStore:
         self.reserved -= reserved
         root = root_of(value.array)
         entry = self._roots.get(id(root))
-        if entry is not None and entry[0] is root:
-            entry[1] += 1
+        if entry is not None and entry.array is root:
+            entry.users.add(tensor_id)
             self.budget.release(reserved)  # already counted
             return
         assert root.base is None and root.nbytes == reserved, (root.nbytes, reserved)
-        self._roots[id(root)] = [root, 1, False]
+        entry = self._roots[id(root)] = Root(root)
+        entry.users.add(tensor_id)
         self.nbytes += reserved
 
-    def share(self, tensor_id: int) -> None:
-        """Record that a read reply holds the bytes of ``tensor_id`` (they are sent later): its
-        memory is never written in place again (the next in-place op copies it)."""
+    def share(self, tensor_id: int, sent: np.ndarray[Any, Any]) -> None:
+        """Record that a read reply of ``tensor_id`` sends from ``sent`` later: while ``sent``
+        lives, no write reaches its bytes (:meth:`prepare_write` moves the root first). A
+        ``sent`` that is a copy is no concern of the store's."""
         value = self._items.get(tensor_id)
         if isinstance(value, Stored):
-            self._roots[id(root_of(value.array))][2] = True
+            entry = self._roots[id(root_of(value.array))]
+            if root_of(sent) is entry.array:
+                entry.readers.append(weakref.ref(sent))
 
-    def writable(self, tensor_id: int) -> bool:
-        """True if an in-place op may write into the array of ``tensor_id``: its root is used
-        by this tensor alone, no read reply holds its bytes, and numpy allows writing (copy-on-
-        write: otherwise the op runs on a copy). Unknown and failed ids are not writable."""
+    def prepare_write(self, tensor_id: int) -> np.ndarray[Any, Any] | None:
+        """The array of ``tensor_id``, made safe to write in place: a root that a read reply
+        still sends from is moved first (every tensor on it is re-pointed to the same view of
+        fresh memory, so an array taken before this call may be stale). None for a read-only
+        view (numpy's ``broadcast_to``), and an unknown or failed id: the caller writes into a
+        copy."""
         value = self._items.get(tensor_id)
-        if not isinstance(value, Stored):
-            return False
+        if not isinstance(value, Stored) or not value.array.flags.writeable:
+            return None
         entry = self._roots[id(root_of(value.array))]
-        return entry[1] == 1 and not entry[2] and bool(value.array.flags.writeable)
+        if entry.being_sent() and entry.array.nbytes:
+            self._move(entry)
+            value = self._items[tensor_id]
+            assert isinstance(value, Stored)
+        return value.array
+
+    def _move(self, entry: Root) -> None:
+        """Copy ``entry``'s bytes to fresh memory and re-point its tensors there, each to the
+        same offset and strides (so views stay views of one another). Counts do not change."""
+        old = entry.array
+        fresh = np.empty(old.nbytes, dtype=np.uint8)
+        # An owning array is dense with non-negative strides: ravel("K") is its memory in order.
+        fresh[...] = old.ravel(order="K").view(np.uint8)
+        start = old.ctypes.data
+        for tensor_id in entry.users:
+            value = self._items[tensor_id]
+            assert isinstance(value, Stored)
+            view = value.array
+            moved: np.ndarray[Any, Any] = np.ndarray(
+                view.shape, view.dtype, buffer=fresh,
+                offset=view.ctypes.data - start, strides=view.strides,
+            )  # fmt: skip
+            moved.flags.writeable = bool(view.flags.writeable)
+            self._items[tensor_id] = Stored(moved, value.meta)
+        del self._roots[id(old)]
+        entry.array = fresh
+        entry.readers = []
+        self._roots[id(fresh)] = entry
 
     def replace(self, tensor_id: int, value: Stored | Failure, reserved: int = 0) -> None:
         """Store ``value`` under an id that exists (an in-place update keeps the id), as
@@ -184,21 +242,29 @@ class TensorStore:
             return
         self.get(tensor_id)
         old = self._items.pop(tensor_id)
+        if (
+            isinstance(old, Stored)
+            and isinstance(value, Stored)
+            and root_of(old.array) is root_of(value.array)
+        ):  # written in place: the same memory, counted already
+            self._items[tensor_id] = value
+            self.cancel(reserved)
+            return
         self.put(tensor_id, value, reserved)
-        self._forget(old)
+        self._forget(tensor_id, old)
 
     def free(self, tensor_id: int) -> None:
         """Forget an id. Freeing an unknown id does nothing (frees are idempotent)."""
-        self._forget(self._items.pop(tensor_id, None))
+        self._forget(tensor_id, self._items.pop(tensor_id, None))
 
-    def _forget(self, value: Stored | Failure | None) -> None:
+    def _forget(self, tensor_id: int, value: Stored | Failure | None) -> None:
         if isinstance(value, Failure):
             self.failed -= 1
         elif value is not None:
             root = root_of(value.array)
             entry = self._roots[id(root)]
-            entry[1] -= 1
-            if not entry[1]:
+            entry.users.discard(tensor_id)
+            if not entry.users:
                 del self._roots[id(root)]
                 self.nbytes -= root.nbytes
                 self.budget.release_root(root)

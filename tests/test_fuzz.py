@@ -264,7 +264,8 @@ def _array_api_op(kind: str) -> st.SearchStrategy[dict[str, Any]]:
 def test_array_api_ops_keep_accounting_exact(ops: list[dict[str, Any]]) -> None:
     """Multi-output, data-dependent and in-place ops under a 64 KiB per-op cap and a 1 MiB
     quota: each is run or refused with a documented code, and the bytes held are exactly the
-    roots held (copy-on-write copies included), with nothing left reserved."""
+    roots held (the copies that read-only views are written into included), with nothing left
+    reserved."""
     try:
         batch = Batch.model_validate_json(json.dumps({"ops": ops}))
     except ValueError:

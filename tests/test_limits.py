@@ -548,25 +548,24 @@ def test_data_dependent_output_over_the_quota_is_refused(
     witness.assert_intact()
 
 
-# --- in-place updates: written in place when nothing shares the memory, else copied -----------
+# --- in-place updates: written into the target's memory, which its views share -------------
 
 
-def test_setitem_accounting_in_place_and_copy_on_write(
+def test_setitem_accounting_through_views_and_pending_reads(
     dev: client.RemoteDevice, witness: Witness
 ) -> None:
     xp = client.namespace(dev)
     a = xp.zeros((128,), dtype=xp.int64)  # 1 KiB
-    a[0] = 1  # nothing shares a: written in place, nothing new counted
+    a[0] = 1  # written in place, nothing new counted
     assert dev.stats().tensor_bytes == 1024  # (the value's scalar is freed with it)
     view = a[...]  # shares a's memory
-    a[1] = 2  # copy-on-write: the view must not change, and the copy is counted
-    assert dev.stats().tensor_bytes == 2 * 1024
-    np.testing.assert_array_equal(view.numpy()[:2], [1, 0])
-    np.testing.assert_array_equal(a.numpy()[:2], [1, 2])
+    a[1] = 2  # the view sees it: still one base
+    assert dev.stats().tensor_bytes == 1024
+    np.testing.assert_array_equal(view.numpy()[:2], [1, 2])
     del view
     gc.collect()
-    assert dev.stats().tensor_bytes == 1024  # the old memory went with the view
-    first = a.numpy()  # a read reply held a's bytes: the next update copies, then frees
+    assert dev.stats().tensor_bytes == 1024
+    first = a.numpy()  # a read reply held a's bytes: the next update moves them first
     a[2] = 3
     assert first[2] == 0 and a.numpy()[2] == 3
     assert dev.stats().tensor_bytes == 1024
@@ -577,21 +576,22 @@ def test_setitem_accounting_in_place_and_copy_on_write(
     witness.assert_intact()
 
 
-def test_setitem_copy_over_the_quota_fails_the_target(
+def test_setitem_on_a_read_only_view_over_the_quota_fails_the_target(
     dev: client.RemoteDevice, witness: Witness
 ) -> None:
-    """A copy-on-write copy needs room: without it the update fails like any refused op."""
+    """The copy that a read-only view is written into needs room: without it the update fails
+    like any refused op, and the base is untouched."""
     xp = client.namespace(dev)
     a = xp.full((MIB // 8,), 1.0)
     held = [xp.full((MIB // 8,), 2.0) for _ in range(2)]
-    view = a[...]  # a's memory is shared: an update must copy 1 MiB
+    view = xp.broadcast_to(a, (1, MIB // 8))  # read-only: an update must copy 1 MiB
     dev.sync()
     filler = xp.full((MIB // 8 - 16,), 3.0)  # the quota is (nearly) full
-    a[0] = 5.0
+    view[0, 0] = 5.0
     with pytest.raises(client.RemoteError) as info:
-        a.numpy()
+        view.numpy()
     assert info.value.code == ErrorCode.QUOTA_EXCEEDED and "setitem" in str(info.value)
-    assert view.numpy()[0] == 1.0  # the view is unchanged
+    assert a.numpy()[0] == 1.0  # the base is unchanged
     del a, held, view, filler, info
     gc.collect()
     stats = dev.stats()

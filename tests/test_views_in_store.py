@@ -1,5 +1,6 @@
-"""In-place ops against the store's reference-counted roots, in memory (no server): an update
-writes into its target only when nothing else can see that memory, and is counted once."""
+"""In-place ops against the store's roots, in memory (no server): an update writes into its
+target's memory, which its views share, as numpy does; a read reply not sent yet never sees
+it (the root moves), a read-only view is written into a copy, and every byte is counted once."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from protocol import Batch, Read
-from protocol.ops import AnyOp, Full, GetItem, SetItem
+from protocol.ops import AnyOp, BroadcastTo, Full, GetItem, PermuteDims, Reshape, SetItem, SliceSpec
 from server.session import Reply, Session
 from server.store import Stored
 
@@ -48,25 +49,67 @@ def test_pending_read_reply_never_sees_a_later_write() -> None:
     ((reply, (view,)),) = run(session, [Full(out=1, shape=(4,), dtype="int64", value=0)], [1])
     assert reply.type == "read_reply"
     run(session, update(1, 0, 2, 7))  # the reply's bytes are not sent yet
-    assert bytes(view) == bytes(32)  # copy-on-write: the reply still holds the zeros
+    assert bytes(view) == bytes(32)  # the root moved: the reply still holds the zeros
     assert array(session, 1).tolist() == [7, 0, 0, 0]
-    assert session.store.nbytes == 32 + 8  # the old root is no tensor's: not counted
-    run(session, update(1, 1, 3, 8))  # the copy is not shared: in place again
-    assert bytes(view) == bytes(32)
+    assert session.store.nbytes == 32 + 8  # the old memory is no tensor's: not counted
+    moved = array(session, 1)
+    run(session, update(1, 1, 3, 8))  # the reply still lives, but the new memory is not its
+    assert array(session, 1) is moved and bytes(view) == bytes(32)
+    del reply, view
+    run(session, [], [1])  # a second read, whose reply is dropped at once (sent)
+    run(session, update(1, 2, 4, 9))
+    assert array(session, 1) is moved  # nothing sends from it any more: written in place
 
 
-def test_view_sharing_the_memory_never_changes_and_the_copy_is_counted() -> None:
+def test_a_view_sees_writes_to_its_base_and_the_base_sees_writes_to_the_view() -> None:
     session = Session("s", 0)
     run(session, [Full(out=1, shape=(4,), dtype="int64", value=0),
-                  GetItem(out=2, x=1, key=("...",))])  # fmt: skip
+                  GetItem(out=2, x=1, key=(SliceSpec(start=1, stop=3),)),
+                  Reshape(out=3, x=1, shape=(2, 2)),
+                  PermuteDims(out=4, x=3, axes=(1, 0))])  # fmt: skip
+    assert session.store.nbytes == 32  # views: counted once
+    run(session, update(2, 0, 5, 7))  # x[1:3][0] = 7
+    run(session, update(4, 1, 6, 9))  # x.reshape(2, 2).T[1] = 9: x[1] and x[3]
+    assert array(session, 1).tolist() == [0, 9, 0, 9]
+    assert array(session, 2).tolist() == [9, 0]
+    assert array(session, 3).tolist() == [[0, 9], [0, 9]]
+    assert session.store.nbytes == 32 + 16 and session.store.reserved == 0
+    for tensor_id in (1, 2, 3, 4, 5, 6):
+        session.store.free(tensor_id)
+    assert session.store.nbytes == 0 and session.store.budget.used == 0
+
+
+def test_a_moved_root_keeps_its_views_one_family() -> None:
+    """A write while a reply sends from the memory moves the root; every tensor on it moves
+    to the same view of the new memory, so later writes still reach them all."""
+    session = Session("s", 0)
+    run(session, [Full(out=1, shape=(2, 3), dtype="float64", value=1.0),
+                  PermuteDims(out=2, x=1, axes=(1, 0)),
+                  GetItem(out=3, x=1, key=(1,))])  # fmt: skip
+    ((_, (view,)),) = run(session, [], [1])
+    run(session, [Full(out=4, shape=(), dtype="float64", value=5.0),
+                  SetItem(out=3, key=(2,), value=4)])  # fmt: skip
+    assert bytes(view) == np.ones((2, 3)).tobytes()
+    assert array(session, 1).tolist() == [[1, 1, 1], [1, 1, 5]]
+    assert array(session, 2).tolist() == [[1, 1], [1, 1], [1, 5]]
     assert np.shares_memory(array(session, 1), array(session, 2))
-    assert session.store.nbytes == 32  # a view: counted once
-    run(session, update(1, 0, 3, 7))
-    assert array(session, 2).tolist() == [0, 0, 0, 0]
-    assert array(session, 1).tolist() == [7, 0, 0, 0]
-    assert session.store.nbytes == 32 + 32 + 8  # the copy is counted
-    session.store.free(2)
-    assert session.store.nbytes == 32 + 8
-    session.store.free(1)
-    session.store.free(3)
+    assert np.shares_memory(array(session, 1), array(session, 3))
+    # through the transposed view: x[:, 0] = 3
+    run(session, [Full(out=5, shape=(), dtype="float64", value=3.0),
+                  SetItem(out=2, key=(0,), value=5)])  # fmt: skip
+    assert array(session, 1).tolist() == [[3, 1, 1], [3, 1, 5]]
+    assert session.store.nbytes == 48 + 8 + 8
+
+
+def test_a_read_only_view_is_written_into_a_counted_copy() -> None:
+    session = Session("s", 0)
+    run(session, [Full(out=1, shape=(3,), dtype="int64", value=0),
+                  BroadcastTo(out=2, x=1, shape=(2, 3))])  # fmt: skip
+    assert session.store.nbytes == 24
+    run(session, update(2, 0, 3, 7))  # b[0] = 7, on a read-only broadcast view
+    assert array(session, 2).tolist() == [[7, 7, 7], [0, 0, 0]]
+    assert array(session, 1).tolist() == [0, 0, 0]  # its base is untouched
+    assert session.store.nbytes == 24 + 48 + 8
+    for tensor_id in (1, 2, 3):
+        session.store.free(tensor_id)
     assert session.store.nbytes == 0 and session.store.budget.used == 0

@@ -1,9 +1,8 @@
 """Indexing: getitem (basic, integer-array and boolean-mask), setitem, take, take_along_axis.
 
-Note: :func:`setitem` is the one runner that may write into an input array, and only when the
-session says the target's array is its own (``in_place``). Stored arrays may be read-only
-``frombuffer`` views or views shared by several tensors, so otherwise it copies before it
-writes (copy-on-write).
+Note: :func:`setitem` is the one runner that writes into an input array: into its target's
+memory, which the target's views share (as numpy's ``x[key] = v`` does), when the session says
+it may (``in_place``); into a copy of the target otherwise (a read-only view).
 """
 
 from __future__ import annotations
@@ -26,12 +25,10 @@ def getitem(op: GetItem, args: Sequence[Array], buffers: Sequence[Buffer]) -> Ar
 def setitem(
     op: SetItem, args: Sequence[Array], buffers: Sequence[Buffer], in_place: bool = False
 ) -> Array:
-    """``target[key] = value``; writes into ``target`` only when ``in_place`` (the caller
-    knows nothing shares it), else into a copy."""
+    """``target[key] = value``; writes into ``target`` when ``in_place`` (the store made its
+    memory safe to write), else into a copy."""
     target, value, *index = args
     key = numpy_key(op.key, index)
-    if op.key in (("...",), ()) and value.shape == target.shape:
-        return value  # a whole replacement (``x += y``): rebind, copy nothing
     result = target if in_place and target.flags.writeable else target.copy()
     result[key] = value
     return result
