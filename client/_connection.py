@@ -213,8 +213,8 @@ class Connection:
             return None
         if isinstance(message, ReadReply):
             array = np.frombuffer(buffers[0], dtype=to_numpy(message.dtype))
-            if not array.flags.writeable:
-                array = array.copy()
+            if not (array.flags.writeable and array.flags.aligned):
+                array = array.copy()  # compiled code (SciPy's) refuses unaligned arrays
             future.set_result(array.reshape(message.shape))
         elif isinstance(message, RequestFailed):
             future.set_exception(RemoteError(message.error))

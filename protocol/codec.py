@@ -7,8 +7,11 @@ Layout of one binary websocket message (protocol v1)::
     buffers            raw bytes, concatenated, lengths as ``message.buffer_sizes()`` says
 
 Tensor bytes are C-order, little-endian, never base64, never JSON numbers, never pickle.
-A sender may split a message into websocket fragments anywhere; :class:`MessageDecoder` takes
-the fragments one by one and copies buffer bytes straight into preallocated arrays.
+When a message carries buffers, its header ends in spaces (JSON allows them) so that the first
+buffer starts at a multiple of :data:`ALIGN` bytes into the message: a receiver that reads the
+message into aligned memory gets a read's array aligned, with no copy. A sender may split a
+message into websocket fragments anywhere; :class:`MessageDecoder` takes the fragments one by
+one and copies buffer bytes straight into preallocated arrays.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ from .messages import Batch, Message, Request, Sync
 
 MAX_HEADER = 64 * 2**20
 MAX_BUFFERS = 2**16  # raw buffers one message may declare
+ALIGN = 16  # the first buffer's offset in a message is a multiple: numpy's largest alignment
+_PAD = b" " * ALIGN
 _LEN = struct.Struct("<I")
 
 M = TypeVar("M", bound=BaseModel)
@@ -37,8 +42,12 @@ def byte_view(array: np.ndarray[Any, Any]) -> memoryview:
     return flat.view(np.uint8).data
 
 
-def encode_header(message: Message) -> bytes:
+def encode_header(message: Message, aligned: bool = False) -> bytes:
+    """The length and the JSON header of ``message``; ``aligned``: padded with spaces to a
+    multiple of :data:`ALIGN` bytes in all (so the buffers after it start aligned)."""
     header = message.__pydantic_serializer__.to_json(message)
+    if aligned:
+        header += _PAD[: -(_LEN.size + len(header)) % ALIGN]
     return _LEN.pack(len(header)) + header
 
 
@@ -52,7 +61,7 @@ def encode(message: Message, buffers: Sequence[memoryview] = ()) -> list[bytes |
     actual = tuple(b.nbytes for b in buffers)
     if declared != actual:
         raise ValueError(f"message declares buffers {declared} but {actual} were given")
-    return [encode_header(message), *buffers]
+    return [encode_header(message, aligned=bool(buffers)), *buffers]
 
 
 def _empty(nbytes: int) -> np.ndarray[Any, np.dtype[np.uint8]]:
