@@ -119,8 +119,11 @@ class RemoteArray(Handle):
         assert _namespace_of is not None, "client.namespace registers itself on import"
         return _namespace_of(self._device)
 
-    def astype(self, dtype: Any) -> RemoteArray:
-        return astype(self, dtype)
+    def astype(self, dtype: Any, *, copy: bool = True, device: Any = None) -> RemoteArray:
+        """``xp.astype(self, dtype, copy=copy, device=device)``, as numpy's method is called
+        (array-api-compat's numpy path calls it so)."""
+        x = self if device is None else self.to_device(device)
+        return astype(x, dtype, copy=copy and x is self)
 
     def reshape(self, *shape: Any) -> RemoteArray:
         if len(shape) == 1 and isinstance(shape[0], tuple | list):
@@ -322,8 +325,12 @@ def inplace_operator(name: BinaryName, self: RemoteArray, other: Any) -> RemoteA
     return apply_inplace(lambda out: SetItem(out=out, key=("...",), value=r.tensor_id), self, r)
 
 
-def astype(x: RemoteArray, dtype: Any) -> RemoteArray:
+def astype(x: RemoteArray, dtype: Any, copy: bool = True) -> RemoteArray:
+    """``x`` as ``dtype``: a new array, or ``x`` itself when ``copy`` is false and ``x`` has
+    ``dtype`` already."""
     target = wire_dtype(dtype)
+    if not copy and target == x.wire_dtype:
+        return x
     return apply(lambda out: AsType(out=out, x=x.tensor_id, dtype=target), x)
 
 

@@ -12,7 +12,7 @@ from protocol.scalars import scalar_dtype
 
 from .._handle import wire_dtype
 from .._info import FInfo, IInfo, finfo, iinfo, isdtype
-from ..array import RemoteArray, astype
+from ..array import RemoteArray
 from ..device import Device
 
 
@@ -22,11 +22,7 @@ class DataTypeFunctions:
     @staticmethod
     def astype(x: RemoteArray, dtype: Any, /, *, copy: builtins.bool = True,
                device: Device | None = None) -> RemoteArray:  # fmt: skip
-        if device is not None and device is not x.device:
-            x = x.to_device(device)
-        if not copy and x.dtype == np.dtype(dtype):
-            return x
-        return astype(x, dtype)
+        return x.astype(dtype, copy=copy, device=device)
 
     @staticmethod
     def result_type(*arrays_and_dtypes: Any) -> np.dtype[Any]:

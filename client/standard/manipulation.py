@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from protocol.ops import Axes, BroadcastTo, Join, MoveAxis, Repeat, Roll, Tile, broadcast_shapes
 
 from .._handle import ints, opt_int, opt_ints
-from ..array import RemoteArray, apply, permute_dims, reshape
+from ..array import RemoteArray, apply, astype, permute_dims, reshape
 
 
 class ManipulationFunctions:
@@ -20,7 +20,11 @@ class ManipulationFunctions:
     def reshape(
         x: RemoteArray, /, shape: Sequence[int], *, copy: builtins.bool | None = None
     ) -> RemoteArray:
-        return reshape(x, shape)
+        """A view of ``x`` where numpy can make one (writes reach ``x``), else a copy;
+        ``copy=True``: always a copy. (``copy=False`` cannot be refused here: the client does
+        not know the server's strides, so it means None.)"""
+        result = reshape(x, shape)
+        return astype(result, result.dtype) if copy else result
 
     @staticmethod
     def permute_dims(x: RemoteArray, /, axes: Sequence[int]) -> RemoteArray:
