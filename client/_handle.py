@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -18,8 +18,7 @@ from protocol import DType, TensorMeta, from_numpy, to_numpy
 from protocol.ops import ArrayIndex, IndexItem, SliceSpec
 from protocol.ops.indexing import key_tensors
 
-if TYPE_CHECKING:
-    from .device import Device
+from .device import Device
 
 
 class Handle:
@@ -166,12 +165,34 @@ def opt_int(value: int | None) -> int | None:
     return None if value is None else operator.index(value)
 
 
+def checked_device(device: Any) -> Device:
+    """``device``, if it is a Tensorwire device.
+
+    Raises:
+        ValueError: it is not (``"cpu"``, numpy's device, is the usual one: array-api-compat's
+            ``device(x)`` of a numpy array).
+    """
+    if not isinstance(device, Device):
+        raise ValueError(
+            f"{device!r} is not a Tensorwire device: pass a RemoteDevice (x.device of a remote "
+            "array), or None for the namespace's own"
+        )
+    return device
+
+
 def common_device(arrays: Sequence[Handle]) -> Device:
     """The device of ``arrays``.
 
     Raises:
+        TypeError: one is not a remote array (a numpy array: upload it with ``xp.asarray``).
         ValueError: they are on different devices.
     """
+    for a in arrays:
+        if not isinstance(a, Handle):
+            raise TypeError(
+                f"expected remote arrays, got {type(a).__module__}.{type(a).__name__}: "
+                "move it to the device first with xp.asarray(...)"
+            )
     device = arrays[0].device
     for a in arrays[1:]:
         if a.device is not device:

@@ -1,13 +1,18 @@
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
-import pytest
-from hypothesis import settings
+# SciPy reads this once, on import, and scikit-learn's array_api_dispatch refuses to run without
+# it: set before any test module imports either (tests/test_consumers.py).
+os.environ["SCIPY_ARRAY_API"] = "1"
 
-import client
+import pytest  # noqa: E402
+from hypothesis import settings  # noqa: E402
 
-from .servers import ServerProcess, run_server
+import client  # noqa: E402
+
+from .servers import ServerProcess, run_server  # noqa: E402
 
 # Property tests draw the same examples on every run by default, so that a red CI names the
 # change that caused it. To hunt for new failures, draw fresh ones:

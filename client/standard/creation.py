@@ -12,7 +12,7 @@ import numpy as np
 from protocol.ops import Arange, Eye, Linspace, Triangle
 from protocol.scalars import PyScalar, default_dtype
 
-from .._handle import wire_dtype
+from .._handle import checked_device, wire_dtype
 from ..array import RemoteArray, apply, astype, full, reshape, upload
 from ..device import Device
 from .manipulation import ManipulationFunctions
@@ -26,7 +26,7 @@ class CreationFunctions:
     device: Device
 
     def _dev(self, device: Device | None) -> Device:
-        return self.device if device is None else device
+        return self.device if device is None else checked_device(device)
 
     def asarray(self, obj: Any, /, *, dtype: Any = None, device: Device | None = None,
                 copy: builtins.bool | None = None) -> RemoteArray:  # fmt: skip
@@ -66,7 +66,7 @@ class CreationFunctions:
             x.shape,
             fill_value,
             dtype=x.dtype if dtype is None else dtype,
-            device=x.device if device is None else device,
+            device=x.device if device is None else checked_device(device),
         )
 
     def zeros_like(self, x: RemoteArray, /, *, dtype: Any = None,

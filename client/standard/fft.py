@@ -10,6 +10,7 @@ import numpy as np
 
 from protocol.ops import FFT
 
+from .._handle import checked_device
 from ..array import RemoteArray, apply, upload
 from ..device import Device
 
@@ -112,9 +113,9 @@ class FFTNamespace:
                 device: Device | None = None) -> RemoteArray:  # fmt: skip
         """Computed locally (``n`` values) and uploaded."""
         values = np.fft.fftfreq(n, d).astype(dtype or np.float64)
-        return upload(values, self.device if device is None else device)
+        return upload(values, self.device if device is None else checked_device(device))
 
     def rfftfreq(self, n: int, /, *, d: float = 1.0, dtype: Any = None,
                  device: Device | None = None) -> RemoteArray:  # fmt: skip
         values = np.fft.rfftfreq(n, d).astype(dtype or np.float64)
-        return upload(values, self.device if device is None else device)
+        return upload(values, self.device if device is None else checked_device(device))
