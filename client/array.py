@@ -32,6 +32,7 @@ from protocol.ops import (
     Full,
     GetItem,
     IndexItem,
+    InPlaceBinary,
     PermuteDims,
     Reshape,
     SetItem,
@@ -40,7 +41,7 @@ from protocol.ops import (
 )
 from protocol.scalars import PyScalar, scalar_dtype, scalar_from_python
 
-from ._handle import Handle, common_device, index_key, ints, wire_dtype
+from ._handle import Handle, checked_device, common_device, index_key, ints, wire_dtype
 from .device import register_array_type
 
 if TYPE_CHECKING:
@@ -143,7 +144,7 @@ class RemoteArray(Handle):
             raise ValueError("remote devices have no streams")
         if device is self._device:
             return self
-        return upload(self.numpy(), device)
+        return upload(self.numpy(), checked_device(device))
 
     __neg__ = _unary_operator("negative")
     __pos__ = _unary_operator("positive")
@@ -306,23 +307,18 @@ def binary_operator(
 
 
 def inplace_operator(name: BinaryName, self: RemoteArray, other: Any) -> RemoteArray:
-    """``self op= other``: computes ``self op other``, then stores it under ``self``'s id.
+    """``self op= other``: one op that writes ``self``'s memory (its views see it) and keeps
+    its id, shape and dtype.
 
     Raises:
         ValueError: the result would not have ``self``'s shape.
         TypeError: the result's dtype cannot be cast back to ``self``'s (int ``/=``, ...).
     """
-    result = binary_operator(name, self, other, reflected=False)
-    if result is NotImplemented:
+    other_array = operand(other, self)
+    if other_array is None:
         return NotImplemented  # type: ignore[no-any-return]
-    if result.shape != self.shape:
-        raise ValueError(f"in-place {name} would change the shape {self.shape} to {result.shape}")
-    if result.wire_dtype != self.wire_dtype:
-        if not np.can_cast(result.dtype, self.dtype, casting="same_kind"):
-            raise TypeError(f"in-place {name} cannot store {result.dtype} into {self.dtype}")
-        result = astype(result, self.dtype)
-    r = result
-    return apply_inplace(lambda out: SetItem(out=out, key=("...",), value=r.tensor_id), self, r)
+    o = other_array
+    return apply_inplace(lambda out: InPlaceBinary(op=name, out=out, x2=o.tensor_id), self, o)
 
 
 def astype(x: RemoteArray, dtype: Any, copy: bool = True) -> RemoteArray:

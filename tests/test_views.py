@@ -4,13 +4,16 @@ read gives an aligned, C-contiguous, writable array."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
-from typing import Any
+from typing import Any, get_args
 
 import numpy as np
 import pytest
 
 import client
+from client.array import apply_inplace
+from protocol.ops import BinaryName, InPlaceBinary
 
 # Each makes a view of a (4, 6) array the same way in numpy and in the namespace (``xp`` is
 # either one), so that a write through it can be compared.
@@ -137,3 +140,62 @@ def test_reads_are_aligned_contiguous_writable_and_not_copied(
         assert got.flags.c_contiguous and got.flags.writeable and got.flags.aligned
         assert got.ctypes.data % 16 == 0, (n, got.ctypes.data % 16)
         assert not got.flags.owndata  # not a copy made after receiving it
+
+
+SAMPLES = {
+    "float64": np.array([[-np.inf, -2.5, -0.0], [0.0, 3.0, np.inf], [np.nan, 7.0, 1e300]]),
+    "float32": np.array([[1.5, -2.0, 0.25], [4.0, -0.0, 9.0], [np.inf, 2.0, -3.0]], np.float32),
+    "int32": np.array([[1, -2, 3], [4, 5, -6], [7, 0, 9]], np.int32),
+    "int64": np.array([[3, 2, 1], [-1, 7, 2], [5, 1, 4]], np.int64),
+    "bool": np.array([[True, False, True], [False, False, True], [True, True, False]]),
+}
+
+
+@pytest.mark.parametrize("name", get_args(BinaryName))
+def test_in_place_binary_ops_equal_the_op_then_a_cast(xp: client.Namespace, name: str) -> None:
+    """``x op= y`` (numpy's ``out=`` where the ufunc is the whole op) gives what ``x op y``
+    cast to ``x``'s dtype gives, for every dtype pair the op takes, written through a view."""
+    written = 0
+    for target, other in itertools.product(SAMPLES, SAMPLES):
+        x, y = xp.asarray(SAMPLES[target]), xp.asarray(SAMPLES[other])
+        try:
+            result = getattr(xp, name)(x, y)
+        except TypeError:
+            continue  # no such op on these dtypes
+        base = xp.asarray(np.zeros((5, 3), SAMPLES[target].dtype))
+        view = base[1:4]
+        view[...] = x
+
+        def update(out: int, n: Any = name, y: client.RemoteArray = y) -> InPlaceBinary:
+            return InPlaceBinary(op=n, out=out, x2=y.tensor_id)
+
+        if not np.can_cast(result.dtype, x.dtype, casting="same_kind"):
+            with pytest.raises(TypeError, match=f"in-place {name} cannot store"):
+                apply_inplace(update, view, y)
+            continue
+        try:
+            expected = xp.astype(result, x.dtype).numpy()
+        except client.RemoteError:  # numpy refuses (integers to negative powers)
+            apply_inplace(update, view, y)
+            with pytest.raises(client.RemoteError, match=f"binary_inplace.*{name}|{name}"):
+                view.numpy()
+            continue
+        apply_inplace(update, view, y)
+        np.testing.assert_array_equal(base.numpy()[1:4], expected)
+        written += 1
+    assert written
+
+
+def test_in_place_operators_with_overlapping_operands(xp: client.Namespace) -> None:
+    local = np.arange(12.0).reshape(3, 4)
+    remote = xp.asarray(local)
+    local += local[::-1]
+    remote += remote[::-1]
+    local[1:] -= local[:-1]
+    remote[1:] -= remote[:-1]
+    square = np.arange(9.0).reshape(3, 3)
+    r = xp.asarray(square)
+    r @= r
+    square @= square.copy()
+    np.testing.assert_array_equal(remote.numpy(), local)
+    np.testing.assert_array_equal(r.numpy(), square)

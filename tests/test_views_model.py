@@ -6,7 +6,7 @@ bytes are exactly the memory its tensors use, counted once."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from hypothesis import HealthCheck, settings
@@ -16,10 +16,12 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from protocol import Batch, Read
 from protocol.ops import (
     AnyOp,
+    BinaryName,
     BroadcastTo,
     Full,
     GetItem,
     IndexItem,
+    InPlaceBinary,
     PermuteDims,
     Reshape,
     SetItem,
@@ -108,6 +110,22 @@ class Views(RuleBasedStateMachine):
         if not twin.flags.writeable:  # a read-only view is written into its own copy
             twin = self.twins[target] = twin.copy()
         twin[local] = value
+
+    @precondition(lambda self: self.twins)
+    @rule(data=st.data(), value=st.integers(-9, 9), how=st.sampled_from(["add", "multiply"]))
+    def update(self, data: st.DataObject, value: int, how: str) -> None:
+        """``x += v`` / ``x *= v``: one in-place op that writes ``x``'s memory."""
+        target = self._pick(data)
+        twin = self.twins[target]
+        scalar = self._new_id()
+        ops: list[AnyOp] = [
+            Full(out=scalar, shape=(), dtype="float64", value=float(value)),
+            InPlaceBinary(op=cast(BinaryName, how), out=target, x2=scalar),
+        ]
+        self._run(ops, frees=(scalar,))
+        if not twin.flags.writeable:
+            twin = self.twins[target] = twin.copy()
+        getattr(np, how)(twin, value, out=twin)
 
     @precondition(lambda self: self.twins)
     @rule(data=st.data(), keep=st.booleans())

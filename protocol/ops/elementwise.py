@@ -1,11 +1,13 @@
-"""Element-wise ops: ``unary`` and ``binary`` (by op name; ``matmul`` is a binary op),
-``where`` and ``astype``."""
+"""Element-wise ops: ``unary`` and ``binary`` (by op name; ``matmul`` is a binary op), the
+in-place ``binary_inplace`` (``x += y``), ``where`` and ``astype``."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
-from ..dtypes import DType
+import numpy as np
+
+from ..dtypes import DType, to_numpy
 from ..errors import OpDTypeError, OpShapeError
 from .base import BaseOp, TensorId, TensorMeta, broadcast_shapes
 from .rules import elementwise_rule, result_dtype
@@ -51,10 +53,45 @@ class Binary(BaseOp):
 
     def infer(self, *args: TensorMeta) -> TensorMeta:
         a, b = args
-        dtype = elementwise_rule(self.op, (a.dtype, b.dtype))[0]
-        if self.op == "matmul":
-            return TensorMeta(matmul_shape(a.shape, b.shape), dtype)
-        return TensorMeta(broadcast_shapes(a.shape, b.shape), dtype)
+        return binary_meta(self.op, a, b)
+
+
+def binary_meta(op: BinaryName, a: TensorMeta, b: TensorMeta) -> TensorMeta:
+    """The result of binary ``op`` on ``a`` and ``b``."""
+    dtype = elementwise_rule(op, (a.dtype, b.dtype))[0]
+    if op == "matmul":
+        return TensorMeta(matmul_shape(a.shape, b.shape), dtype)
+    return TensorMeta(broadcast_shapes(a.shape, b.shape), dtype)
+
+
+class InPlaceBinary(BaseOp):
+    """``out op= x2`` (``x += y``, ``x @= y``): the tensor ``out`` keeps its id, shape and dtype
+    and is written in its memory, so its views see the update, as in numpy.
+
+    ``out op x2`` must have ``out``'s shape, and a dtype that casts to ``out``'s within its
+    kind (the standard's rule for in-place operators: ``int /= 2`` is refused).
+    """
+
+    kind: Literal["binary_inplace"] = "binary_inplace"
+    inplace: ClassVar[bool] = True
+    op: BinaryName
+    x2: TensorId
+
+    def inputs(self) -> tuple[int, ...]:
+        return (self.out, self.x2)
+
+    def infer(self, *args: TensorMeta) -> TensorMeta:
+        x, other = args
+        result = binary_meta(self.op, x, other)
+        if result.shape != x.shape:
+            raise OpShapeError(
+                f"in-place {self.op} would change the shape {x.shape} to {result.shape}"
+            )
+        if result.dtype != x.dtype and not np.can_cast(
+            to_numpy(result.dtype), to_numpy(x.dtype), casting="same_kind"
+        ):
+            raise OpDTypeError(f"in-place {self.op} cannot store {result.dtype} into {x.dtype}")
+        return x
 
 
 def matmul_shape(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:

@@ -23,6 +23,7 @@ from protocol.ops import (
     Binary,
     FromBuffer,
     GetItem,
+    InPlaceBinary,
     Linalg,
     Nonzero,
     Repeat,
@@ -59,13 +60,15 @@ def run(
     with np.errstate(all="ignore"):
         if isinstance(op, SetItem):
             raw: Array | tuple[Array, ...] = indexing.setitem(op, args, buffers, in_place)
+        elif isinstance(op, InPlaceBinary):
+            raw = elementwise.binary_inplace(op, args, buffers, in_place)
         else:
             raw = _RUNNERS[type(op)](op, args, buffers)
     return checked(op, raw, metas)
 
 
 def runner(op: AnyOp) -> Runner:
-    """The function that runs ``op`` (not ``setitem``): call it as ``runner(op)(op, args,
+    """The function that runs ``op`` (not an in-place op): call it as ``runner(op)(op, args,
     buffers)`` inside ``np.errstate(all="ignore")``, and pass what it returns to
     :func:`checked`. This is :func:`run` in two steps, for a caller's fast path."""
     return _RUNNERS[type(op)]

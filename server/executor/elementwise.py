@@ -1,4 +1,4 @@
-"""Element-wise ops: unary, binary (matmul included), where, astype."""
+"""Element-wise ops: unary, binary (matmul included), in-place binary, where, astype."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import numpy as np
 from protocol import to_numpy
 from protocol.codec import Buffer
 from protocol.dtypes import DTYPES, is_complex
-from protocol.ops import AsType, Binary, Unary, Where
+from protocol.ops import AsType, Binary, InPlaceBinary, Unary, Where
 from protocol.ops.rules import elementwise_rule
 
 from .base import Array, Runner
@@ -57,8 +57,12 @@ def unary(op: Unary, args: Sequence[Array], buffers: Sequence[Buffer]) -> Array:
 
 
 def binary(op: Binary, args: Sequence[Array], buffers: Sequence[Buffer]) -> Array:
-    result = _call(op.op, args)
-    if op.op == "floor_divide" and result.dtype.kind == "f":
+    return _binary(op.op, args)
+
+
+def _binary(name: str, args: Sequence[Array]) -> Array:
+    result = _call(name, args)
+    if name == "floor_divide" and result.dtype.kind == "f":
         # Note: numpy's floor_divide gives NaN for inf // finite and -1 for -finite // inf;
         # the standard asks for floor(x1 / x2) there (+-inf, -0).
         x1, x2 = args
@@ -66,6 +70,33 @@ def binary(op: Binary, args: Sequence[Array], buffers: Sequence[Buffer]) -> Arra
         if bad.any():
             result = np.where(bad, np.floor(np.divide(x1, x2)), result).astype(result.dtype)
     return result
+
+
+def binary_inplace(
+    op: InPlaceBinary, args: Sequence[Array], buffers: Sequence[Buffer], in_place: bool = False
+) -> Array:
+    """``target op= other``: written into ``target`` when ``in_place`` (the store made its
+    memory safe to write), else into a copy (a read-only view). numpy's ``out=`` where the
+    ufunc's own loop is the whole op (no temporary); through the op's result otherwise."""
+    target, other = args
+    out = target if in_place and target.flags.writeable else target.copy()
+    name = op.op
+    if name in _OUT_SAFE and (name != "floor_divide" or out.dtype.kind != "f"):
+        if elementwise_rule(name, (_wire(out), _wire(other)))[1] is None:
+            fn: Callable[..., Array] = getattr(np, name)
+            fn(out, other, out=out, casting="same_kind")  # numpy buffers overlapping inputs
+            return out
+    out[...] = _binary(name, (out, other))
+    return out
+
+
+# The binary ops whose ufunc alone computes them (no Note: fix after it), so out= is exact.
+_OUT_SAFE = frozenset(
+    ("add", "subtract", "multiply", "divide", "floor_divide", "remainder", "pow", "maximum",
+     "minimum", "bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_left_shift",
+     "bitwise_right_shift", "logical_and", "logical_or", "logical_xor", "atan2", "hypot",
+     "copysign", "logaddexp", "nextafter")
+)  # fmt: skip
 
 
 def where(op: Where, args: Sequence[Array], buffers: Sequence[Buffer]) -> Array:
@@ -81,3 +112,4 @@ def astype(op: AsType, args: Sequence[Array], buffers: Sequence[Buffer]) -> Arra
 
 
 RUNNERS: dict[type, Runner] = {Unary: unary, Binary: binary, Where: where, AsType: astype}
+# binary_inplace is called by executor.run itself, with in_place (as indexing.setitem is)
