@@ -444,3 +444,11 @@ def test_several_data_dependent_outputs_cost_one_round_trip(
     u = rx.unique_all(x)
     assert events == ["request"] * 3 + ["wait"] * 3
     assert u.values.shape == (3,) and u.counts.shape == (3,) and u.indices.shape == (3,)
+
+
+@pytest.mark.parametrize("k", [2**63, -(2**63), 2**100, 5, -4, 3, -3])
+def test_eye_with_a_diagonal_outside_the_matrix_is_zeros(rx: client.Namespace, k: int) -> None:
+    """Any such ``k`` (the conformance suite draws 2**63, beyond the wire's int64) gives the
+    zeros numpy gives."""
+    same(rx.eye(3, 4, k=k), np.eye(3, 4, k=max(-3, min(k, 4))))
+    same(rx.eye(0, k=k), np.eye(0))

@@ -99,6 +99,7 @@ class CreationFunctions:
         wire = "float64" if dtype is None else wire_dtype(dtype)
         rows, k = operator.index(n_rows), operator.index(k)
         cols = rows if n_cols is None else operator.index(n_cols)
+        k = max(-rows, min(k, cols))  # a diagonal outside the matrix: all zeros, any such k
         return apply(
             lambda out: Eye(out=out, n_rows=rows, n_cols=cols, k=k, dtype=wire),
             device=self._dev(device),
