@@ -34,6 +34,8 @@ from protocol.ops import (
     IndexItem,
     InPlaceBinary,
     PermuteDims,
+    Reduce,
+    ReduceName,
     Reshape,
     SetItem,
     Unary,
@@ -130,6 +132,19 @@ class RemoteArray(Handle):
         if len(shape) == 1 and isinstance(shape[0], tuple | list):
             shape = tuple(shape[0])
         return reshape(self, shape)
+
+    # numpy's method names that array-api-compat's numpy path calls on arrays: thin aliases
+    def copy(self) -> RemoteArray:
+        return astype(self, self.dtype)
+
+    def ravel(self) -> RemoteArray:
+        return reshape(self, (-1,))
+
+    def max(self, axis: Any = None, keepdims: bool = False) -> RemoteArray:
+        return _reduce("max", self, axis, keepdims)
+
+    def min(self, axis: Any = None, keepdims: bool = False) -> RemoteArray:
+        return _reduce("min", self, axis, keepdims)
 
     def __getitem__(self, key: Any) -> RemoteArray:
         return getitem(self, key)
@@ -319,6 +334,12 @@ def inplace_operator(name: BinaryName, self: RemoteArray, other: Any) -> RemoteA
         return NotImplemented  # type: ignore[no-any-return]
     o = other_array
     return apply_inplace(lambda out: InPlaceBinary(op=name, out=out, x2=o.tensor_id), self, o)
+
+
+def _reduce(name: ReduceName, x: RemoteArray, axis: Any, keepdims: bool) -> RemoteArray:
+    axes = None if axis is None else ints(axis)
+    return apply(lambda out: Reduce(op=name, out=out, x=x.tensor_id, axis=axes,
+                                    keepdims=keepdims), x)  # fmt: skip
 
 
 def astype(x: RemoteArray, dtype: Any, copy: bool = True) -> RemoteArray:

@@ -74,11 +74,17 @@ def test_numpy_objects_get_a_clear_error(xp: client.Namespace) -> None:
         xp.sum(np.ones(3))
 
 
-def test_astype_as_array_api_compats_numpy_path_calls_it(xp: client.Namespace) -> None:
+def test_numpys_method_names_that_array_api_compat_calls(xp: client.Namespace) -> None:
     x = xp.asarray(X)
     assert x.astype(dtype=xp.float64, copy=False) is x
     y = x.astype(dtype=xp.float32, copy=True)
     np.testing.assert_array_equal(y.numpy(), X.astype(np.float32))
+    copied = x.copy()
+    copied[...] = 0.0
+    np.testing.assert_array_equal(x.numpy(), X)
+    np.testing.assert_array_equal(x.ravel().numpy(), X.ravel())
+    np.testing.assert_array_equal(x.max(axis=-1, keepdims=True).numpy(), X.max(-1, keepdims=True))
+    np.testing.assert_array_equal(x.min().numpy(), X.min())
 
 
 # --- scikit-learn ---------------------------------------------------------------------------
