@@ -22,13 +22,6 @@ run() {
 
 echo "numpy:  $(ARRAY_API_TESTS_MODULE=numpy run)"
 
-log=$(mktemp)
-(cd "$here" && exec "$py" -m server --port 0 >"$log" 2>&1) &
-server=$!
-trap 'kill $server 2>/dev/null; rm -f "$log"' EXIT
-until grep -q "listening on" "$log"; do
-  kill -0 $server 2>/dev/null || { echo "the server did not start:"; cat "$log"; exit 1; }
-  sleep 0.2
-done
-export TENSORWIRE_URL=$(grep -o "ws://[0-9.:]*" "$log" | head -1)
+. "$here/tools/_server.sh"
+start_server "$py" "$here"
 echo "remote: $(ARRAY_API_TESTS_MODULE=client.array_api run)"

@@ -26,14 +26,8 @@ run() {  # NAMESPACE LABEL
 }
 
 run array_api_strict strict
-log=$(mktemp)
-(cd "$here" && exec "$py" -m server --port 0 >"$log" 2>&1) &
-server=$!
-trap 'kill $server 2>/dev/null; rm -f "$log"' EXIT
-until grep -q "listening on" "$log"; do
-  kill -0 $server 2>/dev/null || { echo "the server did not start:"; cat "$log"; exit 1; }
-  sleep 0.2
-done
-TENSORWIRE_URL=$(grep -o "ws://[0-9.:]*" "$log" | head -1) run client.array_api tensorwire
+. "$here/tools/_server.sh"
+start_server "$py" "$here"
+run client.array_api tensorwire
 "$py" "$here/tools/sklearn_compare.py" "$out/strict.xml" "$out/tensorwire.xml"
 echo "outputs in $out"
