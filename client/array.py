@@ -159,7 +159,8 @@ class RemoteArray(Handle):
             raise ValueError("remote devices have no streams")
         if device is self._device:
             return self
-        return upload(self.numpy(), checked_device(device))
+        target = checked_device(device)
+        return upload(self.numpy(), target)
 
     __neg__ = _unary_operator("negative")
     __pos__ = _unary_operator("positive")

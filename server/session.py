@@ -230,11 +230,11 @@ class Session:
         in-place op writes into its target's memory and reserves nothing, unless the store
         says it cannot (:meth:`TensorStore.prepare_write`: a read-only view); it then runs on
         a copy, which is counted."""
-        target = self.store.prepare_write(op.out) if op.inplace else None
-        in_place = target is not None
-        if target is not None:
-            args[0] = target  # its memory may have moved (a read reply still sends the old)
         try:
+            target = self.store.prepare_write(op.out) if op.inplace else None
+            in_place = target is not None
+            if target is not None:
+                args[0] = target  # its memory may have moved (a read reply sends the old)
             if nbytes is None:
                 nbytes = output_bytes(metas, self.limits)
             reserved = 0 if in_place else nbytes

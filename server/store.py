@@ -188,6 +188,7 @@ class TensorStore:
         if isinstance(value, Stored):
             entry = self._roots[id(root_of(value.array))]
             if root_of(sent) is entry.array:
+                entry.being_sent()  # drops the replies sent since: a tensor read often stays small
                 entry.readers.append(weakref.ref(sent))
 
     def prepare_write(self, tensor_id: int) -> np.ndarray[Any, Any] | None:
@@ -195,7 +196,11 @@ class TensorStore:
         still sends from is moved first (every tensor on it is re-pointed to the same view of
         fresh memory, so an array taken before this call may be stale). None for a read-only
         view (numpy's ``broadcast_to``), and an unknown or failed id: the caller writes into a
-        copy."""
+        copy.
+
+        Raises:
+            StoreError: ``server_memory_exhausted``, the process has no memory for the move.
+        """
         value = self._items.get(tensor_id)
         if not isinstance(value, Stored) or not value.array.flags.writeable:
             return None
@@ -210,7 +215,13 @@ class TensorStore:
         """Copy ``entry``'s bytes to fresh memory and re-point its tensors there, each to the
         same offset and strides (so views stay views of one another). Counts do not change."""
         old = entry.array
-        fresh = np.empty(old.nbytes, dtype=np.uint8)
+        try:
+            fresh = np.empty(old.nbytes, dtype=np.uint8)
+        except MemoryError:
+            raise StoreError(
+                ErrorCode.SERVER_MEMORY_EXHAUSTED,
+                f"no memory to move {old.nbytes} bytes that a read reply still sends",
+            ) from None
         # An owning array is dense with non-negative strides: ravel("K") is its memory in order.
         fresh[...] = old.ravel(order="K").view(np.uint8)
         start = old.ctypes.data

@@ -199,3 +199,28 @@ def test_in_place_operators_with_overlapping_operands(xp: client.Namespace) -> N
     square @= square.copy()
     np.testing.assert_array_equal(remote.numpy(), local)
     np.testing.assert_array_equal(r.numpy(), square)
+
+
+def test_a_failed_in_place_pow_leaves_the_base_untouched(xp: client.Namespace) -> None:
+    """numpy's ``out=`` loop for integer pow raises part-way (negative exponents) after writing
+    its buffer into ``out``; the op runs into a temporary instead, so nothing is written."""
+    x = xp.ones((3, 4, 2), dtype=xp.int64)
+    v = xp.permute_dims(x, (2, 0, 1))[:, ::-1, 1:3]  # not contiguous: numpy would buffer
+    v **= xp.asarray(-1)
+    with pytest.raises(client.RemoteError, match="negative integer powers"):
+        v.numpy()
+    y = xp.ones((20,), dtype=xp.int32)
+    y **= xp.asarray(np.full(20, -1, np.int64))  # a cast: numpy would buffer too
+    with pytest.raises(client.RemoteError):
+        y.numpy()
+    np.testing.assert_array_equal(x.numpy(), np.ones((3, 4, 2), np.int64))
+
+
+def test_meshgrid_copies_as_numpys_does(xp: client.Namespace) -> None:
+    a, b = np.arange(3.0), np.arange(2.0)
+    ra, rb = xp.asarray(a), xp.asarray(b)
+    grids, remote = np.meshgrid(a, b), xp.meshgrid(ra, rb)
+    a[0] = 99.0
+    ra[0] = 99.0
+    for got, expected in zip(remote, grids, strict=True):
+        np.testing.assert_array_equal(got.numpy(), expected)

@@ -9,8 +9,20 @@ from typing import Any
 
 import numpy as np
 
-from protocol import Batch, Read
-from protocol.ops import AnyOp, BroadcastTo, Full, GetItem, PermuteDims, Reshape, SetItem, SliceSpec
+from protocol import Batch, Read, TensorMeta
+from protocol.ops import (
+    AnyOp,
+    Binary,
+    BroadcastTo,
+    Full,
+    GetItem,
+    InPlaceBinary,
+    PermuteDims,
+    Reshape,
+    SetItem,
+    SliceSpec,
+)
+from server import executor
 from server.session import Reply, Session
 from server.store import Stored
 
@@ -113,3 +125,22 @@ def test_a_read_only_view_is_written_into_a_counted_copy() -> None:
     for tensor_id in (1, 2, 3):
         session.store.free(tensor_id)
     assert session.store.nbytes == 0 and session.store.budget.used == 0
+
+
+def test_replies_sent_are_forgotten_when_the_next_read_is_recorded() -> None:
+    """A tensor read often and never written keeps no record of the replies already sent."""
+    session = Session("s", 0)
+    run(session, [Full(out=1, shape=(4,), dtype="int64", value=0)])
+    for _ in range(100):
+        run(session, [], [1])  # each reply is dropped (sent) at once
+    (entry,) = session.store._roots.values()
+    assert len(entry.readers) == 1
+
+
+def test_an_in_place_matmul_costs_what_a_matmul_costs() -> None:
+    """The cost decides whether an op may run on the event loop: ``x @= y`` is O(n**3)."""
+    x = np.ones((256, 256))
+    meta = TensorMeta((256, 256), "float64")
+    binary = executor.cost(Binary(op="matmul", out=3, x1=1, x2=2), meta, [x, x])
+    in_place = executor.cost(InPlaceBinary(op="matmul", out=1, x2=2), meta, [x, x])
+    assert in_place == binary == 256**3

@@ -135,7 +135,8 @@ class CreationFunctions:
             if indexing == "xy" and len(arrays) > 1 and i < 2:
                 axis = 1 - i
             shape[axis] = a.size
-            out.append(ManipulationFunctions.broadcast_to(reshape(a, shape), sizes))
+            grid = ManipulationFunctions.broadcast_to(reshape(a, shape), sizes)
+            out.append(astype(grid, grid.dtype))  # copies, as numpy's: not views of the inputs
         return out
 
     @staticmethod

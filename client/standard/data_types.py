@@ -10,7 +10,7 @@ import numpy as np
 from protocol import to_numpy
 from protocol.scalars import scalar_dtype
 
-from .._handle import wire_dtype
+from .._handle import common_device, wire_dtype
 from .._info import FInfo, IInfo, finfo, iinfo, isdtype
 from ..array import RemoteArray
 from ..device import Device
@@ -22,6 +22,7 @@ class DataTypeFunctions:
     @staticmethod
     def astype(x: RemoteArray, dtype: Any, /, *, copy: builtins.bool = True,
                device: Device | None = None) -> RemoteArray:  # fmt: skip
+        common_device((x,))  # a numpy array here is named in a TypeError
         return x.astype(dtype, copy=copy, device=device)
 
     @staticmethod

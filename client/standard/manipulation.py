@@ -23,8 +23,7 @@ class ManipulationFunctions:
         """A view of ``x`` where numpy can make one (writes reach ``x``), else a copy;
         ``copy=True``: always a copy. (``copy=False`` cannot be refused here: the client does
         not know the server's strides, so it means None.)"""
-        result = reshape(x, shape)
-        return astype(result, result.dtype) if copy else result
+        return reshape(astype(x, x.dtype) if copy else x, shape)  # a copy's reshape: a view
 
     @staticmethod
     def permute_dims(x: RemoteArray, /, axes: Sequence[int]) -> RemoteArray:

@@ -138,7 +138,7 @@ def cost(op: AnyOp, meta: TensorMeta, args: Sequence[Array]) -> int:
     work = math.prod(meta.shape)  # not np.prod: this runs per op, and np.prod costs 20x more
     for a in args:
         work = max(work, a.size)
-    if isinstance(op, Binary) and op.op == "matmul" and args[0].ndim:
+    if isinstance(op, Binary | InPlaceBinary) and op.op == "matmul" and args[0].ndim:
         work *= args[0].shape[-1]
     elif isinstance(op, Linalg) and args and args[0].ndim:  # factorizations: O(n**3)
         work *= args[0].shape[-1]

@@ -81,13 +81,22 @@ def binary_inplace(
     target, other = args
     out = target if in_place and target.flags.writeable else target.copy()
     name = op.op
-    if name in _OUT_SAFE and (name != "floor_divide" or out.dtype.kind != "f"):
+    if name in _OUT_SAFE and not _needs_temporary(name, out, other):
         if elementwise_rule(name, (_wire(out), _wire(other)))[1] is None:
             fn: Callable[..., Array] = getattr(np, name)
             fn(out, other, out=out, casting="same_kind")  # numpy buffers overlapping inputs
             return out
     out[...] = _binary(name, (out, other))
     return out
+
+
+def _needs_temporary(name: str, out: Array, other: Array) -> bool:
+    """Whether ``name`` must run into a temporary rather than ``out=``: floor_divide on floats
+    (a Note: fix follows the ufunc) and integer pow, whose loop can raise part-way (negative
+    exponents), when numpy has already copied its buffered garbage into ``out``."""
+    if name == "floor_divide":
+        return bool(out.dtype.kind == "f")
+    return name == "pow" and (out.dtype.kind in "iub" or other.dtype.kind in "iub")
 
 
 # The binary ops whose ufunc alone computes them (no Note: fix after it), so out= is exact.
