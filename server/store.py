@@ -67,18 +67,22 @@ def root_of(array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
 
 
 class Root:
-    """Memory that stored tensors use: the owning array, the ids of the tensors that view it,
-    and the arrays that read replies send from (weakly: a reply is sent once they are gone)."""
+    """Memory that stored tensors use: the owning array, how many tensors use it, and the
+    arrays that read replies send from (weakly: a reply is sent once they are gone; None until
+    the first read). Made once per op result: kept light (no set of users; a move, which is
+    rare, finds them)."""
 
     __slots__ = ("array", "users", "readers")
 
     def __init__(self, array: np.ndarray[Any, Any]) -> None:
         self.array = array
-        self.users: set[int] = set()
-        self.readers: list[weakref.ref[np.ndarray[Any, Any]]] = []
+        self.users = 1
+        self.readers: list[weakref.ref[np.ndarray[Any, Any]]] | None = None
 
     def being_sent(self) -> bool:
         """Whether a read reply may still send these bytes."""
+        if not self.readers:
+            return False
         self.readers = [r for r in self.readers if r() is not None]
         return bool(self.readers)
 
@@ -172,12 +176,11 @@ class TensorStore:
         root = root_of(value.array)
         entry = self._roots.get(id(root))
         if entry is not None and entry.array is root:
-            entry.users.add(tensor_id)
+            entry.users += 1
             self.budget.release(reserved)  # already counted
             return
         assert root.base is None and root.nbytes == reserved, (root.nbytes, reserved)
-        entry = self._roots[id(root)] = Root(root)
-        entry.users.add(tensor_id)
+        self._roots[id(root)] = Root(root)
         self.nbytes += reserved
 
     def share(self, tensor_id: int, sent: np.ndarray[Any, Any]) -> None:
@@ -189,7 +192,7 @@ class TensorStore:
             entry = self._roots[id(root_of(value.array))]
             if root_of(sent) is entry.array:
                 entry.being_sent()  # drops the replies sent since: a tensor read often stays small
-                entry.readers.append(weakref.ref(sent))
+                entry.readers = [*(entry.readers or ()), weakref.ref(sent)]
 
     def prepare_write(self, tensor_id: int) -> np.ndarray[Any, Any] | None:
         """The array of ``tensor_id``, made safe to write in place: a root that a read reply
@@ -225,9 +228,10 @@ class TensorStore:
         # An owning array is dense with non-negative strides: ravel("K") is its memory in order.
         fresh[...] = old.ravel(order="K").view(np.uint8)
         start = old.ctypes.data
-        for tensor_id in entry.users:
-            value = self._items[tensor_id]
-            assert isinstance(value, Stored)
+        users = [(i, v) for i, v in self._items.items()
+                 if isinstance(v, Stored) and root_of(v.array) is old]  # fmt: skip
+        assert len(users) == entry.users
+        for tensor_id, value in users:
             view = value.array
             moved: np.ndarray[Any, Any] = np.ndarray(
                 view.shape, view.dtype, buffer=fresh,
@@ -237,7 +241,7 @@ class TensorStore:
             self._items[tensor_id] = Stored(moved, value.meta)
         del self._roots[id(old)]
         entry.array = fresh
-        entry.readers = []
+        entry.readers = None
         self._roots[id(fresh)] = entry
 
     def replace(self, tensor_id: int, value: Stored | Failure, reserved: int = 0) -> None:
@@ -262,19 +266,19 @@ class TensorStore:
             self.cancel(reserved)
             return
         self.put(tensor_id, value, reserved)
-        self._forget(tensor_id, old)
+        self._forget(old)
 
     def free(self, tensor_id: int) -> None:
         """Forget an id. Freeing an unknown id does nothing (frees are idempotent)."""
-        self._forget(tensor_id, self._items.pop(tensor_id, None))
+        self._forget(self._items.pop(tensor_id, None))
 
-    def _forget(self, tensor_id: int, value: Stored | Failure | None) -> None:
+    def _forget(self, value: Stored | Failure | None) -> None:
         if isinstance(value, Failure):
             self.failed -= 1
         elif value is not None:
             root = root_of(value.array)
             entry = self._roots[id(root)]
-            entry.users.discard(tensor_id)
+            entry.users -= 1
             if not entry.users:
                 del self._roots[id(root)]
                 self.nbytes -= root.nbytes
