@@ -257,14 +257,6 @@ class TensorStore:
             return
         self.get(tensor_id)
         old = self._items.pop(tensor_id)
-        if (
-            isinstance(old, Stored)
-            and isinstance(value, Stored)
-            and root_of(old.array) is root_of(value.array)
-        ):  # written in place: the same memory, counted already
-            self._items[tensor_id] = value
-            self.cancel(reserved)
-            return
         self.put(tensor_id, value, reserved)
         self._forget(old)
 
