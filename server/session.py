@@ -55,6 +55,7 @@ from protocol import (
     StatsReply,
     SyncReply,
     TensorMeta,
+    byte_view,
 )
 from protocol.codec import Buffer
 from protocol.messages import Request
@@ -297,9 +298,8 @@ class Session:
         value = self._stored(request)
         if not isinstance(value, Stored):
             return value
-        sent = np.ascontiguousarray(value.array).reshape(-1).view(np.uint8)
-        self.store.share(request.tensor, sent)  # the reply's bytes are written later
-        view = sent.data
+        view = byte_view(value.array)
+        self.store.share(request.tensor, view)  # the reply's bytes are written later
         reply = ReadReply(
             request_id=request.request_id,
             shape=value.meta.shape,

@@ -183,16 +183,18 @@ class TensorStore:
         self._roots[id(root)] = Root(root)
         self.nbytes += reserved
 
-    def share(self, tensor_id: int, sent: np.ndarray[Any, Any]) -> None:
-        """Record that a read reply of ``tensor_id`` sends from ``sent`` later: while ``sent``
-        lives, no write reaches its bytes (:meth:`prepare_write` moves the root first). A
-        ``sent`` that is a copy is no concern of the store's."""
+    def share(self, tensor_id: int, sent: memoryview) -> None:
+        """Record that a read reply of ``tensor_id`` sends ``sent`` (a byte view, as
+        ``protocol.codec.byte_view`` makes) later: while the array it exports lives, no write
+        reaches its bytes (:meth:`prepare_write` moves the root first). A view of a copy is no
+        concern of the store's."""
         value = self._items.get(tensor_id)
-        if isinstance(value, Stored):
+        exporter = sent.obj
+        if isinstance(value, Stored) and isinstance(exporter, np.ndarray):
             entry = self._roots[id(root_of(value.array))]
-            if root_of(sent) is entry.array:
+            if root_of(exporter) is entry.array:
                 entry.being_sent()  # drops the replies sent since: a tensor read often stays small
-                entry.readers = [*(entry.readers or ()), weakref.ref(sent)]
+                entry.readers = [*(entry.readers or ()), weakref.ref(exporter)]
 
     def prepare_write(self, tensor_id: int) -> np.ndarray[Any, Any] | None:
         """The array of ``tensor_id``, made safe to write in place: a root that a read reply
