@@ -1,4 +1,5 @@
-"""``python -m bench.cpu``: CPU microseconds per pipelined op on each side, in one process.
+"""``python -m bench.cpu``: CPU microseconds per pipelined op on each side, in one process,
+with an array operand (``x + a``) and with a Python scalar (``x + 1.0``).
 
 Thread CPU time (``time.thread_time``), best of several repetitions, so that a loaded machine
 moves it far less than wall-clock figures. No sockets: the client side builds ops against a
@@ -17,7 +18,7 @@ import numpy as np
 from client.array import RemoteArray
 from protocol import CLIENT_ADAPTER, Batch, TensorMeta, decode, encode
 from protocol.codec import byte_view
-from protocol.ops import Binary, FromBuffer
+from protocol.ops import Binary, BinaryScalar, FromBuffer
 from server.session import Session
 
 OPS = 2048
@@ -49,23 +50,35 @@ class _StubDevice:
         pass
 
 
-def _batch() -> tuple[Batch, list[bytes | memoryview]]:
+def _batch(scalar: bool) -> tuple[Batch, list[bytes | memoryview]]:
+    """``x = x + a`` (``x = x + 1.0`` if ``scalar``) OPS times on 16 float32 elements."""
     data = np.ones(16, dtype=np.float32)
     ops: list[Any] = [FromBuffer(out=1, shape=(16,), dtype="float32", buffer=0)]
-    ops += [Binary(op="add", out=i + 2, x1=i + 1, x2=1) for i in range(OPS)]
+    if scalar:
+        ops += [BinaryScalar(op="add", out=i + 2, x=i + 1, scalar=1.0) for i in range(OPS)]
+    else:
+        ops += [Binary(op="add", out=i + 2, x1=i + 1, x2=1) for i in range(OPS)]
     batch = Batch(ops=ops, buffers=[data.nbytes])
     return batch, encode(batch, [byte_view(data)])
 
 
 def main() -> int:
+    for operand in ("array", "scalar"):
+        print(f"x = x + {'a' if operand == 'array' else '1.0'}:")
+        _measure(operand == "scalar")
+    return 0
+
+
+def _measure(scalar: bool) -> None:
     a = RemoteArray(_StubDevice(), 0, TensorMeta((16,), "float32"))  # type: ignore[arg-type]
+    other: RemoteArray | float = 1.0 if scalar else a
 
     def build() -> None:
         x = a
         for _ in range(OPS):
-            x = x + a
+            x = x + other
 
-    batch, chunks = _batch()
+    batch, chunks = _batch(scalar)
     message = b"".join(chunks)
 
     def serialize() -> None:
@@ -82,8 +95,7 @@ def main() -> int:
 
     for name, fn in (("client: build op", build), ("client: batch + encode", serialize),
                      ("server: decode + check + run", run)):  # fmt: skip
-        print(f"{name:30} {_best(fn) / OPS * 1e6:6.2f} us/op")
-    return 0
+        print(f"  {name:30} {_best(fn) / OPS * 1e6:6.2f} us/op")
 
 
 if __name__ == "__main__":

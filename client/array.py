@@ -20,19 +20,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from protocol import DType, TensorMeta, from_numpy
-from protocol.codec import byte_view
 from protocol.ops import (
-    UNKNOWN,
-    AnyOp,
     AsType,
     Binary,
     BinaryName,
-    FromBuffer,
-    Full,
+    BinaryScalar,
     GetItem,
     IndexItem,
     InPlaceBinary,
+    InPlaceBinaryScalar,
     PermuteDims,
     Reduce,
     ReduceName,
@@ -43,7 +39,8 @@ from protocol.ops import (
 )
 from protocol.scalars import PyScalar, scalar_dtype, scalar_from_python
 
-from ._handle import Handle, checked_device, common_device, index_key, ints, wire_dtype
+from ._building import apply, apply_inplace, full, upload
+from ._handle import Handle, checked_device, index_key, ints, wire_dtype
 from .device import register_array_type
 
 if TYPE_CHECKING:
@@ -192,101 +189,10 @@ class RemoteArray(Handle):
 register_array_type(RemoteArray)
 
 
-# --- building ops -----------------------------------------------------------------------------
-
-
-def apply(
-    make: Callable[[int], AnyOp], *inputs: RemoteArray, device: Device | None = None
-) -> RemoteArray:
-    """Build ``make(out)``, check it locally, queue it and return the output handle.
-
-    :func:`apply_many` for one output, without its generality on the hot path (a
-    data-dependent output takes :func:`apply_many`'s round trip).
-    """
-    dev = device if device is not None else common_device(inputs)
-    out = dev.new_id()
-    op = make(out)
-    metas = op.infer_all(*[a.meta for a in inputs])
-    if len(metas) == 1 and UNKNOWN not in metas[0].shape:
-        dev.submit(op)
-        return RemoteArray(dev, out, metas[0])
-    return _queue(dev, op, [out], metas)[0]
-
-
-def apply_many(
-    make: Callable[[int, tuple[int, ...]], AnyOp],
-    count: int,
-    *inputs: RemoteArray,
-    device: Device | None = None,
-) -> tuple[RemoteArray, ...]:
-    """Build ``make(out, more)`` for an op with ``count`` outputs, check it locally, queue it
-    and return the output handles. An output whose shape is data-dependent costs one round
-    trip: the server runs the op and describes the output before this returns.
-
-    Raises:
-        RemoteError: the server could not run an op with a data-dependent output.
-    """
-    dev = device if device is not None else common_device(inputs)
-    ids = [dev.new_id() for _ in range(count)]
-    op = make(ids[0], tuple(ids[1:]))
-    return _queue(dev, op, ids, op.infer_all(*[a.meta for a in inputs]))
-
-
-def _queue(
-    dev: Device, op: AnyOp, ids: list[int], metas: tuple[TensorMeta, ...]
-) -> tuple[RemoteArray, ...]:
-    """Queue the checked ``op``, whose outputs ``ids`` have ``metas``; their handles."""
-    dev.submit(op)
-    unknown = [i for i, meta in enumerate(metas) if UNKNOWN in meta.shape]
-    if unknown:  # one round trip for all of them
-        try:
-            described = dev.describe([ids[i] for i in unknown])
-        except BaseException:
-            for tensor_id in ids:  # no handle will own them: free the failed outputs
-                dev.release(tensor_id)
-            raise
-        learnt = dict(zip(unknown, described, strict=True))
-        metas = tuple(learnt.get(i, meta) for i, meta in enumerate(metas))
-    return tuple(RemoteArray(dev, i, meta) for i, meta in zip(ids, metas, strict=True))
-
-
-def apply_inplace(make: Callable[[int], AnyOp], target: RemoteArray,
-                  *inputs: RemoteArray) -> RemoteArray:  # fmt: skip
-    """Queue the in-place op ``make(target id)``, whose inputs are ``target`` then ``inputs``;
-    ``target`` keeps its id, shape and dtype. Returns ``target``."""
-    common_device((target, *inputs))
-    op = make(target.tensor_id)
-    op.infer_all(target.meta, *(a.meta for a in inputs))
-    target.device.submit(op)
-    return target
-
-
-def upload(values: np.ndarray[Any, Any], device: Device) -> RemoteArray:
-    """Copy a local numpy array to ``device`` (raw bytes, little-endian, C order)."""
-    dtype = from_numpy(values.dtype)
-    # Note: not np.ascontiguousarray, which turns a 0-d array into a 1-d one
-    values = np.asarray(values, dtype=values.dtype.newbyteorder("<"), order="C")
-    shape = values.shape
-    out = device.new_id()
-    device.submit_upload(
-        lambda buffer: FromBuffer(out=out, shape=shape, dtype=dtype, buffer=buffer),
-        byte_view(values),
-    )
-    return RemoteArray(device, out, TensorMeta(shape, dtype))
-
-
-def full(shape: int | Sequence[int], value: PyScalar, dtype: DType, device: Device) -> RemoteArray:
-    """An array of ``shape`` filled with ``value``."""
-    dims = ints(shape)
-    if isinstance(value, np.generic):
-        value = value.item()
-    return apply(
-        lambda out: Full(out=out, shape=dims, dtype=dtype, value=scalar_from_python(value)),
-        device=device,
-    )
-
-
 # --- element-wise -----------------------------------------------------------------------------
+
+
+PY_SCALARS = (bool, int, float, complex)  # for isinstance: a Union would be built per op
 
 
 def operand(value: Any, like: RemoteArray) -> RemoteArray | None:
@@ -297,13 +203,22 @@ def operand(value: Any, like: RemoteArray) -> RemoteArray | None:
         value = np.asarray(value)
     if isinstance(value, np.ndarray):
         return upload(value, like.device)
-    if isinstance(value, bool | int | float | complex):
+    if isinstance(value, PY_SCALARS):
         return full((), value, scalar_dtype(value, like.wire_dtype), like.device)
     return None
 
 
 def binary(name: BinaryName, x1: RemoteArray, x2: RemoteArray) -> RemoteArray:
     return apply(lambda out: Binary(op=name, out=out, x1=x1.tensor_id, x2=x2.tensor_id), x1, x2)
+
+
+def binary_scalar(name: BinaryName, x: RemoteArray, value: PyScalar,
+                  scalar_first: bool = False) -> RemoteArray:  # fmt: skip
+    """``x <op> value`` (``value <op> x`` if ``scalar_first``) as one op: the Python scalar
+    travels inside it and takes the standard's dtype beside ``x``."""
+    s = scalar_from_python(value)
+    return apply(lambda out: BinaryScalar(op=name, out=out, x=x.tensor_id, scalar=s,
+                                          scalar_first=scalar_first), x)  # fmt: skip
 
 
 def unary(name: UnaryName, x: RemoteArray) -> RemoteArray:
@@ -314,7 +229,10 @@ def binary_operator(
     name: BinaryName, self: RemoteArray, other: Any, reflected: bool
 ) -> RemoteArray:
     """``self <op> other`` (``other <op> self`` if ``reflected``), or NotImplemented when
-    ``other`` cannot take part, so that Python tries the other operand."""
+    ``other`` cannot take part, so that Python tries the other operand. A Python scalar
+    travels inside the op."""
+    if isinstance(other, PY_SCALARS):
+        return binary_scalar(name, self, other, scalar_first=reflected)
     other_array = operand(other, self)
     if other_array is None:
         result: RemoteArray = NotImplemented
@@ -324,12 +242,15 @@ def binary_operator(
 
 def inplace_operator(name: BinaryName, self: RemoteArray, other: Any) -> RemoteArray:
     """``self op= other``: one op that writes ``self``'s memory (its views see it) and keeps
-    its id, shape and dtype.
+    its id, shape and dtype; a Python scalar travels inside it.
 
     Raises:
         ValueError: the result would not have ``self``'s shape.
         TypeError: the result's dtype cannot be cast back to ``self``'s (int ``/=``, ...).
     """
+    if isinstance(other, PY_SCALARS):
+        s = scalar_from_python(other)
+        return apply_inplace(lambda out: InPlaceBinaryScalar(op=name, out=out, scalar=s), self)
     other_array = operand(other, self)
     if other_array is None:
         return NotImplemented  # type: ignore[no-any-return]

@@ -7,7 +7,8 @@ caller's loop). Ops never wait; only reads, syncs and stats do.
 
 :class:`Device` is also the API the array layer builds ops with (``new_id``, ``submit``,
 ``submit_upload``, ``release``, ``submit_read``, ``describe``): this module is the layer below
-``client.array`` and knows arrays only through the hook :func:`register_array_type`.
+``client.array`` and knows arrays only through the hook :func:`register_array_type`, which
+:func:`new_handle` calls.
 """
 
 from __future__ import annotations
@@ -45,16 +46,22 @@ TOKEN_ENV = "TENSOR_SERVER_TOKEN"  # noqa: S105 - the variable's name, not a tok
 
 ArrayType = Callable[["Device", int, TensorMeta], "RemoteArray"]
 
-# The handle type of the layer above, for submit_unchecked: client.array registers RemoteArray
+# The handle type of the layer above, for new_handle: client.array registers RemoteArray
 # once, on import (client/__init__ imports it first), so that this layer imports nothing upward.
 _array_type: ArrayType | None = None
 
 
 def register_array_type(array_type: ArrayType) -> None:
-    """Make :meth:`Device.submit_unchecked` return handles of ``array_type``. Called once by
-    ``client.array``."""
+    """Make :func:`new_handle` (and so :meth:`Device.submit_unchecked`) return handles of
+    ``array_type``. Called once by ``client.array``."""
     global _array_type
     _array_type = array_type
+
+
+def new_handle(device: Device, tensor_id: int, meta: TensorMeta) -> RemoteArray:
+    """A handle of the registered array type on the tensor ``tensor_id`` of ``device``."""
+    assert _array_type is not None, "client.array registers the handle type on import"
+    return _array_type(device, tensor_id, meta)
 
 
 @dataclass(frozen=True)
@@ -160,9 +167,8 @@ class Device:
         for its output described by ``meta``. A protocol-level tool for tests and experiments:
         if ``op`` is invalid, reading the handle raises ``RemoteError``.
         """
-        assert _array_type is not None, "client.array registers the handle type on import"
         self.submit(op)
-        return _array_type(self, op.out, meta)
+        return new_handle(self, op.out, meta)
 
     def _raise_server_error(self) -> None:
         error = self._conn.take_server_error()

@@ -8,9 +8,11 @@ server both apply it.
 
 from __future__ import annotations
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from .dtypes import DType, is_bool, is_complex, is_floating
+from .dtypes import DType, is_bool, is_complex, is_floating, is_integer, to_numpy
+from .errors import OpDTypeError, OpOverflowError
 
 PyScalar = bool | int | float | complex
 
@@ -63,3 +65,27 @@ def scalar_dtype(value: PyScalar, dtype: DType) -> DType:
     if is_complex(dtype):
         return dtype
     return "complex64" if dtype == "float32" else "complex128"
+
+
+def check_fits(value: PyScalar, dtype: DType) -> None:
+    """Refuse a Python scalar that an array of ``dtype`` cannot hold as numpy 2 does: an integer
+    out of an integer dtype's bounds, or too large for a float; a complex value in a real array.
+
+    Raises:
+        OpOverflowError: the integer does not fit.
+        OpDTypeError: a complex value for a dtype that is not complex.
+    """
+    if isinstance(value, bool):
+        return
+    if isinstance(value, int):
+        if is_integer(dtype):
+            info = np.iinfo(to_numpy(dtype))  # type: ignore[type-var]
+            if not info.min <= value <= info.max:
+                raise OpOverflowError(f"Python integer {value} out of bounds for {dtype}")
+        else:
+            try:
+                float(value)
+            except OverflowError:
+                raise OpOverflowError(f"Python integer {value} out of range for {dtype}") from None
+    elif isinstance(value, complex) and not is_complex(dtype):
+        raise OpDTypeError(f"a complex fill value cannot fill a {dtype} array")

@@ -1,10 +1,12 @@
-"""The fast path of :class:`~server.session.Session` for the pipelined hot case: a ``Unary``
-or ``Binary`` (not matmul) op on stored inputs, creating a new tensor. The session imports it;
-it imports the session's outcome rules (``server/outcome.py``), never the session.
+"""The fast path of :class:`~server.session.Session` for the pipelined hot case: a ``Unary``,
+``Binary`` (not matmul) or ``BinaryScalar`` op on stored inputs, creating a new tensor. The
+session imports it; it imports the session's outcome rules (``server/outcome.py``), never the
+session.
 
 It runs exactly the checks and accounting of the session's general path, in the same order
 and with the same errors, less the work it can prove unneeded: the inferred output, its bytes
-under the per-op caps and its cost depend only on (op name, input metas), so they are computed
+under the per-op caps and its cost depend only on (op name, input metas; and for a scalar
+operand its Python type and side, once an integer is known to fit), so they are computed
 once and cached (only when the checks pass: a refused op goes to the general path, which
 refuses it again with its error); ``resolve`` leaves these ops' metas unchanged; a result that
 numpy allocated afresh (its own root, not held, of exactly the inferred shape, dtype and
@@ -23,7 +25,10 @@ from typing import Any
 import numpy as np
 
 from protocol import InvalidOpError, TensorMeta, to_numpy
-from protocol.ops import UNKNOWN, AnyOp, Binary, Unary
+from protocol.dtypes import DTYPES, DType, is_integer
+from protocol.ops import UNKNOWN, AnyOp, Binary, BinaryScalar, Unary
+from protocol.ops.elementwise import operand_dtype
+from protocol.scalars import scalar_to_python
 
 from . import executor
 from .errors import StoreError
@@ -31,10 +36,13 @@ from .limits import output_bytes
 from .outcome import Job, Outcomes
 from .store import Stored
 
-FAST_OPS = frozenset({Unary, Binary})  # the op types that FastPath.run takes
+FAST_OPS = frozenset({Unary, Binary, BinaryScalar})  # the op types that FastPath.run takes
+_FAST_TYPES = (Unary, Binary, BinaryScalar)  # for isinstance: a tuple, not a Union built per op
+_ONE_INPUT = (Unary, BinaryScalar)
 RULES_CACHED = 256  # (op, input metas) whose checks a session keeps; then it starts over
 
-Rule = tuple[TensorMeta, int, int, np.dtype[Any]]  # output meta, its bytes, cost, numpy dtype
+# The output's meta, its bytes, its cost, its numpy dtype, and a scalar operand's numpy dtype
+Rule = tuple[TensorMeta, int, int, np.dtype[Any], np.dtype[Any] | None]
 
 
 class FastPath:
@@ -48,36 +56,28 @@ class FastPath:
         self._rules: dict[tuple[Any, ...], Rule] = {}
 
     def run(self, op: AnyOp, job: Job, inline: bool) -> bool | None:
-        """Run ``op`` as ``Session._general`` would, when it is a ``Unary`` or ``Binary`` op
-        (not matmul) on stored inputs with a free output id and the batch is not refused.
+        """Run ``op`` as ``Session._general`` would, when it is a ``Unary``, ``Binary`` (not
+        matmul) or ``BinaryScalar`` op on stored inputs with a free output id and the batch is
+        not refused.
         Returns False when it is too costly to run ``inline`` (nothing changed), True when it
         ran or failed, and None (nothing changed) for any other case, which the caller then
         gives to ``Session._general``. The caller holds ``np.errstate(all="ignore")``.
         """
-        store = self._store
-        if job.rejected is not None or op.out in store:
+        if job.rejected is not None or op.out in self._store:
             return None
-        if isinstance(op, Binary):
-            if op.op == "matmul":
-                return None
-            a, b = store.lookup(op.x1), store.lookup(op.x2)
-            if type(a) is not Stored or type(b) is not Stored:
-                return None
-            args = [a.array, b.array]
-            key: tuple[Any, ...] = (op.op, a.meta, b.meta)
-        else:
-            assert isinstance(op, Unary)
-            a = store.lookup(op.x)
-            if type(a) is not Stored:
-                return None
-            args = [a.array]
-            key = (op.op, a.meta)
+        found = self._inputs(op)
+        if found is None:
+            return None
+        args, key = found
+        assert isinstance(op, _FAST_TYPES)  # what _inputs took
+        store = self._store
         entry = self._rules.get(key)
         if entry is None:
-            entry = self._rule(op, args, key)
+            metas = key[-1:] if isinstance(op, BinaryScalar) else key[1:]
+            entry = self._rule(op, args, key, metas)
             if entry is None:
                 return None
-        meta, nbytes, work, dtype = entry
+        meta, nbytes, work, dtype, operand = entry
         if inline and work > self._inline_cost:
             return False
         try:
@@ -86,7 +86,13 @@ class FastPath:
             self._outcomes.fail(op, exc.code, str(exc), job)
             return True
         try:
-            raw = executor.runner(op)(op, args, job.buffers)
+            if operand is None:
+                raw = executor.runner(op)(op, args, job.buffers)
+            else:  # BinaryScalar: its scalar as a 0-d array of the cached dtype, in its place
+                assert isinstance(op, BinaryScalar)
+                operand_array = np.asarray(scalar_to_python(op.scalar), dtype=operand)
+                args.insert(0 if op.scalar_first else 1, operand_array)
+                raw = executor.binary_arrays(op.op, args)
         except Exception as exc:
             self._outcomes.run_failed(op, exc, nbytes, job)
             return True
@@ -106,13 +112,43 @@ class FastPath:
             self._outcomes.keep(op, raw, (meta,), nbytes, job)
         return True
 
+    def _inputs(self, op: AnyOp) -> tuple[list[np.ndarray[Any, Any]], tuple[Any, ...]] | None:
+        """The input arrays of a fast op and the key of its rule, or None when it must take the
+        general path (matmul; an input missing or failed; an integer scalar that may not fit).
+        The key holds the input metas last."""
+        store = self._store
+        if isinstance(op, Binary):
+            if op.op == "matmul":
+                return None
+            a, b = store.lookup(op.x1), store.lookup(op.x2)
+            if type(a) is not Stored or type(b) is not Stored:
+                return None
+            return [a.array, b.array], (op.op, a.meta, b.meta)
+        assert isinstance(op, _ONE_INPUT)
+        a = store.lookup(op.x)
+        if type(a) is not Stored:
+            return None
+        if not isinstance(op, BinaryScalar):
+            return [a.array], (op.op, a.meta)
+        # The rule depends on the scalar's type and side, not its value, but for whether an
+        # integer fits: that is checked per op (a refusal goes to the general path).
+        scalar = op.scalar
+        if type(scalar) is int and not _fits_int(scalar, a.meta.dtype):
+            return None
+        return [a.array], (op.op, type(scalar), op.scalar_first, a.meta)
+
     def _rule(
-        self, op: Unary | Binary, args: list[np.ndarray[Any, Any]], key: tuple[Any, ...]
+        self,
+        op: Unary | Binary | BinaryScalar,
+        args: list[np.ndarray[Any, Any]],
+        key: tuple[Any, ...],
+        metas: tuple[TensorMeta, ...],
     ) -> Rule | None:
-        """The cached checks of :meth:`run` for ``key``, or None when they refuse the op
-        (nothing is cached then: :meth:`Session._general` refuses it again, with its error)."""
+        """The cached checks of :meth:`run` for ``key`` (the op's ``metas`` in it), or None when
+        they refuse the op (nothing is cached then: :meth:`Session._general` refuses it again,
+        with its error)."""
         try:
-            (meta,) = op.infer_all(*key[1:])
+            (meta,) = op.infer_all(*metas)
             nbytes = output_bytes((meta,), self._limits)
         except (InvalidOpError, StoreError):
             return None
@@ -120,6 +156,21 @@ class FastPath:
             return None
         if len(self._rules) >= RULES_CACHED:
             self._rules.clear()
-        entry = (meta, nbytes, executor.cost(op, meta, args), to_numpy(meta.dtype))
+        operand = None
+        if isinstance(op, BinaryScalar):
+            operand = to_numpy(operand_dtype(op.scalar, metas[0].dtype))
+        entry = (meta, nbytes, executor.cost(op, meta, args), to_numpy(meta.dtype), operand)
         self._rules[key] = entry
         return entry
+
+
+# Each integer dtype's bounds; any other dtype takes int64's, which is safe (a Python int beyond
+# them goes to the general path, which checks it exactly: protocol.scalars.check_fits).
+_INT_BOUNDS = {d: (int(np.iinfo(d).min), int(np.iinfo(d).max)) for d in DTYPES if is_integer(d)}
+_INT64_BOUNDS = _INT_BOUNDS["int64"]
+
+
+def _fits_int(value: int, dtype: DType) -> bool:
+    """Whether the integer ``value`` surely fits beside an array of ``dtype``."""
+    low, high = _INT_BOUNDS.get(dtype, _INT64_BOUNDS)
+    return low <= value <= high

@@ -70,12 +70,12 @@ def test_cpu_microbenchmark_reports_each_side() -> None:
     )
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
-    assert [line.split("  ")[0] for line in lines] == [
-        "client: build op",
-        "client: batch + encode",
-        "server: decode + check + run",
-    ]
-    assert all(float(line.split()[-2]) > 0 for line in lines)
+    sides = ["client: build op", "client: batch + encode", "server: decode + check + run"]
+    assert [line.strip().split("  ")[0] for line in lines] == [
+        "x = x + a:", *sides, "x = x + 1.0:", *sides,
+    ]  # fmt: skip
+    figures = [line for line in lines if line.startswith("  ")]
+    assert len(figures) == 6 and all(float(line.split()[-2]) > 0 for line in figures)
 
 
 def test_profile_summary_counts_own_and_total_samples() -> None:

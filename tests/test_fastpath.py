@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from protocol import Batch
-from protocol.ops import AnyOp, Binary, Full, Unary
+from protocol.ops import AnyOp, Binary, BinaryScalar, Full, Unary
+from protocol.scalars import ComplexValue
 from server import session as session_module
 from server.budget import MemoryBudget
 from server.limits import Limits
@@ -42,6 +43,22 @@ OPS: list[AnyOp] = [
     Binary(op="multiply", out=25, x1=1, x2=1),
     Binary(op="multiply", out=26, x1=25, x2=25),  # over the quota
 ]
+SCALAR_OPS: list[AnyOp] = [  # a Python scalar in the op (run with room in the quota)
+    Binary(op="pow", out=36, x1=2, x2=2),  # numpy refuses negative integer powers
+    BinaryScalar(op="add", out=30, x=1, scalar=1.0),
+    BinaryScalar(op="add", out=31, x=30, scalar=2.0),  # the cached checks, another value
+    BinaryScalar(op="subtract", out=32, x=2, scalar=3, scalar_first=True),  # int8: 3 - x
+    BinaryScalar(op="add", out=33, x=2, scalar=1000),  # does not fit int8: refused
+    BinaryScalar(op="add", out=34, x=2, scalar=2**70),  # a bignum: refused
+    BinaryScalar(op="multiply", out=35, x=2, scalar=0.5),  # int8 * float: float64 (cap)
+    BinaryScalar(op="pow", out=43, x=2, scalar=-1),  # refused as an integer power, too
+    BinaryScalar(op="divide", out=37, x=5, scalar=ComplexValue(real=0, imag=1)),
+    BinaryScalar(op="floor_divide", out=38, x=3, scalar=2.0, scalar_first=True),  # 2 // inf
+    BinaryScalar(op="matmul", out=39, x=1, scalar=2.0),  # refused: 0-dimensional
+    BinaryScalar(op="add", out=40, x=99, scalar=1.0),  # unknown input
+    BinaryScalar(op="add", out=41, x=36, scalar=1),  # inherits the pow failure
+    BinaryScalar(op="less", out=42, x=1, scalar=True),
+]
 
 
 def _run(session: Session, ops: list[AnyOp]) -> list[Any]:
@@ -51,15 +68,17 @@ def _run(session: Session, ops: list[AnyOp]) -> list[Any]:
     return [reply.model_dump() for reply, _ in session.finish(job)]
 
 
-def _state(fast: bool, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+def _state(
+    fast: bool, monkeypatch: pytest.MonkeyPatch, ops: list[AnyOp] = OPS, quota: int = 400
+) -> list[Any]:
     if not fast:
         monkeypatch.setattr(session_module, "FAST_OPS", frozenset())
-    store = TensorStore(quota=400, budget=MemoryBudget(2**20))
+    store = TensorStore(quota=quota, budget=MemoryBudget(2**20))
     session = Session("s", 0, store, Limits(max_op_bytes=300))
     _run(session, SETUP)
-    replies = _run(session, OPS)
+    replies = _run(session, ops)
     values: list[Any] = []
-    for tensor_id in range(30):
+    for tensor_id in range(50):
         value = store.lookup(tensor_id)
         if isinstance(value, Failure):
             values.append(value.error.model_dump())
@@ -86,6 +105,25 @@ def test_fast_and_general_paths_leave_the_same_state(monkeypatch: pytest.MonkeyP
     assert accounting[1] == 0 and accounting[0] == accounting[3]
 
 
+def test_scalar_operands_leave_the_same_state_on_both_paths(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fast = _state(True, monkeypatch, SCALAR_OPS, quota=4000)
+    general = _state(False, monkeypatch, SCALAR_OPS, quota=4000)
+    assert fast == general
+    replies, values, counts, accounting = fast
+    assert values[31][0] == ((16,), "float32") and set(np.frombuffer(values[31][2], "<f4")) == {4.5}
+    assert np.array_equal(np.frombuffer(values[32][2], "i1"), np.full(16, 5, "i1"))
+    assert values[33]["code"] == values[34]["code"] == "invalid_op"  # does not fit: refused
+    assert "out of bounds for int8" in values[33]["message"]
+    assert values[35][0] == ((16,), "float64")
+    assert values[36]["code"] == values[43]["code"] == "execution_failed" == values[41]["code"]
+    assert values[37][0] == ((4,), "complex128") and values[38][0] == ((), "float64")
+    assert values[39]["code"] == "invalid_op" and values[40]["code"] == "unknown_tensor"
+    assert values[42][0] == ((16,), "bool")
+    assert accounting[1] == 0 and accounting[0] == accounting[3]
+
+
 def test_fast_path_results_equal_numpy_and_held_results_are_not_counted_twice() -> None:
     session = Session("s", 0)
     _run(session, SETUP + OPS[:3])
@@ -94,3 +132,21 @@ def test_fast_path_results_equal_numpy_and_held_results_are_not_counted_twice() 
     assert np.array_equal(value.array, np.full(16, 4.5, dtype=np.float32))
     assert same.array is x.array  # real(x) of a float is x: stored once, counted once
     assert session.store.nbytes == (64 + 16 + 8 + 24 + 4) + 64 + 64  # setup, #10, #11
+
+
+def test_scalar_operands_take_the_fast_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only the fast path calls ``executor.binary_arrays``: count what reached it."""
+    from server import executor
+
+    calls: list[str] = []
+    real = executor.binary_arrays
+    monkeypatch.setattr(
+        executor, "binary_arrays", lambda name, args: calls.append(name) or real(name, args)
+    )
+    session = Session("s", 0)
+    ops = [BinaryScalar(op="multiply", out=50 + i, x=1 if i == 0 else 49 + i, scalar=0.5)
+           for i in range(100)]  # fmt: skip
+    _run(session, [*SETUP, *ops])
+    assert calls == ["multiply"] * 100
+    result = session.store.lookup(149)
+    assert isinstance(result, Stored) and result.array[0] == np.float32(1.5 * 0.5**100)

@@ -226,6 +226,10 @@ axis_or_none = st.one_of(st.none(), wild_int)
 ARRAY_API: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {  # kind: (required, optional)
     "setitem": ({"out": ids, "key": st.lists(index_items, max_size=3), "value": ids}, {}),
     "binary_inplace": ({"op": st.sampled_from(get_args(BinaryName)), "out": ids, "x2": ids}, {}),
+    "binary_scalar": ({"op": st.sampled_from(get_args(BinaryName)), "x": ids, "scalar": scalars},
+                      {"scalar_first": st.booleans()}),
+    "binary_inplace_scalar": ({"op": st.sampled_from(get_args(BinaryName)), "out": ids,
+                               "scalar": scalars}, {}),
     "take": ({"op": _names(Take), "x": ids, "indices": ids, "axis": wild_int}, {}),
     "join": ({"op": _names(Join), "xs": id_lists}, {"axis": axis_or_none}),
     "axes": ({"op": _names(Axes), "x": ids}, {"axis": st.lists(wild_int, max_size=3)}),

@@ -226,9 +226,11 @@ def test_every_integer_on_the_wire_is_bounded() -> None:
     bounded on both sides (``I64``, ``Dim``, ``TensorId``), so none reaches numpy."""
     models = _wire_models()
     assert protocol.ops.Linalg in models and protocol.ops.SliceSpec in models
-    # Full.value is range-checked against its dtype by inference (test_limits); Hello's ints
-    # are only compared (protocol version, device count) and never reach numpy.
-    exempt = {"Full.value", "Hello.protocol", "Hello.device_index"}
+    # Full.value and a scalar operand are range-checked against their dtype by inference
+    # (test_limits, test_scalar_operands); Hello's ints are only compared (protocol version,
+    # device count) and never reach numpy.
+    exempt = {"Full.value", "BinaryScalar.scalar", "InPlaceBinaryScalar.scalar",
+              "Hello.protocol", "Hello.device_index"}  # fmt: skip
     loose = [f"{model.__name__}.{name}" for model in models
              for name, field in model.model_fields.items()
              if _unbounded_int(field.annotation, field.metadata)]  # fmt: skip

@@ -12,8 +12,9 @@ import numpy as np
 from protocol.ops import Arange, Eye, Linspace, Triangle
 from protocol.scalars import PyScalar, default_dtype
 
+from .._building import apply, full, upload
 from .._handle import checked_device, wire_dtype
-from ..array import RemoteArray, apply, astype, full, reshape, upload
+from ..array import RemoteArray, astype, reshape
 from ..device import Device
 from .manipulation import ManipulationFunctions
 

@@ -49,14 +49,15 @@ def binary_function(name: BinaryName, x1: Any, x2: Any) -> RemoteArray:
     Raises:
         TypeError: neither argument is an array, or one cannot take part in an op.
     """
-    if not isinstance(x1, RemoteArray):
-        if not isinstance(x2, RemoteArray):
-            raise TypeError(f"{name} needs at least one array argument")
-        return binary_operator(name, x2, x1, reflected=True)
-    array = operand(x2, x1)
-    if array is None:
-        raise TypeError(f"{name} does not take {type(x2).__name__}")
-    return binary(name, x1, array)
+    if isinstance(x1, RemoteArray):
+        result, other = binary_operator(name, x1, x2, reflected=False), x2
+    elif isinstance(x2, RemoteArray):
+        result, other = binary_operator(name, x2, x1, reflected=True), x1
+    else:
+        raise TypeError(f"{name} needs at least one array argument")
+    if result is NotImplemented:
+        raise TypeError(f"{name} does not take {type(other).__name__}")
+    return result
 
 
 class ElementwiseFunctions:

@@ -10,8 +10,9 @@ import numpy as np
 
 from protocol.ops import FFT
 
+from .._building import apply, upload
 from .._handle import checked_device
-from ..array import RemoteArray, apply, upload
+from ..array import RemoteArray
 from ..device import Device
 
 

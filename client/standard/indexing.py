@@ -6,7 +6,8 @@ import operator
 
 from protocol.ops import Take
 
-from ..array import RemoteArray, apply
+from .._building import apply
+from ..array import RemoteArray
 
 
 class IndexingFunctions:

@@ -11,8 +11,9 @@ import numpy as np
 
 from protocol.ops import Linalg
 
+from .._building import apply_many
 from .._results import EighResult, QRResult, SlogdetResult, SVDResult
-from ..array import RemoteArray, apply_many, astype, matrix_transpose
+from ..array import RemoteArray, astype, matrix_transpose
 from ..device import Device
 from .elementwise import binary_function
 from .linear_algebra import LinearAlgebraFunctions

@@ -9,8 +9,9 @@ import numpy as np
 
 from protocol.ops import Linalg
 
+from .._building import apply
 from .._handle import ints
-from ..array import RemoteArray, apply, matrix_transpose
+from ..array import RemoteArray, matrix_transpose
 from .elementwise import _binary
 
 

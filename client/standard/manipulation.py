@@ -9,8 +9,9 @@ from collections.abc import Sequence
 
 from protocol.ops import Axes, BroadcastTo, Join, MoveAxis, Repeat, Roll, Tile, broadcast_shapes
 
+from .._building import apply
 from .._handle import ints, opt_int, opt_ints
-from ..array import RemoteArray, apply, astype, permute_dims, reshape
+from ..array import RemoteArray, astype, permute_dims, reshape
 
 
 class ManipulationFunctions:

@@ -12,7 +12,8 @@ from protocol import from_numpy
 from protocol.ops import Nonzero, SearchSorted, Where
 from protocol.scalars import default_dtype
 
-from ..array import RemoteArray, apply, apply_many, astype, binary_operator, full, operand
+from .._building import apply, apply_many, full
+from ..array import RemoteArray, astype, binary_operator, operand
 from .indexing import IndexingFunctions
 from .statistical import reduce
 

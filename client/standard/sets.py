@@ -8,8 +8,9 @@ from typing import Any
 from protocol.ops import Unique
 from protocol.ops.data import UNIQUE_OUTPUTS
 
+from .._building import apply_many
 from .._results import UniqueAll, UniqueCounts, UniqueInverse
-from ..array import RemoteArray, apply_many
+from ..array import RemoteArray
 
 
 def _unique(name: Any, x: RemoteArray) -> tuple[RemoteArray, ...]:

@@ -8,7 +8,8 @@ from typing import Literal
 
 from protocol.ops import Sort
 
-from ..array import RemoteArray, apply
+from .._building import apply
+from ..array import RemoteArray
 
 
 class SortingFunctions:

@@ -10,8 +10,9 @@ import numpy as np
 
 from protocol.ops import Cumulative, Reduce, ReduceName
 
+from .._building import apply
 from .._handle import opt_int, opt_ints
-from ..array import RemoteArray, apply, astype
+from ..array import RemoteArray, astype
 
 
 def reduce(name: ReduceName, x: RemoteArray, axis: int | Sequence[int] | None, keepdims: bool,

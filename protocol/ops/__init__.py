@@ -3,8 +3,8 @@ rules (``rules``). The families mirror the server's executor (``server/executor/
 client's categories of the Array API standard:
 
 - ``creation``: ``from_buffer``, ``full``, ``arange``, ``eye``, ``linspace``
-- ``elementwise``: ``unary``, ``binary`` (``matmul`` included), ``binary_inplace``, ``where``,
-  ``astype``
+- ``elementwise``: ``unary``, ``binary`` (``matmul`` included), ``binary_scalar``,
+  ``binary_inplace``, ``binary_inplace_scalar``, ``where``, ``astype``
 - ``reduction``: ``reduce``
 - ``manipulation``: ``reshape``, ``permute_dims``, ``join``, ``axes``, ``roll``, ``moveaxis``,
   ``broadcast_to``, ``tile``, ``repeat``, ``triangle``
@@ -45,7 +45,9 @@ from .data import Unique as Unique
 from .elementwise import AsType as AsType
 from .elementwise import Binary as Binary
 from .elementwise import BinaryName as BinaryName
+from .elementwise import BinaryScalar as BinaryScalar
 from .elementwise import InPlaceBinary as InPlaceBinary
+from .elementwise import InPlaceBinaryScalar as InPlaceBinaryScalar
 from .elementwise import Unary as Unary
 from .elementwise import UnaryName as UnaryName
 from .elementwise import Where as Where
@@ -72,7 +74,8 @@ from .reduction import ReduceName as ReduceName
 
 AnyOp = (
     FromBuffer | Full | Arange | Eye | Linspace  # creation
-    | Unary | Binary | InPlaceBinary | Where | AsType  # elementwise
+    | Unary | Binary | BinaryScalar | InPlaceBinary | InPlaceBinaryScalar | Where
+    | AsType  # elementwise
     | Reduce  # reduction
     | Reshape | PermuteDims | Join | Axes | Roll | MoveAxis | BroadcastTo | Tile | Repeat
     | Triangle  # manipulation

@@ -5,12 +5,11 @@ from __future__ import annotations
 import math
 from typing import Annotated, Literal
 
-import numpy as np
 from pydantic import Field
 
 from ..dtypes import DType, is_integer, to_numpy
-from ..errors import OpDTypeError, OpOverflowError, OpShapeError
-from ..scalars import Scalar, scalar_to_python
+from ..errors import OpDTypeError, OpShapeError
+from ..scalars import Scalar, check_fits, scalar_to_python
 from .base import I64, BaseOp, Dim, TensorMeta, check_shape, numel
 
 
@@ -38,20 +37,7 @@ class Full(BaseOp):
     value: Scalar
 
     def infer(self, *args: TensorMeta) -> TensorMeta:
-        value = scalar_to_python(self.value)
-        if is_integer(self.dtype) and not isinstance(value, bool) and isinstance(value, int):
-            info = np.iinfo(to_numpy(self.dtype))  # type: ignore[type-var]
-            if not info.min <= value <= info.max:
-                raise OpOverflowError(f"Python integer {value} out of bounds for {self.dtype}")
-        if isinstance(value, int) and not is_integer(self.dtype):
-            try:
-                float(value)
-            except OverflowError:
-                raise OpOverflowError(
-                    f"Python integer {value} out of range for {self.dtype}"
-                ) from None
-        if isinstance(value, complex) and not self.dtype.startswith("complex"):
-            raise OpDTypeError(f"a complex fill value cannot fill a {self.dtype} array")
+        check_fits(scalar_to_python(self.value), self.dtype)
         return TensorMeta(check_shape(self.shape), self.dtype)
 
 

@@ -1,5 +1,7 @@
-"""Element-wise ops: ``unary`` and ``binary`` (by op name; ``matmul`` is a binary op), the
-in-place ``binary_inplace`` (``x += y``), ``where`` and ``astype``."""
+"""Element-wise ops: ``unary`` and ``binary`` (by op name; ``matmul`` is a binary op),
+``binary_scalar`` (``x + 1.0``: the Python scalar travels in the op), the in-place
+``binary_inplace`` (``x += y``) and ``binary_inplace_scalar`` (``x *= 0.9``), ``where`` and
+``astype``."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import numpy as np
 
 from ..dtypes import DType, to_numpy
 from ..errors import OpDTypeError, OpShapeError
+from ..scalars import Scalar, check_fits, scalar_dtype, scalar_to_python
 from .base import BaseOp, TensorId, TensorMeta, broadcast_shapes
 from .rules import elementwise_rule, result_dtype
 
@@ -64,6 +67,51 @@ def binary_meta(op: BinaryName, a: TensorMeta, b: TensorMeta) -> TensorMeta:
     return TensorMeta(broadcast_shapes(a.shape, b.shape), dtype)
 
 
+class BinaryScalar(BaseOp):
+    """``x op scalar`` (``scalar op x`` when ``scalar_first``): a binary op whose other operand
+    is a Python scalar carried in the op, as in ``x + 1.0``, ``lr * g`` or ``2 ** x``, so that a
+    scalar costs no op of its own. The scalar takes the standard's dtype beside ``x``
+    (:func:`~protocol.scalars.scalar_dtype`); the op is the binary op on ``x`` and a 0-d array
+    of that dtype, with its result and errors.
+    """
+
+    kind: Literal["binary_scalar"] = "binary_scalar"
+    op: BinaryName
+    x: TensorId
+    scalar: Scalar
+    scalar_first: bool = False
+
+    def inputs(self) -> tuple[int, ...]:
+        return (self.x,)
+
+    def infer(self, *args: TensorMeta) -> TensorMeta:
+        (x,) = args
+        dtype = operand_dtype(self.scalar, x.dtype)
+        if self.op == "matmul":  # refused: a scalar is 0-dimensional
+            s = TensorMeta((), dtype)
+            return binary_meta(self.op, s, x) if self.scalar_first else binary_meta(self.op, x, s)
+        # binary_meta's result, less its broadcasting: a 0-d operand keeps x's shape (per op)
+        pair = (dtype, x.dtype) if self.scalar_first else (x.dtype, dtype)
+        return TensorMeta(x.shape, elementwise_rule(self.op, pair)[0])
+
+    def describe(self) -> str:
+        value = repr(scalar_to_python(self.scalar))
+        args = f"{value}, #{self.x}" if self.scalar_first else f"#{self.x}, {value}"
+        return f"{self.op}({args}) -> #{self.out}"
+
+
+def operand_dtype(scalar: Scalar, dtype: DType) -> DType:
+    """The dtype of the 0-d array a Python scalar becomes beside an array of ``dtype``.
+
+    Raises:
+        OpOverflowError, OpDTypeError: the scalar does not fit that dtype (numpy 2 refuses it).
+    """
+    value = scalar_to_python(scalar)
+    result = scalar_dtype(value, dtype)
+    check_fits(value, result)
+    return result
+
+
 class InPlaceBinary(BaseOp):
     """``out op= x2`` (``x += y``, ``x @= y``): the tensor ``out`` keeps its id, shape and dtype
     and is written in its memory, so its views see the update, as in numpy.
@@ -82,16 +130,44 @@ class InPlaceBinary(BaseOp):
 
     def infer(self, *args: TensorMeta) -> TensorMeta:
         x, other = args
-        result = binary_meta(self.op, x, other)
-        if result.shape != x.shape:
-            raise OpShapeError(
-                f"in-place {self.op} would change the shape {x.shape} to {result.shape}"
-            )
-        if result.dtype != x.dtype and not np.can_cast(
-            to_numpy(result.dtype), to_numpy(x.dtype), casting="same_kind"
-        ):
-            raise OpDTypeError(f"in-place {self.op} cannot store {result.dtype} into {x.dtype}")
-        return x
+        return inplace_meta(self.op, x, other)
+
+
+class InPlaceBinaryScalar(BaseOp):
+    """``out op= scalar`` (``x *= 0.9``): :class:`InPlaceBinary` with a Python scalar carried in
+    the op, which takes the standard's dtype beside ``out`` as in :class:`BinaryScalar`."""
+
+    kind: Literal["binary_inplace_scalar"] = "binary_inplace_scalar"
+    inplace: ClassVar[bool] = True
+    op: BinaryName
+    scalar: Scalar
+
+    def inputs(self) -> tuple[int, ...]:
+        return (self.out,)
+
+    def infer(self, *args: TensorMeta) -> TensorMeta:
+        (x,) = args
+        return inplace_meta(self.op, x, TensorMeta((), operand_dtype(self.scalar, x.dtype)))
+
+    def describe(self) -> str:
+        return f"{self.op}(#{self.out}, {scalar_to_python(self.scalar)!r}) -> #{self.out}"
+
+
+def inplace_meta(op: BinaryName, x: TensorMeta, other: TensorMeta) -> TensorMeta:
+    """``x`` itself, when ``x op= other`` can keep its shape and dtype.
+
+    Raises:
+        OpShapeError: ``x op other`` has another shape.
+        OpDTypeError: its dtype does not cast back to ``x``'s within its kind.
+    """
+    result = binary_meta(op, x, other)
+    if result.shape != x.shape:
+        raise OpShapeError(f"in-place {op} would change the shape {x.shape} to {result.shape}")
+    if result.dtype != x.dtype and not np.can_cast(
+        to_numpy(result.dtype), to_numpy(x.dtype), casting="same_kind"
+    ):
+        raise OpDTypeError(f"in-place {op} cannot store {result.dtype} into {x.dtype}")
+    return x
 
 
 def matmul_shape(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:

@@ -21,9 +21,11 @@ from protocol.ops import (
     UNKNOWN,
     AnyOp,
     Binary,
+    BinaryName,
     FromBuffer,
     GetItem,
     InPlaceBinary,
+    InPlaceBinaryScalar,
     Linalg,
     Nonzero,
     Repeat,
@@ -60,7 +62,7 @@ def run(
     with np.errstate(all="ignore"):
         if isinstance(op, SetItem):
             raw: Array | tuple[Array, ...] = indexing.setitem(op, args, buffers, in_place)
-        elif isinstance(op, InPlaceBinary):
+        elif isinstance(op, InPlaceBinary | InPlaceBinaryScalar):
             raw = elementwise.binary_inplace(op, args, buffers, in_place)
         else:
             raw = _RUNNERS[type(op)](op, args, buffers)
@@ -72,6 +74,13 @@ def runner(op: AnyOp) -> Runner:
     buffers)`` inside ``np.errstate(all="ignore")``, and pass what it returns to
     :func:`checked`. This is :func:`run` in two steps, for a caller's fast path."""
     return _RUNNERS[type(op)]
+
+
+def binary_arrays(name: BinaryName, args: Sequence[Array]) -> Array:
+    """The binary op ``name`` (not matmul) on two arrays, as the ``binary`` runner computes it:
+    for a caller's fast path that has made a scalar operand's array itself. Call it inside
+    ``np.errstate(all="ignore")``."""
+    return elementwise.binary_of(name, args)
 
 
 def checked(

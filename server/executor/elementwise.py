@@ -1,4 +1,5 @@
-"""Element-wise ops: unary, binary (matmul included), in-place binary, where, astype."""
+"""Element-wise ops: unary, binary (matmul included; an operand may be a Python scalar in the
+op), in-place binary (by array or scalar), where, astype."""
 
 from __future__ import annotations
 
@@ -10,8 +11,17 @@ import numpy as np
 from protocol import to_numpy
 from protocol.codec import Buffer
 from protocol.dtypes import DTYPES, is_complex
-from protocol.ops import AsType, Binary, InPlaceBinary, Unary, Where
+from protocol.ops import (
+    AsType,
+    Binary,
+    BinaryScalar,
+    InPlaceBinary,
+    InPlaceBinaryScalar,
+    Unary,
+    Where,
+)
 from protocol.ops.rules import elementwise_rule
+from protocol.scalars import Scalar, scalar_dtype, scalar_to_python
 
 from .base import Array, Runner
 
@@ -57,10 +67,10 @@ def unary(op: Unary, args: Sequence[Array], buffers: Sequence[Buffer]) -> Array:
 
 
 def binary(op: Binary, args: Sequence[Array], buffers: Sequence[Buffer]) -> Array:
-    return _binary(op.op, args)
+    return binary_of(op.op, args)
 
 
-def _binary(name: str, args: Sequence[Array]) -> Array:
+def binary_of(name: str, args: Sequence[Array]) -> Array:
     result = _call(name, args)
     if name == "floor_divide" and result.dtype.kind == "f":
         # Note: numpy's floor_divide gives NaN for inf // finite and -1 for -finite // inf;
@@ -72,13 +82,34 @@ def _binary(name: str, args: Sequence[Array]) -> Array:
     return result
 
 
+def binary_scalar(op: BinaryScalar, args: Sequence[Array], buffers: Sequence[Buffer]) -> Array:
+    (x,) = args
+    scalar = scalar_array(op.scalar, x)
+    return binary_of(op.op, (scalar, x) if op.scalar_first else (x, scalar))
+
+
+def scalar_array(scalar: Scalar, like: Array) -> Array:
+    """The 0-d array a Python scalar becomes beside ``like`` (``operand_dtype``): the
+    op then computes exactly what a scalar sent as its own ``full`` op computed."""
+    value = scalar_to_python(scalar)
+    return np.asarray(value, dtype=to_numpy(scalar_dtype(value, _wire(like))))
+
+
 def binary_inplace(
-    op: InPlaceBinary, args: Sequence[Array], buffers: Sequence[Buffer], in_place: bool = False
+    op: InPlaceBinary | InPlaceBinaryScalar,
+    args: Sequence[Array],
+    buffers: Sequence[Buffer],
+    in_place: bool = False,
 ) -> Array:
-    """``target op= other``: written into ``target`` when ``in_place`` (the store made its
-    memory safe to write), else into a copy (a read-only view). numpy's ``out=`` where the
-    ufunc's own loop is the whole op (no temporary); through the op's result otherwise."""
-    target, other = args
+    """``target op= other`` (or ``op= scalar``): written into ``target`` when ``in_place`` (the
+    store made its memory safe to write), else into a copy (a read-only view). numpy's ``out=``
+    where the ufunc's own loop is the whole op (no temporary); through the op's result
+    otherwise."""
+    if isinstance(op, InPlaceBinaryScalar):
+        (target,) = args
+        other = scalar_array(op.scalar, target)
+    else:
+        target, other = args
     out = target if in_place and target.flags.writeable else target.copy()
     name = op.op
     if name in _OUT_SAFE and not _needs_temporary(name, out, other):
@@ -86,7 +117,7 @@ def binary_inplace(
             fn: Callable[..., Array] = getattr(np, name)
             fn(out, other, out=out, casting="same_kind")  # numpy buffers overlapping inputs
             return out
-    out[...] = _binary(name, (out, other))
+    out[...] = binary_of(name, (out, other))
     return out
 
 
@@ -120,5 +151,7 @@ def astype(op: AsType, args: Sequence[Array], buffers: Sequence[Buffer]) -> Arra
     return x.astype(to_numpy(op.dtype))
 
 
-RUNNERS: dict[type, Runner] = {Unary: unary, Binary: binary, Where: where, AsType: astype}
+RUNNERS: dict[type, Runner] = {
+    Unary: unary, Binary: binary, BinaryScalar: binary_scalar, Where: where, AsType: astype,
+}  # fmt: skip
 # binary_inplace is called by executor.run itself, with in_place (as indexing.setitem is)
