@@ -21,14 +21,14 @@ import pydantic
 
 import client
 
-from . import _procs, compute, memory, transfer
+from . import _procs, compute, consumer, latency, memory, transfer
 from ._params import FULL, QUICK, Params
 from ._progress import Progress
 from ._report import Figure, markdown, print_table, write_json
 
 WORKLOADS = (
     "transfer", "upload-memory", "latency", "pipelined", "matmul", "clients", "idle-load",
-    "cycles", "sessions",
+    "cycles", "sessions", "consumer",
 )  # fmt: skip
 Tick = Callable[[], None]
 
@@ -50,11 +50,12 @@ def _plan(p: Params, url: str, ports: dict[str, int], dev: client.RemoteDevice) 
     """Each workload's tick count and how to run it."""
     n = p.matmul_n
     return {
-        "transfer": (sum(r for _, r in p.sizes), lambda t: transfer.throughput(
-            dev, (ports["tcp"], ports["ws"], ports["floor"]), p.sizes, t)),
+        "transfer": (sum(r for _, r in p.sizes) + p.streams, lambda t: transfer.throughput(
+            dev, (ports["tcp"], ports["ws"], ports["floor"]), p.sizes, t)
+            + transfer.streamed(dev, ports["tcp"], p.streams, t)),
         "upload-memory": (1, lambda t: [transfer.peak_upload_memory(p.peak_upload, t)]),
-        "latency": (2, lambda t: transfer.latency(dev, ports["ws"], p.pings, t)),
-        "pipelined": (p.ops_reps, lambda t: [compute.pipelined(dev, p.ops, p.ops_reps, t)]),
+        "latency": (2, lambda t: latency.reads(dev, (ports["ws"], ports["floor"]), p.pings, t)),
+        "pipelined": (p.ops_reps, lambda t: compute.pipelined(dev, p.ops, p.ops_reps, t)),
         "matmul": (p.matmul_reps, lambda t: [
             compute.matmul_chain(dev, n, p.matmul_chain, p.matmul_reps, t)]),
         "clients": (2 * p.client_reps, lambda t: [
@@ -63,6 +64,8 @@ def _plan(p: Params, url: str, ports: dict[str, int], dev: client.RemoteDevice) 
             compute.idle_under_load(dev, url, p.heavy_clients, n, p.idle_pings, t)]),
         "cycles": (2, lambda t: [memory.create_free(p.cycles, t)]),
         "sessions": (1, lambda t: [memory.idle_sessions(p.sessions, t)]),
+        "consumer": (p.consumer_reps, lambda t: consumer.fit(
+            dev, p.consumer_n, p.consumer_reps, t)),
     }  # fmt: skip
 
 

@@ -11,6 +11,7 @@ MIB = 1 << 20
 @dataclass(frozen=True)
 class Params:
     sizes: tuple[tuple[int, int], ...]  # (bytes, repetitions) per transfer size
+    streams: int  # repetitions of the streamed uploads (64 x 1 MiB, then one sync)
     peak_upload: int  # bytes of the upload whose peak server memory is measured
     pings: int  # round trips per latency sample set
     ops: int  # pipelined elementwise ops per chain
@@ -25,10 +26,13 @@ class Params:
     idle_pings: int
     cycles: int  # create/free cycles
     sessions: int  # idle sessions
+    consumer_n: int  # samples in the scikit-learn fit of the consumer workload
+    consumer_reps: int  # interleaved remote and local fits (odd: the median is one fit's)
 
 
 FULL = Params(
     sizes=((1 * MIB, 30), (64 * MIB, 12), (512 * MIB, 6)),  # multiples of 3: see transfer._measure
+    streams=12,
     peak_upload=512 * MIB,
     pings=2000,
     ops=100_000,
@@ -43,10 +47,13 @@ FULL = Params(
     idle_pings=300,
     cycles=10_000,
     sessions=100,
+    consumer_n=2000,  # issue 14's example: CalibratedClassifierCV at n=2000
+    consumer_reps=5,
 )
 
 QUICK = Params(
     sizes=((1 * MIB, 3), (4 * MIB, 3)),
+    streams=2,
     peak_upload=16 * MIB,
     pings=50,
     ops=2000,
@@ -61,4 +68,6 @@ QUICK = Params(
     idle_pings=20,
     cycles=200,
     sessions=4,
+    consumer_n=200,
+    consumer_reps=1,
 )

@@ -4,8 +4,12 @@ It prints one line, ``tcp PORT ws PORT floor PORT``, then serves on loopback unt
 
 - plain TCP (blocking sockets, TCP_NODELAY): the client sends ``U`` + u64 n and then n bytes,
   which the peer receives into a fresh array and acknowledges with one byte (``R``: into an
-  array of n bytes it keeps and reuses, as the server reuses freed tensors); or ``P`` + u64 n
-  (the peer prepares n bytes and answers ``r``), then ``D``, and the peer sends those bytes;
+  array of n bytes it keeps and reuses, as the server reuses freed tensors); or ``Q`` + u64 n
+  and n bytes, received into a fresh array that the peer holds and does not acknowledge, as
+  many times as the client likes, then ``S`` + u64 0, which the peer answers with one byte
+  before it drops what it held (a stream of uploads confirmed once, as by a ``sync``); or
+  ``P`` + u64 n (the peer prepares n bytes and answers ``r``), then ``D``, and the peer sends
+  those bytes;
 - a bare websockets server (asyncio implementation, compression off, messages read with
   ``recv_streaming``): a message starting ``E`` is echoed (ping-pong); ``U`` + u64 n, then
   fragments, is received into a fresh array and answered ``k``; ``P`` + u64 n prepares n bytes
@@ -16,7 +20,10 @@ It prints one line, ``tcp PORT ws PORT floor PORT``, then serves on loopback unt
   unmasked there by the server's own ``unmask_in_place`` and answered with a 3-byte frame. It
   is the least any Python asyncio server that speaks websocket can do with an upload: no frame
   parsing beyond the fixed header, no message to decode, nothing to run; a client must mask
-  what it sends (RFC 6455, 5.3).
+  what it sends (RFC 6455, 5.3). ``E`` + u64 0 instead turns the connection into the floor of
+  a read (:class:`_FloorRoundTrips`): from then on, each small masked frame (a read request's
+  size) is unmasked and answered with one small unmasked frame (:data:`FLOOR_ANSWER`, a
+  one-element read reply's size).
 
 It runs in its own process, as the server does, so that both sides of every ceiling pay the
 same process boundary as the real thing.
@@ -39,6 +46,8 @@ COMMAND = struct.Struct("<cQ")
 FRAGMENT = 1 << 18  # as protocol.codec.to_frames fragments large messages
 FRAME_HEADER = struct.Struct("!BBQ4s")  # a masked frame's header, 64-bit length: the floor's
 FLOOR_REPLY = b"\x82\x01k"  # one binary frame, payload "k"
+FLOOR_REQUEST = 113  # payload bytes of a round trip's request: a one-element read's batch
+FLOOR_ANSWER = b"\x82\x64" + bytes(100)  # one binary frame the size of a one-element read reply
 
 
 def recv_exactly(sock: socket.socket, target: memoryview) -> None:
@@ -54,6 +63,7 @@ def recv_exactly(sock: socket.socket, target: memoryview) -> None:
 def _serve_tcp(conn: socket.socket) -> None:
     conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     prepared = kept = np.empty(0, dtype=np.uint8)
+    held: list[np.ndarray] = []  # a stream's uploads, until it is confirmed
     header = bytearray(COMMAND.size)
     with conn:
         while True:
@@ -70,6 +80,12 @@ def _serve_tcp(conn: socket.socket) -> None:
                     kept = np.empty(n, dtype=np.uint8)
                 recv_exactly(conn, kept.data)
                 conn.sendall(b"k")
+            elif command == b"Q":
+                held.append(np.empty(n, dtype=np.uint8))
+                recv_exactly(conn, held[-1].data)
+            elif command == b"S":
+                conn.sendall(b"k")
+                held.clear()
             elif command == b"P":
                 prepared = np.ones(n, dtype=np.uint8)
                 conn.sendall(b"r")
@@ -149,7 +165,11 @@ class _Floor(asyncio.BufferedProtocol):
                 self._want = self._head[: COMMAND.size]
                 return
         elif len(self._want) == COMMAND.size:
-            _, n = COMMAND.unpack(self._want)
+            command, n = COMMAND.unpack(self._want)
+            if command == b"E":  # round trips from now on; nothing more was read
+                assert self._transport is not None
+                self._transport.set_protocol(_FloorRoundTrips(self._transport))
+                return
             if self._kept.nbytes != n:
                 self._kept = np.empty(n, dtype=np.uint8)
             self._pos = 0
@@ -158,6 +178,34 @@ class _Floor(asyncio.BufferedProtocol):
             self._want = self._kept[self._pos : self._pos + length].data
             return
         self._want = self._head
+
+
+class _FloorRoundTrips(asyncio.BufferedProtocol):
+    """The floor of a read: each small masked frame (payload under 126 bytes) that arrives is
+    unmasked as the server unmasks, and answered with :data:`FLOOR_ANSWER`. Reads whatever has
+    arrived, as the server's wire reads ahead."""
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        self._transport = transport
+        self._inbox = memoryview(bytearray(1 << 16))
+        self._filled = 0
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self._inbox[self._filled :]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self._filled += nbytes
+        inbox, at = self._inbox, 0
+        while self._filled - at >= 2:
+            end = at + 6 + (inbox[at + 1] & 0x7F)  # header, key, payload
+            if end > self._filled:
+                break
+            unmask_in_place(inbox[at + 6 : end], bytes(inbox[at + 2 : at + 6]), 0)
+            self._transport.write(FLOOR_ANSWER)
+            at = end
+        rest = self._filled - at
+        inbox[:rest] = inbox[at : self._filled]
+        self._filled = rest
 
 
 async def main() -> None:

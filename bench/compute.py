@@ -10,6 +10,7 @@ import multiprocessing as mp
 import time
 from collections.abc import Callable
 from multiprocessing.synchronize import Barrier, Event
+from typing import Any
 
 import numpy as np
 
@@ -21,39 +22,49 @@ Tick = Callable[[], None]
 ALONE_ROUNDS = 3  # rounds of one client alone per round of many clients
 
 
-def _chain_remote(xp: client.Namespace, ops: int) -> float:
-    """Seconds for ``ops`` pipelined adds on 16-element tensors, then one read."""
+def _chain_remote(xp: client.Namespace, ops: int, scalar: bool = False) -> float:
+    """Seconds for ``ops`` pipelined adds on 16-element tensors (``x + a``, or ``x + 1.0`` if
+    ``scalar``), then one read."""
     a = xp.asarray(np.ones(16, dtype=np.float32))
+    other: client.RemoteArray | float = 1.0 if scalar else a
     x = a
     start = time.perf_counter()
     for _ in range(ops):
-        x = x + a
+        x = x + other
     x.numpy()
     return time.perf_counter() - start
 
 
-def _chain_local(ops: int) -> float:
+def _chain_local(ops: int, scalar: bool = False) -> float:
     a = np.ones(16, dtype=np.float32)
+    other: np.ndarray[Any, Any] | float = 1.0 if scalar else a
     x = a
     start = time.perf_counter()
     for _ in range(ops):
-        x = x + a
+        x = x + other
     return time.perf_counter() - start
 
 
-def pipelined(dev: client.RemoteDevice, ops: int, reps: int, tick: Tick) -> Figure:
-    """Ops per second of the pipelined chain, with local numpy's as the reference."""
+def pipelined(dev: client.RemoteDevice, ops: int, reps: int, tick: Tick) -> list[Figure]:
+    """Ops per second of the pipelined chain, with an array operand and with a Python scalar,
+    alternated; local numpy's rate for each is the reference."""
     xp = client.namespace(dev)
-    _chain_remote(xp, min(ops, 2000))  # warm up
-    ours, local = [], []
+    figures: list[Figure] = []
+    rates: dict[bool, tuple[list[float], list[float]]] = {False: ([], []), True: ([], [])}
+    for scalar in (False, True):
+        _chain_remote(xp, min(ops, 2000), scalar)  # warm up
     for _ in range(reps):
-        ours.append(ops / _chain_remote(xp, ops))
-        local.append(ops / _chain_local(ops))
+        for scalar, (ours, local) in rates.items():
+            ours.append(ops / _chain_remote(xp, ops, scalar))
+            local.append(ops / _chain_local(ops, scalar))
         tick()
-    rate = Stat.of(ours, "ops/s")
-    return Figure(f"{ops} pipelined adds, 16 elements, then a read", "ops per second",
-                  rate.median, Goal(">=", 50_000), rate, Stat.of(local, "ops/s"),
-                  "local numpy")  # fmt: skip
+    for scalar, (ours, local) in rates.items():
+        rate = Stat.of(ours, "ops/s")
+        what = "x = x + 1.0" if scalar else "x = x + a"
+        figures.append(Figure(f"{ops} pipelined adds ({what}), 16 elements, then a read",
+                              "ops per second", rate.median, Goal(">=", 100_000), rate,
+                              Stat.of(local, "ops/s"), "local numpy"))  # fmt: skip
+    return figures
 
 
 def matmul_chain(dev: client.RemoteDevice, n: int, chain: int, reps: int, tick: Tick) -> Figure:

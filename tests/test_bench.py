@@ -11,10 +11,22 @@ import subprocess
 import sys
 from pathlib import Path
 
+import client
 from bench import __main__ as bench_main
+from bench import consumer
 from bench._report import Goal, Stat
 
 ROOT = Path(__file__).resolve().parent.parent
+ISSUE_14_GOALS = {
+    ("upload 1 MiB float32", "throughput / the floor"): {"op": ">=", "value": 0.85},
+    ("upload 1 MiB float32", "throughput / plain TCP"): None,  # explanatory since issue 14
+    ("upload 4 MiB float32", "throughput / plain TCP"): {"op": ">=", "value": 0.6},
+    ("upload 64 x 1 MiB float32, then one sync", "throughput / plain TCP"): {
+        "op": ">=", "value": 0.8},
+    ("read one-element tensor", "median round trip / floor round trip"): {
+        "op": "<=", "value": 1.3},
+    ("read one-element tensor", "median round trip / ping-pong"): {"op": "<=", "value": 1.0},
+}  # fmt: skip
 
 
 def test_quick_run_writes_every_workload(tmp_path: Path) -> None:
@@ -31,9 +43,10 @@ def test_quick_run_writes_every_workload(tmp_path: Path) -> None:
     assert data["meta"]["quick"] is True
     figures = data["figures"]
     # three figures per throughput direction and size (quick: 2 sizes): ours and websockets
-    # alone against TCP, ours against TCP into a reused array; the upload floor per size; then
-    # one to three per workload
-    assert len(figures) == 12 + 2 + 1 + 3 + 1 + 1 + 1 + 1 + 1 + 1
+    # alone against TCP, ours against TCP into a reused array; the upload floor per size, and
+    # ours against it at 1 MiB; the streamed uploads; then one to four per workload (latency:
+    # 4, pipelined: 2, the consumer: 3)
+    assert len(figures) == 12 + 2 + 1 + 1 + 1 + 4 + 2 + 1 + 1 + 1 + 1 + 1 + 3
     for figure in figures:
         assert math.isfinite(figure["value"])
         measured = figure["measured"]
@@ -43,6 +56,13 @@ def test_quick_run_writes_every_workload(tmp_path: Path) -> None:
             assert figure["met"] is goal.met(figure["value"])
     judged = {f["workload"].split()[0] for f in figures if f["goal"] is not None}
     assert {"upload", "download", "read", "idle"} <= judged
+    goals = {(f["workload"], f["figure"]): (f["goal"], f["value"]) for f in figures}
+    for key, wanted in ISSUE_14_GOALS.items():
+        assert goals[key][0] == wanted and goals[key][1] > 0, key
+    fit = {f["figure"]: f for f in figures if f["workload"].startswith("CalibratedClass")}
+    trips = fit["blocking round trips per fit"]["value"]
+    assert trips == int(trips) > 0
+    assert 0 < fit["time waiting on them / remote fit time"]["value"] < 1
     assert "Tensorwire benchmarks" in done.stdout
 
 
@@ -50,11 +70,27 @@ def test_ratio_figures_divide_medians_measured_in_the_same_run(tmp_path: Path) -
     out = tmp_path / "r.json"
     assert bench_main.main(["--quick", "--only", "transfer", "--json", str(out)]) == 0
     references = set()
-    for figure in json.loads(out.read_text())["figures"]:  # ours, websockets alone, floor
+    for figure in json.loads(out.read_text())["figures"]:  # ours, websockets, floor, streamed
         expected = figure["measured"]["median"] / figure["reference"]["median"]
         assert figure["value"] == expected
         references.add(figure["reference_name"])
-    assert references == {"TCP loopback", "TCP into a reused array"}
+    assert references == {"TCP loopback", "TCP into a reused array", "the floor"}
+
+
+def test_consumer_counts_requests_sent_together_as_one_round_trip(dev: client.RemoteDevice) -> None:
+    xp = client.namespace(dev)
+    a, b = xp.ones(3), xp.zeros(2)
+    before = set(vars(dev._conn))
+    with consumer.counting(dev) as tally:
+        dev.describe([a.tensor_id, b.tensor_id])  # two requests, pipelined
+        a.numpy()
+        dev.sync()
+    assert tally.requests == {"Describe": 2, "Read": 1, "Sync": 1}
+    assert tally.trips == {"Describe": 1, "Read": 1, "Sync": 1}
+    assert tally.round_trips == 3 and tally.waited > 0
+    assert set(vars(dev._conn)) == before  # the patches are gone
+    a.numpy()
+    assert tally.round_trips == 3
 
 
 def test_stat_summarises_median_extremes_and_tail() -> None:
