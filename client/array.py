@@ -193,6 +193,9 @@ register_array_type(RemoteArray)
 
 
 PY_SCALARS = (bool, int, float, complex)  # for isinstance: a Union would be built per op
+# The types whose values travel inside an op: exactly these, not subclasses, because numpy's
+# float64 and complex128 are float and complex subclasses and keep their own (strong) dtype.
+EXACT_SCALARS = frozenset(PY_SCALARS)
 
 
 def operand(value: Any, like: RemoteArray) -> RemoteArray | None:
@@ -231,7 +234,7 @@ def binary_operator(
     """``self <op> other`` (``other <op> self`` if ``reflected``), or NotImplemented when
     ``other`` cannot take part, so that Python tries the other operand. A Python scalar
     travels inside the op."""
-    if isinstance(other, PY_SCALARS):
+    if type(other) in EXACT_SCALARS:
         return binary_scalar(name, self, other, scalar_first=reflected)
     other_array = operand(other, self)
     if other_array is None:
@@ -248,7 +251,7 @@ def inplace_operator(name: BinaryName, self: RemoteArray, other: Any) -> RemoteA
         ValueError: the result would not have ``self``'s shape.
         TypeError: the result's dtype cannot be cast back to ``self``'s (int ``/=``, ...).
     """
-    if isinstance(other, PY_SCALARS):
+    if type(other) in EXACT_SCALARS:
         s = scalar_from_python(other)
         return apply_inplace(lambda out: InPlaceBinaryScalar(op=name, out=out, scalar=s), self)
     other_array = operand(other, self)

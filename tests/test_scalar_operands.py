@@ -165,3 +165,32 @@ def test_a_long_chain_of_scalar_ops_matches_numpy(
         local = local * 0.99 + 0.01 if step % 2 else 0.5 - local
     assert x.dtype == np.float32
     assert np.array_equal(x.numpy(), local)
+
+
+def test_numpy_scalars_keep_their_own_dtype(
+    dev: client.RemoteDevice, xp: client.Namespace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """numpy's float64 and complex128 subclass float and complex, but are not Python scalars:
+    they take part with their own dtype (numpy 2 and the standard treat them as 0-d arrays),
+    as an uploaded 0-d array, not inside the op."""
+    local = np.array([1.0, 3.0, 0.7], dtype=np.float32)
+    x = xp.asarray(local)
+    sent: list[str] = []
+    submit = dev.submit
+    monkeypatch.setattr(dev, "submit", lambda op: sent.append(op.kind) or submit(op))
+    for value in (np.float64(0.1), np.complex128(1 - 2j), np.float32(0.25), np.int64(3)):
+        for got, want in (
+            (x + value, local + value),
+            (value * x, value * local),
+            (xp.add(x, value), np.add(local, value)),
+        ):
+            assert got.dtype == want.dtype, (value, got.dtype, want.dtype)
+            assert np.array_equal(got.numpy(), want)
+    assert "binary_scalar" not in sent
+    y, y_local = (
+        xp.asarray(np.linspace(0, 1, 1000, dtype=np.float32)),
+        np.linspace(0, 1, 1000, dtype=np.float32),
+    )
+    y *= np.float64(1 / 3)
+    y_local *= np.float64(1 / 3)
+    assert np.array_equal(y.numpy(), y_local)
