@@ -11,7 +11,9 @@ of them wait (so TCP pushes back on a client that sends faster than the server r
 takes them in order, runs each (cheap ops on the loop, heavy ones in a bounded worker-thread
 pool, given up if the connection is lost meanwhile) and sends its replies before it takes the
 next. (One task, not a receiving task handing batches to a working one: that hand-over cost an
-event-loop turn, about 130 us, on every upload.)
+event-loop turn, about 130 us, on every upload.) While that task waits with nothing queued, a
+message is answered in the wire's callback that delivers it (``server/answering.py``), which
+saves the task's turn; what cannot be finished there goes on in the task, in order.
 
 Each live session is one :class:`Live` record: its session, its connection and its count of
 messages received but not yet answered, which the drain (``Server.drain``) reads to close a
@@ -56,6 +58,7 @@ from protocol import (
 )
 from protocol.messages import Message
 
+from .answering import Answering
 from .budget import MemoryBudget
 from .config import ServerConfig
 from .errors import Drop
@@ -121,6 +124,7 @@ class Connections:
         self._workers = workers
         self._metrics = metrics
         self._draining = draining
+        self._answering = Answering(metrics, draining)
         self._limits = Limits(max_op_bytes=config.max_op_bytes, max_ndim=config.max_ndim)
         self._all_closed: anyio.Event | None = None  # set when the last session leaves
 
@@ -266,8 +270,10 @@ class Connections:
             ) from None
 
     async def _run(self, live: Live) -> None:
-        """Answer the session's messages one by one, in order, until it ends."""
+        """Answer the session's messages one by one, in order, until it ends (those that
+        arrive while this waits, where they can be, in the wire's callback: ``answering``)."""
         ws = live.ws
+        self._answering.attach(live.session, ws)
         try:
             while True:
                 try:
@@ -284,6 +290,8 @@ class Connections:
                 ws.abort()  # the client does not read: a close frame would not pass
             else:
                 await ws.close(1008, drop.reason)
+        finally:
+            self._answering.detach(ws)
 
     async def _receive_idle(self, ws: WireConnection) -> Received:
         """The next message. Raises :class:`Drop` after the idle timeout (it runs only while
@@ -310,7 +318,11 @@ class Connections:
             )
             await self._send(ws, SessionError(error=error))
             return
-        job = session.start(item.message, item.buffers, rejected=item.error)
+        job = (
+            item.job
+            if item.job is not None
+            else session.start(item.message, item.buffers, rejected=item.error)
+        )
         while not session.step(job, inline=True):
             await self._off_loop(live, job)
         if session.closed:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from protocol import (
     Batch,
@@ -18,6 +19,9 @@ from protocol import (
 from protocol.codec import Buffer
 from protocol.framing import apply_mask, rotate_mask, unmask_in_place
 
+if TYPE_CHECKING:
+    from .outcome import Job  # annotations only: the session's layer is above the wire's
+
 Decoder = MessageDecoder[Hello | Batch]
 
 
@@ -30,6 +34,7 @@ class Received:
     error: ErrorInfo | None = None
     nbytes: int = 0
     at: float = field(default_factory=time.perf_counter)  # when it arrived whole
+    job: Job | None = None  # its batch's job, if it was started where it arrived (answering)
 
 
 @dataclass(slots=True)

@@ -19,6 +19,8 @@ Series (all prefixed ``tensorwire_``)::
     tensors_held                    gauge    tensors (and failure marks) stored, all sessions
     tensor_bytes_held               gauge    bytes of stored tensors, all sessions
     messages_in_flight              gauge    messages received whose replies are not yet sent
+    answered_on_arrival_total       counter  messages answered in the callback that received
+                                             them (server/answering.py), not by a task's turn
     read_seconds                    histogram  from a read's batch arriving to its reply sent
     refusals_total{limit}           counter  connections or work refused, by the limit hit
     draining                        gauge    1 after SIGTERM, while sessions finish
@@ -144,6 +146,11 @@ class Metrics:
         )
         self.sent_bytes = Counter(
             f"{PREFIX}_sent_bytes", "Websocket message bytes sent.", registry=r
+        )
+        self.answered_on_arrival = Counter(
+            f"{PREFIX}_answered_on_arrival",
+            "Messages answered in the callback that received them, without a task's turn.",
+            registry=r,
         )
         self.read_seconds = Histogram(
             f"{PREFIX}_read_seconds",

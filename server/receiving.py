@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import math
+from collections.abc import Callable
 from typing import Any
 
 from .incoming import Received
@@ -29,7 +30,11 @@ class ReceivingConnection(AdaptedConnection):
         self._messages: collections.deque[Received] = collections.deque()
         self._waiter: asyncio.Future[None] | None = None
         self._idle_at = 0.0  # when the wait in progress times out (see receive)
+        self._within = math.inf  # that wait's timeout
         self._idle_timer: asyncio.TimerHandle | None = None
+        # Set by the owner: answers a message in the callback that delivers it, while the owner
+        # waits in receive with nothing queued; True when it did (see deliver)
+        self.answer_now: Callable[[Received], bool] | None = None
 
     # --- hooks the parser provides ------------------------------------------------------------
 
@@ -49,7 +54,19 @@ class ReceivingConnection(AdaptedConnection):
 
     def deliver(self, message: Received) -> None:
         """A whole message arrived: queue it and wake the owner (and stop reading the socket
-        once ``max_waiting`` messages wait)."""
+        once ``max_waiting`` messages wait). While the owner waits in :meth:`receive` with
+        nothing queued, :attr:`answer_now` may answer it here instead, which saves the owner's
+        task a turn of the event loop; the wait's idle timeout then starts again."""
+        waiter, answer = self._waiter, self.answer_now
+        if (
+            answer is not None
+            and waiter is not None
+            and not waiter.done()
+            and not self._messages
+            and answer(message)
+        ):
+            self._idle_at = self.loop.time() + self._within  # inf without a timeout
+            return
         self._messages.append(message)
         self._wake()
         if len(self._messages) >= self.max_waiting:
@@ -105,6 +122,7 @@ class ReceivingConnection(AdaptedConnection):
                 raise self.closed_error()
             self.at_rest()
             self._waiter = self.loop.create_future()
+            self._within = math.inf if within is None else within
             if within is None:
                 self._idle_at = math.inf
             else:

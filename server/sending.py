@@ -42,17 +42,32 @@ class SendingConnection(AdaptedConnection):
                 connection is then in the middle of a message: the caller must drop it).
         """
         deadline = None if within is None else self.loop.time() + within
-        frames = to_frames(chunks)  # one frame, or 256 KiB fragments a client receives in place
-        parts = [frames] if isinstance(frames, bytes) else frames  # byte views: len() is bytes
+        headers, parts = _framed(chunks)
         async with self._send_lock:
-            last = len(parts) - 1
-            headers = [
-                frame_header(Opcode.CONT if i else Opcode.BINARY, i == last, len(part))
-                for i, part in enumerate(parts)
-            ]
             first, skip = self._send_now(headers, parts)
             for i in range(first, len(parts)):
                 await self._write(headers[i], parts[i], skip if i == first else 0, deadline)
+        return sum(memoryview(c).nbytes for c in chunks)
+
+    def can_send_now(self) -> bool:
+        """Whether :meth:`send_message_now` may send: the connection is open and nothing is
+        being sent or waits in the transport (so a message sent now keeps its order)."""
+        return (
+            self.is_open
+            and not self._send_lock.locked()
+            and not self.transport.get_write_buffer_size()
+        )
+
+    def send_message_now(self, chunks: Sequence[bytes | memoryview]) -> int:
+        """Send one small binary message without waiting, from a callback (when
+        :meth:`can_send_now`): to the socket now, and what the socket does not take to the
+        transport's buffer, which keeps the order of every later send and its flow control.
+        For small messages only: nothing bounds what is buffered here. Returns its size.
+        """
+        headers, parts = _framed(chunks)
+        first, skip = self._send_now(headers, parts)
+        for i in range(first, len(parts)):
+            self._write_to_transport(headers[i], parts[i], skip if i == first else 0)
         return sum(memoryview(c).nbytes for c in chunks)
 
     def _send_now(
@@ -103,6 +118,12 @@ class SendingConnection(AdaptedConnection):
         wait while the transport is over its write limit."""
         if not self.is_open:
             await self.raise_if_closing()
+        self._write_to_transport(header, payload, skip)
+        if self.write_paused:  # over the write limit: wait for the client to take bytes
+            await self.wait_writable(deadline)
+
+    def _write_to_transport(self, header: bytes, payload: bytes | memoryview, skip: int) -> None:
+        """Hand one frame (less its first ``skip`` bytes, already sent) to the transport."""
         if skip >= len(header):
             self.transport.write(memoryview(payload)[skip - len(header) :])
         elif len(payload) < SMALL_SEND:
@@ -110,8 +131,19 @@ class SendingConnection(AdaptedConnection):
         else:
             self.transport.write(header[skip:])
             self.transport.write(payload)
-        if self.write_paused:  # over the write limit: wait for the client to take bytes
-            await self.wait_writable(deadline)
+
+
+def _framed(chunks: Sequence[bytes | memoryview]) -> tuple[list[bytes], list[bytes | memoryview]]:
+    """The frame headers and payloads of one binary message: one frame, or 256 KiB fragments
+    that a client receives in place (payloads are byte views: their len() is their bytes)."""
+    frames = to_frames(chunks)
+    parts: list[bytes | memoryview] = [frames] if isinstance(frames, bytes) else list(frames)
+    last = len(parts) - 1
+    headers = [
+        frame_header(Opcode.CONT if i else Opcode.BINARY, i == last, len(part))
+        for i, part in enumerate(parts)
+    ]
+    return headers, parts
 
 
 __all__ = ["SendingConnection"]

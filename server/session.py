@@ -258,6 +258,16 @@ class Session:
         replies.extend(self._answer(request) for request in job.batch.requests)
         return replies
 
+    def reply_bytes(self, batch: Batch) -> int:
+        """The tensor bytes the replies to ``batch``'s reads will carry (as stored now)."""
+        total = 0
+        for request in batch.requests:
+            if isinstance(request, Read):
+                value = self.store.lookup(request.tensor)
+                if isinstance(value, Stored):
+                    total += value.array.nbytes
+        return total
+
     def _answer(self, request: Request) -> Reply:
         if isinstance(request, Read):
             return self._read(request)
