@@ -264,10 +264,7 @@ class Connections:
             sent = await ws.send_message(encode(message, buffers), self._config.send_timeout)
             self._metrics.sent_bytes.inc(sent)
         except TimeoutError:
-            raise Drop(
-                ErrorCode.SEND_TIMEOUT,
-                f"the client took no reply for {self._config.send_timeout} s",
-            ) from None
+            raise self._not_taken() from None
 
     async def _run(self, live: Live) -> None:
         """Answer the session's messages one by one, in order, until it ends (those that
@@ -281,12 +278,13 @@ class Connections:
                 except ConnectionClosed:
                     return
                 live.in_flight += 1
-                self._metrics.received_bytes.inc(item.nbytes)
+                if not item.answered:  # else counted where it was answered
+                    self._metrics.received_bytes.inc(item.nbytes)
                 await self._answer(live, item)
                 await self._settled(live)
         except Drop as drop:
             self.refused(_DROP_LIMIT.get(drop.code, drop.code.value), ws, drop.reason)
-            if drop.code is ErrorCode.SEND_TIMEOUT:
+            if drop.code is ErrorCode.SEND_TIMEOUT or ws.write_paused:
                 ws.abort()  # the client does not read: a close frame would not pass
             else:
                 await ws.close(1008, drop.reason)
@@ -309,6 +307,11 @@ class Connections:
             Drop: the op deadline passed, a worker step failed, or a reply was not taken.
         """
         ws, session = live.ws, live.session
+        if item.failure is not None:  # raised where the message arrived (server/answering.py)
+            raise item.failure
+        if item.answered:  # its replies were sent where it arrived: wait until they are taken
+            await self._taken(ws)
+            return
         if not isinstance(item.message, Batch):
             error = item.error or ErrorInfo(
                 code=ErrorCode.BAD_MESSAGE, message="hello is only valid as the first message"
@@ -331,6 +334,23 @@ class Connections:
             await self._send(ws, reply, tuple(buffers))
         reads = sum(isinstance(r, Read) for r in item.message.requests)
         self._metrics.read_done(reads, time.perf_counter() - item.at)
+
+    async def _taken(self, ws: WireConnection) -> None:
+        """Wait until the transport is under its write limit again, as a send does.
+
+        Raises:
+            Drop: ``send_timeout``, the client did not take the replies in time.
+        """
+        if not ws.write_paused:
+            return
+        try:
+            await ws.wait_writable(ws.loop.time() + self._config.send_timeout)
+        except TimeoutError:
+            raise self._not_taken() from None
+
+    def _not_taken(self) -> Drop:
+        timeout = self._config.send_timeout
+        return Drop(ErrorCode.SEND_TIMEOUT, f"the client took no reply for {timeout} s")
 
     async def _off_loop(self, live: Live, job: Job) -> None:
         """Run the rest of ``job`` in a worker thread (:meth:`Workers.run`); stop waiting for

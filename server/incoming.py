@@ -34,7 +34,12 @@ class Received:
     error: ErrorInfo | None = None
     nbytes: int = 0
     at: float = field(default_factory=time.perf_counter)  # when it arrived whole
-    job: Job | None = None  # its batch's job, if it was started where it arrived (answering)
+    # Set where it arrived (server/answering.py), for the session's task: the job it started,
+    # that its replies were sent there and only wait for the client to take them (the send
+    # timeout), or the exception that answering it raised
+    job: Job | None = None
+    answered: bool = False
+    failure: Exception | None = None
 
 
 @dataclass(slots=True)

@@ -9,11 +9,19 @@ from typing import Any
 
 import numpy as np
 import pytest
+from anyio.from_thread import start_blocking_portal
+from websockets.exceptions import ConnectionClosed
 
 import client
-from server import answering
+from protocol import Batch, Read, Stats, Sync, encode
+from protocol.ops import Full
+from server import Server, ServerConfig, answering
+from server.outcome import Job
+from server.session import Reply, Session
 
 from .ops_helpers import metrics, value
+from .polling import wait_until
+from .raw import TOKEN, Raw, RawSocket
 from .servers import ServerProcess, run_server
 
 
@@ -96,3 +104,71 @@ def test_a_cheap_op_and_its_read_are_answered_where_they_arrive(counted: ServerP
         end = value(metrics(counted.port), "tensorwire_answered_on_arrival_total")
     assert middle - before == 20
     assert end == start
+
+
+@pytest.fixture(scope="module")
+def impatient() -> Iterator[ServerProcess]:
+    args = ("--token", TOKEN, "--send-timeout", "1", "--idle-timeout", "30",
+            "--write-limit", "1KiB", "--log-level", "INFO")  # fmt: skip
+    with run_server(*args) as proc:
+        yield proc
+
+
+def _dropped_for_not_reading(proc: ServerProcess, messages: list[bytes]) -> None:
+    """Send ``messages`` from a client that never reads, then stay silent: the server drops it
+    for its send timeout (1 s; the idle timeout is 30 s), and its tensors are freed."""
+    sock = RawSocket(proc.url)
+    sock.hello()
+    for message in messages:
+        sock.frame(message)
+    with client.RemoteDevice(proc.url, token=TOKEN) as probe:
+        wait_until(lambda: probe.stats().connections == 1, "the drop after --send-timeout", 10)
+        assert probe.stats().server_tensor_bytes == 0
+    sock.vanish()
+    assert "send_timeout: the client took no reply" in proc.stderr.text()
+
+
+def test_many_small_replies_to_a_client_that_does_not_read_are_timed(
+    impatient: ServerProcess,
+) -> None:
+    """One batch of 100 000 syncs: megabytes of small replies, sent by the task under the send
+    timeout (more than MOST_REPLIES replies are never answered on arrival)."""
+    syncs = Batch(requests=[Sync(request_id=i) for i in range(100_000)])
+    _dropped_for_not_reading(impatient, [b"".join(encode(syncs))])
+
+
+def test_reads_answered_on_arrival_to_a_client_that_does_not_read_are_timed(
+    impatient: ServerProcess,
+) -> None:
+    """Reads answered on arrival (each under MOST_REPLY_BYTES) until the socket takes no more:
+    the client is still dropped for its send timeout, whichever path meets the full socket."""
+    size = answering.MOST_REPLY_BYTES // 8 - 64
+    create = Batch(ops=[Full(out=1, shape=(size,), dtype="float64", value=1.0)])
+    reads = [Batch(requests=[Read(request_id=i, tensor=1)]) for i in range(400)]  # 25 MiB
+    _dropped_for_not_reading(impatient, [b"".join(encode(b)) for b in (create, *reads)])
+
+
+def test_an_exception_while_answering_on_arrival_closes_as_in_the_task(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A bug raised where the message arrived is raised again in the session's task, so the
+    connection closes with 1011 (internal error) and the handler's log, as before."""
+    real_finish = Session.finish
+
+    def finish(self: Session, job: Job) -> list[Reply]:
+        if any(isinstance(r, Stats) for r in job.batch.requests):
+            raise RuntimeError("a bug")
+        return real_finish(self, job)
+
+    monkeypatch.setattr(Session, "finish", finish)
+    srv = Server(ServerConfig(port=0))
+    with start_blocking_portal(backend="asyncio") as portal:
+        future, _ = portal.start_task(srv.serve)
+        raw = Raw(f"ws://127.0.0.1:{srv.port}", token=None)
+        raw.send(Batch(requests=[Sync(request_id=1)]))
+        assert raw.recv() is not None  # answered on arrival, normally
+        raw.send(Batch(requests=[Stats(request_id=2)]))
+        with pytest.raises(ConnectionClosed) as info:
+            raw.recv()
+        assert info.value.rcvd is not None and info.value.rcvd.code == 1011
+        future.cancel()
