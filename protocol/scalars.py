@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from .dtypes import DType, is_bool, is_complex, is_floating, is_integer, to_numpy
+from .dtypes import DTYPES, DType, is_bool, is_complex, is_floating, is_integer, to_numpy
 from .errors import OpDTypeError, OpOverflowError
 
 PyScalar = bool | int | float | complex
@@ -79,8 +79,8 @@ def check_fits(value: PyScalar, dtype: DType) -> None:
         return
     if isinstance(value, int):
         if is_integer(dtype):
-            info = np.iinfo(to_numpy(dtype))  # type: ignore[type-var]
-            if not info.min <= value <= info.max:
+            low, high = _INT_BOUNDS[dtype]
+            if not low <= value <= high:
                 raise OpOverflowError(f"Python integer {value} out of bounds for {dtype}")
         else:
             try:
@@ -89,3 +89,11 @@ def check_fits(value: PyScalar, dtype: DType) -> None:
                 raise OpOverflowError(f"Python integer {value} out of range for {dtype}") from None
     elif isinstance(value, complex) and not is_complex(dtype):
         raise OpDTypeError(f"a complex fill value cannot fill a {dtype} array")
+
+
+# Each integer dtype's bounds, as Python ints (check_fits runs per scalar op: np.iinfo costs ~1 us)
+_INT_BOUNDS = {
+    d: (int(np.iinfo(to_numpy(d)).min), int(np.iinfo(to_numpy(d)).max))  # type: ignore[type-var]
+    for d in DTYPES
+    if is_integer(d)
+}

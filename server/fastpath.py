@@ -25,10 +25,8 @@ from typing import Any
 import numpy as np
 
 from protocol import InvalidOpError, TensorMeta, to_numpy
-from protocol.dtypes import DTYPES, DType, is_integer
 from protocol.ops import UNKNOWN, AnyOp, Binary, BinaryScalar, Unary
 from protocol.ops.elementwise import operand_dtype
-from protocol.scalars import scalar_to_python
 
 from . import executor
 from .errors import StoreError
@@ -41,8 +39,7 @@ _FAST_TYPES = (Unary, Binary, BinaryScalar)  # for isinstance: a tuple, not a Un
 _ONE_INPUT = (Unary, BinaryScalar)
 RULES_CACHED = 256  # (op, input metas) whose checks a session keeps; then it starts over
 
-# The output's meta, its bytes, its cost, its numpy dtype, and a scalar operand's numpy dtype
-Rule = tuple[TensorMeta, int, int, np.dtype[Any], np.dtype[Any] | None]
+Rule = tuple[TensorMeta, int, int, np.dtype[Any]]  # output meta, its bytes, cost, numpy dtype
 
 
 class FastPath:
@@ -77,7 +74,7 @@ class FastPath:
             entry = self._rule(op, args, key, metas)
             if entry is None:
                 return None
-        meta, nbytes, work, dtype, operand = entry
+        meta, nbytes, work, dtype = entry
         if inline and work > self._inline_cost:
             return False
         try:
@@ -86,13 +83,7 @@ class FastPath:
             self._outcomes.fail(op, exc.code, str(exc), job)
             return True
         try:
-            if operand is None:
-                raw = executor.runner(op)(op, args, job.buffers)
-            else:  # BinaryScalar: its scalar as a 0-d array of the cached dtype, in its place
-                assert isinstance(op, BinaryScalar)
-                operand_array = np.asarray(scalar_to_python(op.scalar), dtype=operand)
-                args.insert(0 if op.scalar_first else 1, operand_array)
-                raw = executor.binary_arrays(op.op, args)
+            raw = executor.runner(op)(op, args, job.buffers)
         except Exception as exc:
             self._outcomes.run_failed(op, exc, nbytes, job)
             return True
@@ -133,8 +124,11 @@ class FastPath:
         # The rule depends on the scalar's type and side, not its value, but for whether an
         # integer fits: that is checked per op (a refusal goes to the general path).
         scalar = op.scalar
-        if type(scalar) is int and not _fits_int(scalar, a.meta.dtype):
-            return None
+        if type(scalar) is int:
+            try:
+                operand_dtype(scalar, a.meta.dtype)
+            except InvalidOpError:
+                return None
         return [a.array], (op.op, type(scalar), op.scalar_first, a.meta)
 
     def _rule(
@@ -156,21 +150,6 @@ class FastPath:
             return None
         if len(self._rules) >= RULES_CACHED:
             self._rules.clear()
-        operand = None
-        if isinstance(op, BinaryScalar):
-            operand = to_numpy(operand_dtype(op.scalar, metas[0].dtype))
-        entry = (meta, nbytes, executor.cost(op, meta, args), to_numpy(meta.dtype), operand)
+        entry = (meta, nbytes, executor.cost(op, meta, args), to_numpy(meta.dtype))
         self._rules[key] = entry
         return entry
-
-
-# Each integer dtype's bounds; any other dtype takes int64's, which is safe (a Python int beyond
-# them goes to the general path, which checks it exactly: protocol.scalars.check_fits).
-_INT_BOUNDS = {d: (int(np.iinfo(d).min), int(np.iinfo(d).max)) for d in DTYPES if is_integer(d)}
-_INT64_BOUNDS = _INT_BOUNDS["int64"]
-
-
-def _fits_int(value: int, dtype: DType) -> bool:
-    """Whether the integer ``value`` surely fits beside an array of ``dtype``."""
-    low, high = _INT_BOUNDS.get(dtype, _INT64_BOUNDS)
-    return low <= value <= high

@@ -12,6 +12,7 @@ from protocol.ops import AnyOp, Binary, BinaryScalar, Full, Unary
 from protocol.scalars import ComplexValue
 from server import session as session_module
 from server.budget import MemoryBudget
+from server.fastpath import FastPath
 from server.limits import Limits
 from server.session import Session
 from server.store import Failure, Stored, TensorStore
@@ -135,14 +136,17 @@ def test_fast_path_results_equal_numpy_and_held_results_are_not_counted_twice() 
 
 
 def test_scalar_operands_take_the_fast_path(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Only the fast path calls ``executor.binary_arrays``: count what reached it."""
-    from server import executor
-
+    """Count what the fast path ran (ran, not handed to the general path) by op name."""
     calls: list[str] = []
-    real = executor.binary_arrays
-    monkeypatch.setattr(
-        executor, "binary_arrays", lambda name, args: calls.append(name) or real(name, args)
-    )
+    real = FastPath.run
+
+    def run(self: FastPath, op: AnyOp, job: Any, inline: bool) -> bool | None:
+        done = real(self, op, job, inline)
+        if done and isinstance(op, BinaryScalar):
+            calls.append(op.op)
+        return done
+
+    monkeypatch.setattr(FastPath, "run", run)
     session = Session("s", 0)
     ops = [BinaryScalar(op="multiply", out=50 + i, x=1 if i == 0 else 49 + i, scalar=0.5)
            for i in range(100)]  # fmt: skip

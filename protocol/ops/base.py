@@ -131,8 +131,12 @@ def check_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
 
 def broadcast_shapes(*shapes: tuple[int, ...]) -> tuple[int, ...]:
     """numpy broadcasting, computed with Python ints."""
-    if len(shapes) == 2 and shapes[0] == shapes[1]:
-        return shapes[0]  # the common case, and the pipelined hot path: equal shapes
+    if len(shapes) == 2:  # the common cases, on the pipelined hot path: no loop for them
+        a, b = shapes
+        if a == b or not b:  # equal shapes, or a 0-d operand (a Python scalar's)
+            return a
+        if not a:
+            return b
     ndim = max((len(s) for s in shapes), default=0)
     out: list[int] = []
     for i in range(-ndim, 0):

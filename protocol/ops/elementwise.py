@@ -90,7 +90,8 @@ class BinaryScalar(BaseOp):
         if self.op == "matmul":  # refused: a scalar is 0-dimensional
             s = TensorMeta((), dtype)
             return binary_meta(self.op, s, x) if self.scalar_first else binary_meta(self.op, x, s)
-        # binary_meta's result, less its broadcasting: a 0-d operand keeps x's shape (per op)
+        # binary_meta's result without building the scalar's meta and broadcasting it (a 0-d
+        # operand keeps x's shape): 0.4 us of the client's 4.2 per scalar op (bench.cpu)
         pair = (dtype, x.dtype) if self.scalar_first else (x.dtype, dtype)
         return TensorMeta(x.shape, elementwise_rule(self.op, pair)[0])
 

@@ -21,7 +21,6 @@ from protocol.ops import (
     UNKNOWN,
     AnyOp,
     Binary,
-    BinaryName,
     FromBuffer,
     GetItem,
     InPlaceBinary,
@@ -74,13 +73,6 @@ def runner(op: AnyOp) -> Runner:
     buffers)`` inside ``np.errstate(all="ignore")``, and pass what it returns to
     :func:`checked`. This is :func:`run` in two steps, for a caller's fast path."""
     return _RUNNERS[type(op)]
-
-
-def binary_arrays(name: BinaryName, args: Sequence[Array]) -> Array:
-    """The binary op ``name`` (not matmul) on two arrays, as the ``binary`` runner computes it:
-    for a caller's fast path that has made a scalar operand's array itself. Call it inside
-    ``np.errstate(all="ignore")``."""
-    return elementwise.binary_of(name, args)
 
 
 def checked(

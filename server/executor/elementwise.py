@@ -67,10 +67,10 @@ def unary(op: Unary, args: Sequence[Array], buffers: Sequence[Buffer]) -> Array:
 
 
 def binary(op: Binary, args: Sequence[Array], buffers: Sequence[Buffer]) -> Array:
-    return binary_of(op.op, args)
+    return _binary(op.op, args)
 
 
-def binary_of(name: str, args: Sequence[Array]) -> Array:
+def _binary(name: str, args: Sequence[Array]) -> Array:
     result = _call(name, args)
     if name == "floor_divide" and result.dtype.kind == "f":
         # Note: numpy's floor_divide gives NaN for inf // finite and -1 for -finite // inf;
@@ -85,7 +85,7 @@ def binary_of(name: str, args: Sequence[Array]) -> Array:
 def binary_scalar(op: BinaryScalar, args: Sequence[Array], buffers: Sequence[Buffer]) -> Array:
     (x,) = args
     scalar = scalar_array(op.scalar, x)
-    return binary_of(op.op, (scalar, x) if op.scalar_first else (x, scalar))
+    return _binary(op.op, (scalar, x) if op.scalar_first else (x, scalar))
 
 
 def scalar_array(scalar: Scalar, like: Array) -> Array:
@@ -117,7 +117,7 @@ def binary_inplace(
             fn: Callable[..., Array] = getattr(np, name)
             fn(out, other, out=out, casting="same_kind")  # numpy buffers overlapping inputs
             return out
-    out[...] = binary_of(name, (out, other))
+    out[...] = _binary(name, (out, other))
     return out
 
 
