@@ -1,0 +1,132 @@
+"""Indexing with gradients: ``x[key]`` (basic and integer-array keys), ``take`` and
+``take_along_axis``.
+
+A gathered element may be gathered twice, so its gradient is a sum over the places it went.
+The standard has no scatter-add, so the gradient of a gather is written as a product with a
+one-hot matrix (``positions == arange(n)``): ordinary ops of the wrapped namespace, which run
+where the tensors live. Its cost is (elements gathered) x (length of the axis) multiply-adds:
+fine for labels and embedding tables of training size. Basic indexing never repeats an element,
+so its gradient is written into zeros with ``__setitem__``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from ._common import as_tensor, same_device
+from .tensor import Tensor, record
+
+if TYPE_CHECKING:
+    from .namespace import Autodiff
+
+
+def _one_hot(xp: Any, positions: Any, n: int, dtype: Any) -> Any:
+    """``(..., k) -> (..., k, n)``: 1 where the last axis equals the position, negative
+    positions counted from the end as indexing counts them."""
+    positions = xp.where(positions < 0, positions + n, positions)
+    hits = xp.expand_dims(positions, axis=-1) == xp.arange(n, dtype=positions.dtype)
+    return xp.astype(hits, dtype)
+
+
+def _to_last(xp: Any, a: Any, axis: int) -> Any:
+    order = tuple(i for i in range(a.ndim) if i != axis) + (axis,)
+    return xp.permute_dims(a, order)
+
+
+def _from_last(xp: Any, a: Any, axis: int) -> Any:
+    order = list(range(a.ndim - 1))
+    order.insert(axis, a.ndim - 1)
+    return xp.permute_dims(a, tuple(order))
+
+
+def take(ad: Autodiff, x: Any, indices: Any, /, *, axis: int | None = None) -> Tensor:
+    t, index = as_tensor(ad, x), as_tensor(ad, indices)
+    same_device("take", t, index)
+    xp, ia = ad.xp, index.array
+    if axis is None:
+        if t.ndim != 1:
+            raise ValueError("take: axis is required for arrays of more than one dimension")
+        axis = 0
+    along = axis % t.ndim
+    n = t.array.shape[along]
+    y = xp.take(t.array, ia, axis=along)
+
+    def backward(g: Any) -> tuple[Any, ...]:  # (..., k) @ (k, n) -> (..., n), back in place
+        summed = _to_last(xp, g, along) @ _one_hot(xp, ia, n, g.dtype)
+        return (_from_last(xp, summed, along), None)
+
+    return record(ad, "take", y, (t, index), backward)
+
+
+def take_along_axis(ad: Autodiff, x: Any, indices: Any, /, *, axis: int = -1) -> Tensor:
+    t, index = as_tensor(ad, x), as_tensor(ad, indices)
+    same_device("take_along_axis", t, index)
+    xp, ia = ad.xp, index.array
+    along = axis % t.ndim
+    n = t.array.shape[along]
+    shape = tuple(t.array.shape)
+    y = xp.take_along_axis(t.array, ia, axis=along)
+
+    def backward(g: Any) -> tuple[Any, ...]:  # per row: (1, k) @ (k, n) -> (1, n)
+        rows = xp.expand_dims(_to_last(xp, g, along), axis=-2)
+        hot = _one_hot(xp, _to_last(xp, xp.broadcast_to(ia, tuple(g.shape)), along), n, g.dtype)
+        summed = xp.squeeze(rows @ hot, axis=-2)
+        grad = _from_last(xp, summed, along)
+        return (_summed_to(xp, grad, shape), None)
+
+    return record(ad, "take_along_axis", y, (t, index), backward)
+
+
+def _summed_to(xp: Any, grad: Any, shape: tuple[int, ...]) -> Any:
+    """Sum over the axes where ``x`` had length 1 but the indices broadcast it wider."""
+    stretched = tuple(i for i, n in enumerate(shape) if n == 1 and grad.shape[i] != 1)
+    return xp.sum(grad, axis=stretched, keepdims=True) if stretched else grad
+
+
+def _is_array_key(item: Any) -> bool:
+    return isinstance(item, Tensor) or hasattr(item, "__array_namespace__")
+
+
+def getitem(ad: Autodiff, x: Any, key: Any, /) -> Tensor:
+    t = as_tensor(ad, x)
+    items = key if isinstance(key, tuple) else (key,)
+    arrays = [as_tensor(ad, i) for i in items if _is_array_key(i)]
+    same_device("__getitem__", t, *arrays)
+    plain_key = tuple(i.array if isinstance(i, Tensor) else i for i in items)
+    plain_key_or_item = plain_key if isinstance(key, tuple) else plain_key[0]
+    xp, shape = ad.xp, tuple(t.array.shape)
+    y = t.array[plain_key_or_item]
+    if not arrays:
+        return record(
+            ad,
+            "__getitem__",
+            y,
+            (t,),
+            lambda g: (_scattered(xp, g, shape, plain_key_or_item, t.array.device),),
+        )
+
+    def backward(g: Any) -> tuple[Any, ...]:  # which flat position each element came from
+        size = math.prod(shape)
+        positions = xp.reshape(xp.arange(size, device=t.array.device), shape)[plain_key_or_item]
+        flat = xp.reshape(g, (1, -1)) @ _one_hot(xp, xp.reshape(positions, (-1,)), size, g.dtype)
+        return (xp.reshape(flat, shape), *(None for _ in arrays))
+
+    return record(ad, "__getitem__", y, (t, *arrays), backward)
+
+
+def _scattered(xp: Any, g: Any, shape: tuple[int, ...], key: Any, device: Any) -> Any:
+    """Zeros of the input's shape with ``g`` where the basic key took the output from."""
+    grad = xp.zeros(shape, dtype=g.dtype, device=device)
+    items = key if isinstance(key, tuple) else (key,)
+    if any(item is None for item in items):  # the standard's setitem takes no new axes
+        key = tuple(item for item in items if item is not None)
+        g = xp.reshape(g, tuple(grad[key].shape))
+    grad[key] = g
+    return grad
+
+
+FUNCTIONS: dict[str, Callable[..., Tensor]] = {
+    "take": take, "take_along_axis": take_along_axis, "getitem": getitem,
+}  # fmt: skip

@@ -1,0 +1,342 @@
+"""The differentiable tensor: an array of the wrapped namespace, whether it requires a gradient,
+its accumulated ``.grad``, and the node that made it.
+
+Every operator dispatches through the tensor's namespace (``self._ad``, an
+:class:`~client.autodiff.namespace.Autodiff`), so this module imports no op: the ops import it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from .backward import run_backward
+from .errors import AutodiffError, NotDifferentiableError
+from .mode import is_grad_enabled
+from .node import Backward, Node
+
+if TYPE_CHECKING:
+    from .namespace import Autodiff
+
+
+class Tensor:
+    """An array of the wrapped namespace that records how it was made.
+
+    ``array`` is the wrapped namespace's array (a ``RemoteArray`` on a remote device, a numpy
+    array locally); reading it costs what reading that array costs. Operators work as the
+    standard's do, with Python scalars and plain arrays of the same device as constants.
+    """
+
+    __slots__ = ("array", "_ad", "_requires_grad", "_grad", "_node", "_version",
+                 "_retains_grad", "__weakref__")  # fmt: skip
+    __array_ufunc__ = None  # numpy defers to our reflected operators: ndarray + Tensor records
+
+    def __init__(self, ad: Autodiff, array: Any, requires_grad: bool = False) -> None:
+        self.array = array
+        self._ad = ad
+        self._requires_grad = False
+        self._grad: Tensor | None = None
+        self._node: Node | None = None
+        self._version = 0  # bumped by every in-place change, checked by the nodes that saw it
+        self._retains_grad = False
+        if requires_grad:
+            self.requires_grad = True
+
+    # --- what it is -------------------------------------------------------------------------
+    @property
+    def shape(self) -> tuple[int | None, ...]:
+        return tuple(self.array.shape)
+
+    @property
+    def dtype(self) -> Any:
+        return self.array.dtype
+
+    @property
+    def ndim(self) -> int:
+        return int(self.array.ndim)
+
+    @property
+    def size(self) -> int | None:
+        return self.array.size  # type: ignore[no-any-return]
+
+    @property
+    def device(self) -> Any:
+        return self.array.device
+
+    @property
+    def namespace(self) -> Autodiff:
+        """The autodiff namespace this tensor's ops run in."""
+        return self._ad
+
+    @property
+    def T(self) -> Tensor:  # noqa: N802 - the standard's name
+        return self._ad.permute_dims(self, tuple(reversed(range(self.ndim))))
+
+    @property
+    def mT(self) -> Tensor:  # noqa: N802 - the standard's name
+        return self._ad.matrix_transpose(self)
+
+    def __repr__(self) -> str:
+        made = f", op={self._node.name}" if self._node is not None else ""
+        grad = ", requires_grad=True" if self._requires_grad else ""
+        return f"Tensor(shape={self.shape}, dtype={self.dtype}, device={self.device}{grad}{made})"
+
+    # --- differentiation ----------------------------------------------------------------------
+    @property
+    def requires_grad(self) -> bool:
+        return self._requires_grad
+
+    @requires_grad.setter
+    def requires_grad(self, value: bool) -> None:
+        if self._node is not None:
+            raise AutodiffError(
+                f"requires_grad of a tensor made by {self._node.name} follows its inputs; "
+                "detach() it to get a leaf"
+            )
+        if value and not self._ad.xp.isdtype(self.array.dtype, "real floating"):
+            raise NotDifferentiableError(
+                f"only real floating-point tensors can require gradients, not {self.dtype}"
+            )
+        self._requires_grad = bool(value)
+
+    def requires_grad_(self, value: bool = True) -> Tensor:
+        self.requires_grad = value
+        return self
+
+    @property
+    def is_leaf(self) -> bool:
+        """Made by the user, not by a recorded op: backward() fills its ``.grad``."""
+        return self._node is None
+
+    @property
+    def op(self) -> str | None:
+        """The name of the recorded op that made it, None for a leaf."""
+        return None if self._node is None else self._node.name
+
+    @property
+    def grad(self) -> Tensor | None:
+        """The accumulated gradient (None until a backward() reaches this tensor)."""
+        if not self._requires_grad:
+            raise NotDifferentiableError(
+                "this tensor does not require grad, so it has no .grad; create it with "
+                "requires_grad=True (or call requires_grad_()) before computing with it"
+            )
+        if self._node is not None and not self._retains_grad:
+            raise NotDifferentiableError(
+                f"the tensor made by {self._node.name} is not a leaf: its gradient is not kept "
+                "unless retain_grad() is called before backward()"
+            )
+        return self._grad
+
+    @grad.setter
+    def grad(self, value: Tensor | None) -> None:
+        self._grad = value
+
+    def retain_grad(self) -> None:
+        """Keep this non-leaf tensor's gradient in ``.grad`` during backward()."""
+        if not self._requires_grad:
+            raise NotDifferentiableError("retain_grad() of a tensor that does not require grad")
+        self._retains_grad = True
+
+    def backward(self, grad: Any = None, retain_graph: bool = False) -> None:
+        """Accumulate the gradient of this tensor into every leaf it depends on.
+
+        ``grad`` is the gradient of some scalar with respect to this tensor (same shape); it
+        may be omitted for a one-element tensor, where it is 1. The graph is freed afterwards
+        unless ``retain_graph``.
+        """
+        if not self._requires_grad:
+            raise NotDifferentiableError(
+                "backward() of a tensor that does not require grad: none of its inputs "
+                "required grad, or it was computed inside no_grad()"
+            )
+        if grad is None:
+            if self.size != 1:
+                raise NotDifferentiableError(
+                    f"backward() of a non-scalar output of shape {self.shape} needs an output "
+                    "gradient: pass grad= (an array of that shape), or reduce it first"
+                )
+            grad = self._ad.xp.ones_like(self.array)
+        elif isinstance(grad, Tensor):
+            grad = grad.array
+        if tuple(grad.shape) != self.shape:
+            raise NotDifferentiableError(
+                f"the output gradient has shape {tuple(grad.shape)}, the output {self.shape}"
+            )
+        run_backward(self, grad, retain_graph)
+
+    def _accumulate(self, grad: Any) -> None:
+        """Add ``grad`` to ``.grad`` (backward() calls this; gradients add up like PyTorch's)."""
+        if tuple(grad.shape) != self.shape:  # a bug in some op's gradient, not the user's
+            raise AutodiffError(f"internal: gradient of shape {grad.shape} for {self.shape}")
+        self._grad = Tensor(self._ad, grad if self._grad is None else self._grad.array + grad)
+
+    def detach(self) -> Tensor:
+        """The same array, cut from the graph: no gradient flows through it."""
+        return Tensor(self._ad, self.array)
+
+    # --- reading --------------------------------------------------------------------------
+    def __float__(self) -> float:
+        return float(self.array)
+
+    def __int__(self) -> int:
+        return int(self.array)
+
+    def __bool__(self) -> bool:
+        return bool(self.array)
+
+    def __index__(self) -> int:
+        return int(self.array.__index__())
+
+    def __len__(self) -> int:
+        return len(self.array)
+
+    def __iter__(self) -> Iterator[Tensor]:
+        if not self.shape:
+            raise TypeError("iteration over a 0-d tensor")
+        for i in range(self.shape[0] or 0):
+            yield self[i]
+
+    def __array_namespace__(self, *, api_version: str | None = None) -> Autodiff:
+        return self._ad
+
+    __hash__ = object.__hash__  # by identity, as PyTorch's; __eq__ is element-wise
+
+    # --- operators (each one is the namespace's function of the same meaning) -------------
+    def __add__(self, other: Any) -> Tensor:
+        return self._ad.add(self, other)
+
+    def __radd__(self, other: Any) -> Tensor:
+        return self._ad.add(other, self)
+
+    def __sub__(self, other: Any) -> Tensor:
+        return self._ad.subtract(self, other)
+
+    def __rsub__(self, other: Any) -> Tensor:
+        return self._ad.subtract(other, self)
+
+    def __mul__(self, other: Any) -> Tensor:
+        return self._ad.multiply(self, other)
+
+    def __rmul__(self, other: Any) -> Tensor:
+        return self._ad.multiply(other, self)
+
+    def __truediv__(self, other: Any) -> Tensor:
+        return self._ad.divide(self, other)
+
+    def __rtruediv__(self, other: Any) -> Tensor:
+        return self._ad.divide(other, self)
+
+    def __floordiv__(self, other: Any) -> Tensor:
+        return self._ad.floor_divide(self, other)
+
+    def __rfloordiv__(self, other: Any) -> Tensor:
+        return self._ad.floor_divide(other, self)
+
+    def __mod__(self, other: Any) -> Tensor:
+        return self._ad.remainder(self, other)
+
+    def __rmod__(self, other: Any) -> Tensor:
+        return self._ad.remainder(other, self)
+
+    def __pow__(self, other: Any) -> Tensor:
+        return self._ad.pow(self, other)
+
+    def __rpow__(self, other: Any) -> Tensor:
+        return self._ad.pow(other, self)
+
+    def __matmul__(self, other: Any) -> Tensor:
+        return self._ad.matmul(self, other)
+
+    def __rmatmul__(self, other: Any) -> Tensor:
+        return self._ad.matmul(other, self)
+
+    def __neg__(self) -> Tensor:
+        return self._ad.negative(self)
+
+    def __pos__(self) -> Tensor:
+        return self._ad.positive(self)
+
+    def __abs__(self) -> Tensor:
+        return self._ad.abs(self)
+
+    def __lt__(self, other: Any) -> Tensor:
+        return self._ad.less(self, other)
+
+    def __le__(self, other: Any) -> Tensor:
+        return self._ad.less_equal(self, other)
+
+    def __gt__(self, other: Any) -> Tensor:
+        return self._ad.greater(self, other)
+
+    def __ge__(self, other: Any) -> Tensor:
+        return self._ad.greater_equal(self, other)
+
+    def __eq__(self, other: Any) -> Tensor:  # type: ignore[override]
+        return self._ad.equal(self, other)
+
+    def __ne__(self, other: Any) -> Tensor:  # type: ignore[override]
+        return self._ad.not_equal(self, other)
+
+    def __and__(self, other: Any) -> Tensor:
+        return self._ad.logical_and(self, other)
+
+    def __or__(self, other: Any) -> Tensor:
+        return self._ad.logical_or(self, other)
+
+    def __invert__(self) -> Tensor:
+        return self._ad.logical_not(self)
+
+    def __getitem__(self, key: Any) -> Tensor:
+        return self._ad.getitem(self, key)
+
+    # --- in place: allowed where no gradient can be corrupted by it -------------------------
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self._check_in_place("__setitem__")
+        self.array[_plain(key)] = _plain(value)
+        self._version += 1
+
+    def _in_place(self, method: str, other: Any) -> Tensor:
+        self._check_in_place(method)
+        self.array = getattr(self.array, method)(_plain(other))
+        self._version += 1
+        return self
+
+    def _check_in_place(self, method: str) -> None:
+        if self._requires_grad and is_grad_enabled():
+            raise AutodiffError(
+                f"{method} of a tensor that requires grad, outside no_grad(): the change would "
+                "not be differentiated; update parameters inside no_grad()"
+            )
+
+    def __iadd__(self, other: Any) -> Tensor:
+        return self._in_place("__iadd__", other)
+
+    def __isub__(self, other: Any) -> Tensor:
+        return self._in_place("__isub__", other)
+
+    def __imul__(self, other: Any) -> Tensor:
+        return self._in_place("__imul__", other)
+
+    def __itruediv__(self, other: Any) -> Tensor:
+        return self._in_place("__itruediv__", other)
+
+
+def _plain(value: Any) -> Any:
+    """A tensor's array; anything else (scalars, plain arrays, index keys) as it is."""
+    if isinstance(value, Tensor):
+        return value.array
+    if isinstance(value, tuple):
+        return tuple(_plain(v) for v in value)
+    return value
+
+
+def record(ad: Autodiff, name: str, array: Any, inputs: tuple[Tensor, ...],
+           backward: Backward | None) -> Tensor:  # fmt: skip
+    """The output of op ``name``: recorded with its inputs and ``backward`` when gradients are
+    on, some input requires one and the output is real floating point; else a constant."""
+    out = Tensor(ad, array)
+    if is_grad_enabled() and any(t._requires_grad for t in inputs) and ad.is_real_floating(array):
+        out._requires_grad = True
+        out._node = Node(name, inputs, backward)
+    return out
