@@ -36,6 +36,7 @@ from websockets.asyncio.server import serve as ws_serve
 from websockets.http11 import Request, Response
 
 from . import endpoints
+from .allocator import keep_freed_memory
 from .budget import MemoryBudget
 from .config import ServerConfig, validate_host_device, validate_security
 from .connection import Connections
@@ -73,6 +74,7 @@ class Server:
         self.draining = False
         self._workers = Workers(config.worker_threads, config.op_deadline)
         self.budget = MemoryBudget(config.effective_memory_budget, config.spare_memory)
+        keep_freed_memory(config.spare_memory)  # op results reuse freed results' pages
         self._ssl = tls_context(config)
         self.metrics = Metrics(
             lambda: [live.session for live in self._live.values()],

@@ -5,8 +5,10 @@ quota first), so ``used`` is every session's stored bytes plus what running ops 
 allocate. When the budget is full new work is refused (``server_memory_exhausted``); stored
 tensors are never dropped to make room.
 
-Spare memory: the owned memory of freed tensors is kept for a while and handed to uploads of
-the same size. Reuse is the point: on a VM, writing a large fresh allocation faults in every
+Spare memory: the buffers of freed uploads are kept for a while and handed to uploads of the
+same size. (Freed op results go back to malloc, whose heaps keep them for the next results:
+``server/allocator.py``. Kept here, they would be out of malloc's reach, and every op would
+write fresh pages.) Reuse is the point: on a VM, writing a large fresh allocation faults in every
 page, which costs more than receiving the bytes (``bench/README.md``). An array is handed out
 again only when nothing but the budget refers to it (:func:`protocol.reuse.unused`: a read
 reply still being sent holds a view), and never without reference counts (PyPy).
@@ -19,6 +21,7 @@ from __future__ import annotations
 import collections
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -61,6 +64,10 @@ class MemoryBudget:
         self.spare_ttl = spare_ttl
         self.spare_bytes = 0
         self._spare: Spare = collections.deque()
+        # the uploads' buffers by id, the only arrays kept as spare (weakly: a tensor holds one)
+        self._uploads: weakref.WeakValueDictionary[int, np.ndarray[Any, Any]] = (
+            weakref.WeakValueDictionary()
+        )
         self._clock = clock
         self._lock = threading.Lock()
 
@@ -91,6 +98,7 @@ class MemoryBudget:
         nbytes = root.nbytes
         keep = (
             SPARE_MIN <= nbytes <= self.spare_limit
+            and self._uploads.get(id(root)) is root
             and root.base is None
             and bool(root.flags.writeable)
             and bool(root.flags.c_contiguous or root.flags.f_contiguous)
@@ -111,10 +119,13 @@ class MemoryBudget:
             return np.empty(nbytes, dtype=np.uint8)
         with self._lock:
             spare = self._take_spare(nbytes)
-            if spare is not None:
-                return spare
-            self._drop_spare(self.used + self.spare_bytes + nbytes - self.limit, None)
-        return np.empty(nbytes, dtype=np.uint8)
+            if spare is None:
+                self._drop_spare(self.used + self.spare_bytes + nbytes - self.limit, None)
+        if spare is None:
+            spare = np.empty(nbytes, dtype=np.uint8)
+            with self._lock:
+                self._uploads[id(spare)] = spare
+        return spare
 
     def _take_spare(self, nbytes: int) -> np.ndarray[Any, np.dtype[np.uint8]] | None:
         """A spare array of exactly ``nbytes`` that nothing else references (no reply still
