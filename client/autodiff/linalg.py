@@ -1,5 +1,6 @@
 """``matmul`` with its gradient, batched and broadcast, and 1-D operands as the standard
-treats them (a vector is a row on the left and a column on the right)."""
+treats them (a vector is a row on the left and a column on the right); and ``linear``, the
+affine map of a dense layer as one op."""
 
 from __future__ import annotations
 
@@ -41,4 +42,35 @@ def matmul(ad: Autodiff, x1: Any, x2: Any, /) -> Tensor:
     return record(ad, "matmul", y, (a, b), backward)
 
 
-FUNCTIONS: dict[str, Callable[..., Tensor]] = {"matmul": matmul}
+def linear(ad: Autodiff, x: Any, weight: Any, bias: Any = None, /) -> Tensor:
+    """``x @ weight.mT + bias`` (PyTorch's ``F.linear``): ``weight`` is (out, in), ``x`` is
+    (..., in). As one op its weight gradient is ``g.mT @ x``, made in the weight's own layout;
+    through ``matmul`` and ``.mT`` it would be the transpose of a C-contiguous array, which an
+    optimizer's in-place update then reads against the grain (7 ms instead of 0.3 ms for a
+    1024 x 1024 float32 update on the project's machines)."""
+    t, w = as_tensor(ad, x), as_tensor(ad, weight)
+    b = None if bias is None else as_tensor(ad, bias)
+    if w.ndim != 2 or (b is not None and tuple(b.shape) != (w.shape[0],)):
+        shapes = f"weight {w.shape}" + ("" if b is None else f", bias {b.shape}")
+        raise ValueError(f"linear: weight must be (out, in) and bias (out,), not {shapes}")
+    inputs = same_device("linear", t, w, *(() if b is None else (b,)))
+    xp, xa, wa = ad.xp, t.array, w.array
+    y = xa @ xp.matrix_transpose(wa)
+    if b is not None:
+        y = y + b.array
+
+    def backward(g: Any) -> tuple[Any, ...]:
+        rows = xp.reshape(g, (-1, w.shape[0]))  # every leading axis is a batch of rows
+        gx = g @ wa if t.requires_grad else None
+        gw = (
+            xp.matrix_transpose(rows) @ xp.reshape(xa, (-1, w.shape[1]))
+            if w.requires_grad
+            else None
+        )
+        gb = xp.sum(rows, axis=0) if b is not None and b.requires_grad else None
+        return (gx, gw) if b is None else (gx, gw, gb)
+
+    return record(ad, "linear", y, inputs, backward)
+
+
+FUNCTIONS: dict[str, Callable[..., Tensor]] = {"matmul": matmul, "linear": linear}
