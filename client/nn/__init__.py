@@ -1,0 +1,47 @@
+"""A small model toolkit over :mod:`client.autodiff`, in PyTorch's idiom: modules, layers,
+losses, seeded initialisation and safetensors weights files.
+
+::
+
+    import client
+    from client import nn, optim
+    from client.autodiff import Autodiff
+
+    ad = Autodiff(client.namespace(dev))          # or leave ad= out: numpy, locally
+    nn.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 16, ad=ad), nn.ReLU(), nn.Linear(16, 3, ad=ad))
+    loss = nn.cross_entropy(model(x), labels)     # computed on the server
+    loss.backward()
+    model.save("model.safetensors")               # loads into a local model, or PyTorch's
+
+Parameters are drawn on the client with numpy and uploaded once, so one seed gives one model
+on every device. The package reaches nothing of ``client`` but ``client.autodiff``: it runs
+over whatever namespace that wraps.
+"""
+
+from __future__ import annotations
+
+from .functional import cross_entropy as cross_entropy
+from .functional import embedding as embedding
+from .functional import gelu as gelu
+from .functional import layer_norm as layer_norm
+from .functional import linear as linear
+from .functional import mse_loss as mse_loss
+from .functional import relu as relu
+from .functional import tanh as tanh
+from .init import default_generator as default_generator
+from .init import local_autodiff as local_autodiff
+from .init import manual_seed as manual_seed
+from .layers import GELU as GELU
+from .layers import Embedding as Embedding
+from .layers import LayerNorm as LayerNorm
+from .layers import Linear as Linear
+from .layers import ReLU as ReLU
+from .layers import Sequential as Sequential
+from .layers import Tanh as Tanh
+from .module import Module as Module
+from .module import StateDictError as StateDictError
+from .weights import WeightsFileError as WeightsFileError
+from .weights import load as load
+from .weights import load_metadata as load_metadata
+from .weights import save as save

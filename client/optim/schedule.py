@@ -1,0 +1,78 @@
+"""Learning-rate schedules: ``StepLR`` and ``CosineAnnealingLR``, PyTorch's closed forms.
+
+A scheduler writes each group's ``"lr"`` on the client; the optimizer reads it at its next
+step, as a Python float that travels inside the ops. Nothing is sent to a device.
+"""
+
+from __future__ import annotations
+
+import math
+
+from .optimizer import Optimizer
+
+
+class LRScheduler:
+    """The base: ``step()`` once per epoch (or per batch), after ``optimizer.step()``.
+
+    Built, it records each group's ``"initial_lr"`` (as PyTorch's, so a second scheduler on
+    the same optimizer starts from the same base) and sets the rate of step 0.
+    A subclass defines ``lr_at(base_lr, step)``: its closed form.
+    """
+
+    def __init__(self, optimizer: Optimizer) -> None:
+        self.optimizer = optimizer
+        for group in optimizer.param_groups:
+            group.setdefault("initial_lr", group["lr"])
+        self.base_lrs: list[float] = [float(g["initial_lr"]) for g in optimizer.param_groups]
+        self.last_epoch = -1
+        self._last_lr: list[float] = []
+        self.step()
+
+    def lr_at(self, base_lr: float, step: int) -> float:
+        raise NotImplementedError(f"{type(self).__name__} defines no lr_at()")
+
+    def get_lr(self) -> list[float]:
+        """The rates of every group at the current step."""
+        return [self.lr_at(base, self.last_epoch) for base in self.base_lrs]
+
+    def step(self) -> None:
+        """Advance one step and write the new rates into the optimizer's groups."""
+        self.last_epoch += 1
+        rates = self.get_lr()
+        for group, rate in zip(self.optimizer.param_groups, rates, strict=True):
+            group["lr"] = rate
+        self._last_lr = rates
+
+    def get_last_lr(self) -> list[float]:
+        """The rates the last ``step()`` set, one per group."""
+        return list(self._last_lr)
+
+
+class StepLR(LRScheduler):
+    """``base_lr * gamma ** (step // step_size)``: the rate divided every ``step_size``
+    steps."""
+
+    def __init__(self, optimizer: Optimizer, step_size: int, gamma: float = 0.1) -> None:
+        if step_size < 1:
+            raise ValueError(f"StepLR: step_size must be >= 1, got {step_size}")
+        self.step_size, self.gamma = int(step_size), float(gamma)
+        super().__init__(optimizer)
+
+    def lr_at(self, base_lr: float, step: int) -> float:
+        return base_lr * self.gamma ** (step // self.step_size)
+
+
+class CosineAnnealingLR(LRScheduler):
+    """``eta_min + (base_lr - eta_min) * (1 + cos(pi * step / T_max)) / 2``: from the base
+    rate down to ``eta_min`` over ``T_max`` steps along half a cosine (and back up after, as
+    PyTorch's closed form)."""
+
+    def __init__(self, optimizer: Optimizer, T_max: int, eta_min: float = 0.0) -> None:  # noqa: N803
+        if T_max < 1:
+            raise ValueError(f"CosineAnnealingLR: T_max must be >= 1, got {T_max}")
+        self.T_max, self.eta_min = int(T_max), float(eta_min)
+        super().__init__(optimizer)
+
+    def lr_at(self, base_lr: float, step: int) -> float:
+        cosine = (1.0 + math.cos(math.pi * step / self.T_max)) / 2.0
+        return self.eta_min + (base_lr - self.eta_min) * cosine
