@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 
 def run_backward(root: Tensor, grad: Any, retain_graph: bool) -> None:
     """Accumulate d(root)/d(leaf), weighted by ``grad``, into every leaf that requires grad."""
+    grad = _in_dtype_of(root, grad)
     if root._node is None:  # a leaf: its gradient is the output gradient itself
         root._accumulate(grad)
         return
@@ -31,6 +32,7 @@ def run_backward(root: Tensor, grad: Any, retain_graph: bool) -> None:
         for source, g_source in zip(node.inputs, node.input_gradients(g), strict=True):
             if g_source is None or not source.requires_grad:
                 continue
+            g_source = _in_dtype_of(source, g_source)
             if source._node is None:
                 source._accumulate(g_source)
             elif id(source) in pending:
@@ -41,6 +43,13 @@ def run_backward(root: Tensor, grad: Any, retain_graph: bool) -> None:
         for tensor in order:
             assert tensor._node is not None
             tensor._node.free()
+
+
+def _in_dtype_of(tensor: Tensor, grad: Any) -> Any:
+    """``grad`` in ``tensor``'s dtype, as PyTorch keeps every gradient: an op over a float32
+    and a float64 input computes in float64, but the float32 input's gradient is float32 (so
+    that ``w -= lr * w.grad`` keeps to the standard's in-place dtype rule)."""
+    return grad if grad.dtype == tensor.dtype else tensor._ad.xp.astype(grad, tensor.dtype)
 
 
 def _outputs_before_inputs(root: Tensor) -> list[Tensor]:

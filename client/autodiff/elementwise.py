@@ -90,7 +90,11 @@ def _pow_base(xp: Any, a: Any, b: Any, y: Any, g: Any) -> Any:
 
 
 def _pow_exponent(xp: Any, a: Any, b: Any, y: Any, g: Any) -> Any:
-    return g * (y * (math.log(a) if isinstance(a, int | float) else xp.log(a)))
+    if not isinstance(a, int | float):
+        return g * (y * xp.log(a))
+    if a == 0:  # 0 ** b: flat where b > 0 (PyTorch's choice at b == 0 too), -inf below
+        return g * xp.where(b >= 0, 0.0, -math.inf)
+    return g * (y * (math.log(a) if a > 0 else math.nan))  # a negative base: NaN, as log
 
 
 BINARY: dict[str, tuple[Callable[[Any, Any, Any], Any], Gradient, Gradient]] = {

@@ -12,6 +12,7 @@ so its gradient is written into zeros with ``__setitem__``.
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -86,7 +87,16 @@ def _summed_to(xp: Any, grad: Any, shape: tuple[int, ...]) -> Any:
 
 
 def _is_array_key(item: Any) -> bool:
+    """An index array (a numpy integer scalar has ``__array_namespace__`` too, but is an int)."""
+    if isinstance(item, numbers.Integral):
+        return False
     return isinstance(item, Tensor) or hasattr(item, "__array_namespace__")
+
+
+def _is_basic(item: Any) -> bool:
+    """An index item that takes each element at most once (a list, as numpy's and the remote
+    namespace's ``x[[0, 0]]``, may take one twice: its gradient must add up, not overwrite)."""
+    return item is None or item is Ellipsis or isinstance(item, numbers.Integral | slice)
 
 
 def getitem(ad: Autodiff, x: Any, key: Any, /) -> Tensor:
@@ -98,7 +108,7 @@ def getitem(ad: Autodiff, x: Any, key: Any, /) -> Tensor:
     plain_key_or_item = plain_key if isinstance(key, tuple) else plain_key[0]
     xp, shape = ad.xp, tuple(t.array.shape)
     y = t.array[plain_key_or_item]
-    if not arrays:
+    if not arrays and all(_is_basic(item) for item in items):
         return record(
             ad,
             "__getitem__",
