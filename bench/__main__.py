@@ -21,14 +21,14 @@ import pydantic
 
 import client
 
-from . import _procs, compute, consumer, latency, memory, transfer
+from . import _procs, compute, consumer, latency, memory, training, transfer
 from ._params import FULL, QUICK, Params
 from ._progress import Progress
 from ._report import Figure, markdown, print_table, write_json
 
 WORKLOADS = (
     "transfer", "upload-memory", "latency", "pipelined", "matmul", "clients", "idle-load",
-    "cycles", "sessions", "consumer",
+    "cycles", "sessions", "consumer", "training",
 )  # fmt: skip
 Tick = Callable[[], None]
 
@@ -66,6 +66,10 @@ def _plan(p: Params, url: str, ports: dict[str, int], dev: client.RemoteDevice) 
         "sessions": (1, lambda t: [memory.idle_sessions(p.sessions, t)]),
         "consumer": (p.consumer_reps, lambda t: consumer.fit(
             dev, p.consumer_n, p.consumer_reps, t)),
+        "training": (2 * p.training_reps, lambda t: training.steps_per_second(
+            dev, training.DIGITS, p.training_steps, p.training_reps, t)
+            + training.steps_per_second(
+                dev, training.WIDE, p.training_wide_steps, p.training_reps, t)),
     }  # fmt: skip
 
 

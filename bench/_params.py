@@ -28,6 +28,9 @@ class Params:
     sessions: int  # idle sessions
     consumer_n: int  # samples in the scikit-learn fit of the consumer workload
     consumer_reps: int  # interleaved remote and local fits (odd: the median is one fit's)
+    training_steps: int  # steps per round of the digits MLP (bench/training.py)
+    training_wide_steps: int  # steps per round of the wide MLP
+    training_reps: int  # interleaved remote and local rounds of each
 
 
 FULL = Params(
@@ -49,6 +52,9 @@ FULL = Params(
     sessions=100,
     consumer_n=2000,  # issue 14's example: CalibratedClassifierCV at n=2000
     consumer_reps=5,
+    training_steps=200,
+    training_wide_steps=10,
+    training_reps=5,
 )
 
 QUICK = Params(
@@ -70,4 +76,7 @@ QUICK = Params(
     sessions=4,
     consumer_n=200,
     consumer_reps=1,
+    training_steps=10,
+    training_wide_steps=2,
+    training_reps=1,
 )

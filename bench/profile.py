@@ -1,7 +1,8 @@
 """``python -m bench.profile [--out DIR] [--ops N] [--mib N]``: where the time goes.
 
-Profiles the pipelined workload, a large upload, a large download and small reads, each on a
-fresh server: the server and a client process are both sampled from outside with py-spy
+Profiles the pipelined workload, a large upload, a large download, small reads and training
+steps of the digits MLP (``bench/training.py``), each on a fresh server: the server and a
+client process are both sampled from outside with py-spy
 (``--nonblocking``, so neither is paused; every thread, the client's event-loop thread too).
 Writes, per scenario, ``NAME.server.txt`` and ``NAME.client.txt``: the hottest functions by own
 and by total samples.
@@ -23,8 +24,9 @@ from pathlib import Path
 import numpy as np
 
 import client
+from client.autodiff import Autodiff
 
-from . import _procs
+from . import _procs, training
 
 
 def _pipelined(dev: client.RemoteDevice, ops: int) -> Callable[[], None]:
@@ -75,7 +77,19 @@ def _reads(dev: client.RemoteDevice, count: int) -> Callable[[], None]:
     return run
 
 
-SCENARIOS = {"pipelined": _pipelined, "upload": _upload, "download": _download, "reads": _reads}
+def _training(dev: client.RemoteDevice, steps: int) -> Callable[[], None]:
+    """The digits MLP of bench/training.py, trained ``steps`` steps (one read each)."""
+    trainer = training.Trainer(Autodiff(client.namespace(dev)), training.DIGITS, 256)
+    trainer.run(3)
+
+    def run() -> None:
+        trainer.run(steps)
+
+    return run
+
+
+SCENARIOS = {"pipelined": _pipelined, "upload": _upload, "download": _download, "reads": _reads,
+             "training": _training}  # fmt: skip
 
 
 def _client(url: str, name: str, size: int) -> None:
@@ -152,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ops", type=int, default=50_000)
     parser.add_argument("--mib", type=int, default=256)
     parser.add_argument("--reads", type=int, default=2000)
+    parser.add_argument("--steps", type=int, default=1000, help="training steps (digits MLP)")
     parser.add_argument("--only", action="append")
     parser.add_argument("--client", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -160,7 +175,8 @@ def main(argv: list[str] | None = None) -> int:
         _client(url, name, int(size))
         return 0
     args.out.mkdir(parents=True, exist_ok=True)
-    sizes = {"pipelined": args.ops, "upload": args.mib, "download": args.mib, "reads": args.reads}
+    sizes = {"pipelined": args.ops, "upload": args.mib, "download": args.mib, "reads": args.reads,
+             "training": args.steps}  # fmt: skip
     for name, size in sizes.items():
         if args.only and name not in args.only:
             continue

@@ -45,8 +45,8 @@ def test_quick_run_writes_every_workload(tmp_path: Path) -> None:
     # three figures per throughput direction and size (quick: 2 sizes): ours and websockets
     # alone against TCP, ours against TCP into a reused array; the upload floor per size, and
     # ours against it at 1 MiB; the streamed uploads; then one to four per workload (latency:
-    # 4, pipelined: 2, the consumer: 3)
-    assert len(figures) == 12 + 2 + 1 + 1 + 1 + 4 + 2 + 1 + 1 + 1 + 1 + 1 + 3
+    # 4, pipelined: 2, the consumer: 3, training: 2 for the digits MLP and 1 for the wide one)
+    assert len(figures) == 12 + 2 + 1 + 1 + 1 + 4 + 2 + 1 + 1 + 1 + 1 + 1 + 3 + 3
     for figure in figures:
         assert math.isfinite(figure["value"])
         measured = figure["measured"]
@@ -63,6 +63,13 @@ def test_quick_run_writes_every_workload(tmp_path: Path) -> None:
     trips = fit["blocking round trips per fit"]["value"]
     assert trips == int(trips) > 0
     assert 0 < fit["time waiting on them / remote fit time"]["value"] < 1
+    training = {(f["workload"].split(",")[0], f["figure"]): f for f in figures
+                if f["workload"].startswith("training")}  # fmt: skip
+    wide = training[("training: MLP 512-1024-1024-10", "remote steps/s / local numpy")]
+    assert wide["goal"] == {"op": ">=", "value": 0.9}  # issue 15, for a step of >= 10 ms
+    digits = "training: MLP 64-128-128-10"
+    assert training[(digits, "remote steps/s / local numpy")]["goal"] is None  # reported
+    assert training[(digits, "client CPU, us per step")]["value"] > 0
     assert "Tensorwire benchmarks" in done.stdout
 
 

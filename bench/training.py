@@ -1,0 +1,117 @@
+"""The training workload (issue 15): one MLP trained with ``client.nn`` and ``client.optim``
+on the remote device and on numpy, in the same run, as steps per second.
+
+Each step is what ``examples/train_mlp.py`` does: gather a batch on the device from uploaded
+indices, forward, cross-entropy, backward, Adam, and one read of the loss. Two models:
+
+- the digits MLP of the example (64 -> 128 -> 128 -> 10, batch 64), where one step is well
+  under a millisecond of numpy, so the ratio says what a step's messages and op building cost;
+  the client's CPU time per step (``time.thread_time`` of the training thread: building,
+  encoding and sending the step's ops, reading the loss) is reported next to local numpy's
+  whole step, and ``python -m bench.profile`` samples both processes for the rest;
+- a wide MLP (512 -> 1024 -> 1024 -> 10, batch 256) whose step costs 15-20 ms of numpy: the
+  goal, remote at least 0.9x local, says whether the remote device adds little to real work.
+
+Remote and local rounds are interleaved, so both see the same machine.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+import client
+from client import nn, optim
+from client.autodiff import Autodiff
+
+from ._report import Figure, Goal, Stat
+
+Tick = Callable[[], None]
+
+
+@dataclass(frozen=True)
+class Model:
+    name: str
+    widths: tuple[int, ...]  # input, hidden..., classes
+    batch: int
+    goal: Goal | None
+
+    @property
+    def title(self) -> str:
+        return f"MLP {'-'.join(map(str, self.widths))}, batch {self.batch}, Adam"
+
+
+DIGITS = Model("digits", (64, 128, 128, 10), 64, None)
+WIDE = Model("wide", (512, 1024, 1024, 10), 256, Goal(">=", 0.9))
+
+
+def _mlp(ad: Autodiff, widths: tuple[int, ...]) -> nn.Module:
+    rng = np.random.default_rng(0)
+    layers: list[nn.Module] = []
+    for fan_in, fan_out in zip(widths[:-1], widths[1:], strict=True):
+        layers += [nn.Linear(fan_in, fan_out, ad=ad, rng=rng), nn.ReLU()]
+    return nn.Sequential(*layers[:-1])
+
+
+class Trainer:
+    """A model, its optimizer and its data on one device; ``run(n)`` trains n steps."""
+
+    def __init__(self, ad: Autodiff, model: Model, samples: int) -> None:
+        rng = np.random.default_rng(1)
+        self.ad, self.batch = ad, model.batch
+        self.x = ad.asarray(rng.standard_normal((samples, model.widths[0]), dtype=np.float32))
+        self.y = ad.asarray(rng.integers(0, model.widths[-1], samples))
+        self.net = _mlp(ad, model.widths)
+        self.opt = optim.Adam(self.net.parameters(), lr=1e-3)
+        self.order = np.random.default_rng(2)
+        self.losses: list[float] = []
+
+    def run(self, steps: int) -> None:
+        ad = self.ad
+        for _ in range(steps):
+            index = ad.asarray(self.order.integers(0, self.x.shape[0] or 0, self.batch))
+            loss = nn.cross_entropy(self.net(ad.take(self.x, index, axis=0)),
+                                    ad.take(self.y, index, axis=0))  # fmt: skip
+            self.opt.zero_grad()
+            loss.backward()
+            self.opt.step()
+            self.losses.append(float(loss))  # the step's one read
+
+
+def _timed(trainer: Trainer, steps: int) -> float:
+    start = time.perf_counter()
+    trainer.run(steps)
+    return time.perf_counter() - start
+
+
+def steps_per_second(dev: client.RemoteDevice, model: Model, steps: int, reps: int,
+                     tick: Tick) -> list[Figure]:  # fmt: skip
+    """Remote steps per second over local numpy's, ``reps`` interleaved rounds of ``steps``
+    after one warm-up round each; for a model without a goal, also where a remote step's time
+    goes."""
+    remote = Trainer(Autodiff(client.namespace(dev)), model, 4 * model.batch)
+    local = Trainer(Autodiff(np), model, 4 * model.batch)
+    remote.run(2)
+    local.run(2)
+    ours, theirs, client_cpu = [], [], []
+    for _ in range(reps):
+        thread = time.thread_time()
+        ours.append(_timed(remote, steps) / steps)
+        client_cpu.append((time.thread_time() - thread) / steps)
+        theirs.append(_timed(local, steps) / steps)
+        tick()
+    np.testing.assert_allclose(remote.losses, local.losses, rtol=1e-5)  # the same training
+    step_remote = Stat.of([1 / s for s in ours], "steps/s")
+    step_local = Stat.of([1 / s for s in theirs], "steps/s")
+    name = f"training: {model.title}"
+    figures = [Figure(name, "remote steps/s / local numpy", step_remote.median / step_local.median,
+                      model.goal, step_remote, step_local, "local numpy")]  # fmt: skip
+    if model.goal is None:
+        cpu = Stat.of([s * 1e6 for s in client_cpu], "us/step")
+        local_step = Stat.of([s * 1e6 for s in theirs], "us/step")
+        figures.append(Figure(name, "client CPU, us per step", cpu.median, None, cpu,
+                              local_step, "local numpy's whole step"))  # fmt: skip
+    return figures
