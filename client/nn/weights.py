@@ -12,7 +12,8 @@ safetensors is imported when a file is read or written, so ``client.nn`` imports
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -83,28 +84,33 @@ def load(path: PathLike) -> dict[str, np.ndarray[Any, Any]]:
         FileNotFoundError: there is no file at ``path``.
         WeightsFileError: the file is not a safetensors file numpy can read.
     """
-    where = os.fspath(path)
-    if not Path(where).is_file():
-        raise FileNotFoundError(f"no weights file at {where!r}")
-    safetensors = _safetensors()
-    try:
-        with safetensors.safe_open(where, framework="np") as file:
-            return {name: file.get_tensor(name) for name in file.keys()}
-    except (safetensors.SafetensorError, OSError, KeyError, TypeError, ValueError) as exc:
-        raise WeightsFileError(
-            f"{where!r} is not a safetensors file numpy can read: {type(exc).__name__}: {exc}"
-        ) from exc
+    with _opened(path) as file:
+        return {name: file.get_tensor(name) for name in file.keys()}
 
 
 def load_metadata(path: PathLike) -> dict[str, str]:
     """The text entries of a safetensors file's header (``{"format": "tensorwire"}`` for a
     file this module wrote), without reading its arrays."""
+    with _opened(path) as file:
+        return dict(file.metadata() or {})
+
+
+@contextmanager
+def _opened(path: PathLike) -> Iterator[Any]:
+    """The safetensors file at ``path``, open for reading with numpy.
+
+    Raises:
+        FileNotFoundError: there is no file at ``path``.
+        WeightsFileError: the file is not a safetensors file numpy can read.
+    """
     where = os.fspath(path)
     if not Path(where).is_file():
         raise FileNotFoundError(f"no weights file at {where!r}")
     safetensors = _safetensors()
     try:
         with safetensors.safe_open(where, framework="np") as file:
-            return dict(file.metadata() or {})
-    except (safetensors.SafetensorError, OSError) as exc:
-        raise WeightsFileError(f"{where!r} is not a safetensors file: {exc}") from exc
+            yield file
+    except (safetensors.SafetensorError, OSError, KeyError, TypeError, ValueError) as exc:
+        raise WeightsFileError(
+            f"{where!r} is not a safetensors file numpy can read: {type(exc).__name__}: {exc}"
+        ) from exc
