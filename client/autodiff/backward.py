@@ -29,7 +29,7 @@ def run_backward(root: Tensor, grad: Any, retain_graph: bool) -> None:
             tensor._accumulate(g)
         node = tensor._node
         assert node is not None
-        for source, g_source in zip(node.inputs, node.input_gradients(g), strict=True):
+        for source, g_source in zip(node.inputs, node.input_gradients(tensor, g), strict=True):
             if g_source is None or not source.requires_grad:
                 continue
             g_source = _in_dtype_of(source, g_source)

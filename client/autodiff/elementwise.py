@@ -84,15 +84,17 @@ def _won(xp: Any, g: Any, wins: Any, ties: Any) -> Any:
 
 
 def _pow_base(xp: Any, a: Any, b: Any, y: Any, g: Any) -> Any:
-    if isinstance(b, int | float) and b == 0:
-        return xp.zeros_like(g)
-    return g * (b * a ** (b - 1))
+    """``b * a ** (b - 1)``, and 0 where ``b == 0`` (PyTorch's choice: ``a ** 0`` is flat)."""
+    if isinstance(b, int | float):
+        return xp.zeros_like(g) if b == 0 else g * (b * a ** (b - 1))
+    return xp.where(b == 0, 0.0, g * (b * a ** (b - 1)))
 
 
 def _pow_exponent(xp: Any, a: Any, b: Any, y: Any, g: Any) -> Any:
+    """``a ** b * log(a)``, and 0 where ``a == 0`` and ``b >= 0`` (PyTorch's choice)."""
     if not isinstance(a, int | float):
-        return g * (y * xp.log(a))
-    if a == 0:  # 0 ** b: flat where b > 0 (PyTorch's choice at b == 0 too), -inf below
+        return xp.where((a == 0) & (b >= 0), 0.0, g * (y * xp.log(a)))
+    if a == 0:
         return g * xp.where(b >= 0, 0.0, -math.inf)
     return g * (y * (math.log(a) if a > 0 else math.nan))  # a negative base: NaN, as log
 
@@ -157,7 +159,8 @@ def _fitted(xp: Any, grad: Any, t: Tensor) -> Any:
 
 
 def where(ad: Autodiff, condition: Any, x1: Any, x2: Any, /) -> Tensor:
-    cond = plain(operand(ad, condition))
+    mask = operand(ad, condition)
+    cond = plain(mask)
     a, b = operand(ad, x1), operand(ad, x2)
     inputs = same_device("where", a, b)
     xp = ad.xp
@@ -168,7 +171,8 @@ def where(ad: Autodiff, condition: Any, x1: Any, x2: Any, /) -> Tensor:
         return tuple(_fitted(xp, grad, t) for grad, t in ((ga, a), (gb, b))
                      if isinstance(t, Tensor))  # fmt: skip
 
-    return record(ad, "where", y, inputs, backward)
+    watched = (mask,) if isinstance(mask, Tensor) else ()
+    return record(ad, "where", y, inputs, backward, watched=watched)
 
 
 def clip(ad: Autodiff, x: Any, /, min: Any = None, max: Any = None) -> Tensor:  # noqa: A002
@@ -179,7 +183,8 @@ def clip(ad: Autodiff, x: Any, /, min: Any = None, max: Any = None) -> Tensor:  
         out = out if min is None else ad.maximum(out, min)
         return out if max is None else ad.minimum(out, max)
     t = as_tensor(ad, x)
-    same_device("clip", t, *(v for v in (min, max) if isinstance(v, Tensor)))
+    bounds = tuple(v for v in (min, max) if isinstance(v, Tensor))
+    same_device("clip", t, *bounds)
     xp, xa = ad.xp, t.array
     lo, hi = plain(min) if min is not None else None, plain(max) if max is not None else None
     y = xp.clip(xa, min=lo, max=hi)
@@ -190,7 +195,7 @@ def clip(ad: Autodiff, x: Any, /, min: Any = None, max: Any = None) -> Tensor:  
             inside = xa <= hi if inside is None else xp.logical_and(inside, xa <= hi)
         return (g if inside is None else xp.where(inside, g, 0.0),)
 
-    return record(ad, "clip", y, (t,), backward)
+    return record(ad, "clip", y, (t,), backward, watched=bounds)
 
 
 def astype(ad: Autodiff, x: Any, dtype: Any, /, *, copy: bool = True, device: Any = None,

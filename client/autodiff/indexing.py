@@ -4,9 +4,11 @@
 A gathered element may be gathered twice, so its gradient is a sum over the places it went.
 The standard has no scatter-add, so the gradient of a gather is written as a product with a
 one-hot matrix (``positions == arange(n)``): ordinary ops of the wrapped namespace, which run
-where the tensors live. Its cost is (elements gathered) x (length of the axis) multiply-adds:
-fine for labels and embedding tables of training size. Basic indexing never repeats an element,
-so its gradient is written into zeros with ``__setitem__``.
+where the tensors live. For ``take``, ``take_along_axis`` and ``x[rows]`` its cost is (elements
+gathered) x (length of the axis) multiply-adds: fine for labels and embedding tables of
+training size; any other integer-array key costs (elements gathered) x (size of ``x``). Basic
+indexing and boolean masks never repeat an element, so their gradient is written into zeros
+with ``__setitem__``.
 """
 
 from __future__ import annotations
@@ -100,30 +102,55 @@ def _is_basic(item: Any) -> bool:
 
 
 def getitem(ad: Autodiff, x: Any, key: Any, /) -> Tensor:
+    """``x[key]``. Its gradient: written into zeros where no element can be taken twice (basic
+    keys, a boolean mask); a one-hot product along axis 0 for one integer array there (as
+    ``take``); else a one-hot product over every position of ``x`` (any other integer-array
+    key: (elements taken) x (size of x) multiply-adds)."""
     t = as_tensor(ad, x)
     items = key if isinstance(key, tuple) else (key,)
     arrays = [as_tensor(ad, i) for i in items if _is_array_key(i)]
     same_device("__getitem__", t, *arrays)
     plain_key = tuple(i.array if isinstance(i, Tensor) else i for i in items)
     plain_key_or_item = plain_key if isinstance(key, tuple) else plain_key[0]
-    xp, shape = ad.xp, tuple(t.array.shape)
+    xp, shape, device = ad.xp, tuple(t.array.shape), t.array.device
     y = t.array[plain_key_or_item]
     if not arrays and all(_is_basic(item) for item in items):
+        return record(ad, "__getitem__", y, (t,),
+                      lambda g: (_scattered(xp, g, shape, plain_key_or_item, device),),
+                      view_of=t)  # fmt: skip
+    if arrays and len(items) == 1 and xp.isdtype(arrays[0].dtype, "bool"):  # each taken once
         return record(
             ad,
             "__getitem__",
             y,
-            (t,),
-            lambda g: (_scattered(xp, g, shape, plain_key_or_item, t.array.device),),
+            (t, *arrays),
+            lambda g: (_scattered(xp, g, shape, plain_key_or_item, device), None),
         )
+    if _rows(items) and xp.isdtype(arrays[0].dtype, "integral"):
+        rows = xp.reshape(arrays[0].array, (-1,))
+
+        def backward_rows(g: Any) -> tuple[Any, ...]:  # (n, k) @ (k, rest) -> (n, rest)
+            taken = xp.reshape(g, (rows.shape[0], -1))
+            summed = xp.matrix_transpose(_one_hot(xp, rows, shape[0], g.dtype)) @ taken
+            return (xp.reshape(summed, shape), None)
+
+        return record(ad, "__getitem__", y, (t, *arrays), backward_rows)
 
     def backward(g: Any) -> tuple[Any, ...]:  # which flat position each element came from
         size = math.prod(shape)
-        positions = xp.reshape(xp.arange(size, device=t.array.device), shape)[plain_key_or_item]
+        positions = xp.reshape(xp.arange(size, device=device), shape)[plain_key_or_item]
         flat = xp.reshape(g, (1, -1)) @ _one_hot(xp, xp.reshape(positions, (-1,)), size, g.dtype)
         return (xp.reshape(flat, shape), *(None for _ in arrays))
 
     return record(ad, "__getitem__", y, (t, *arrays), backward)
+
+
+def _rows(items: tuple[Any, ...]) -> bool:
+    """Whether the key is one index array on axis 0 and whole slices (or ``...``) after it."""
+    first, *rest = items
+    return _is_array_key(first) and all(
+        item is Ellipsis or (isinstance(item, slice) and item == slice(None)) for item in rest
+    )
 
 
 def _scattered(xp: Any, g: Any, shape: tuple[int, ...], key: Any, device: Any) -> Any:

@@ -59,9 +59,10 @@ class Autodiff:
     greater_equal: Callable[..., Tensor]
     equal: Callable[..., Tensor]
     not_equal: Callable[..., Tensor]
-    logical_and: Callable[..., Tensor]
-    logical_or: Callable[..., Tensor]
-    logical_not: Callable[..., Tensor]
+    bitwise_and: Callable[..., Tensor]
+    bitwise_or: Callable[..., Tensor]
+    bitwise_xor: Callable[..., Tensor]
+    bitwise_invert: Callable[..., Tensor]
 
     def __init__(self, xp: Any) -> None:
         self.xp = xp
@@ -69,6 +70,10 @@ class Autodiff:
 
     def __repr__(self) -> str:
         return f"Autodiff({getattr(self.xp, '__name__', self.xp)!r})"
+
+    @property
+    def __array_api_version__(self) -> str:  # noqa: PLW3201 - the standard's attribute
+        return str(self.xp.__array_api_version__)
 
     def is_real_floating(self, array: Any) -> bool:
         dtype = array.dtype
@@ -121,15 +126,21 @@ class _Subnamespace:
         return _passed_through(self._ad, f"{self._name}.{name}", getattr(self._target, name))
 
 
+# Functions whose result depends on the shape and dtype of their tensor arguments, not on
+# their values: constants, never a node that would refuse differentiation.
+_VALUE_FREE = frozenset({"zeros_like", "ones_like", "full_like", "empty_like"})
+
+
 def _passed_through(ad: Autodiff, name: str, function: Callable[..., Any]) -> Callable[..., Any]:
     """``function`` over tensors' arrays; its array results as tensors that carry no gradient
     (and refuse to be differentiated when an input required one)."""
+    value_free = name in _VALUE_FREE
 
     def passed_through(*args: Any, **kwargs: Any) -> Any:
         inputs: list[Tensor] = []
         result = function(*_arrays(args, inputs), **{k: _arrays(v, inputs)
                                                       for k, v in kwargs.items()})  # fmt: skip
-        return _tensors(ad, name, result, tuple(inputs))
+        return _tensors(ad, name, result, () if value_free else tuple(inputs))
 
     passed_through.__name__ = passed_through.__qualname__ = name.rsplit(".", 1)[-1]
     return passed_through

@@ -21,18 +21,21 @@ Backward = Callable[[Any], Sequence[Any]]
 class Node:
     """How an output was made: kept by the output tensor until backward() frees it."""
 
-    __slots__ = ("name", "inputs", "backward", "versions", "freed")
+    __slots__ = ("name", "inputs", "backward", "watched", "versions", "output_version", "freed")
 
-    def __init__(self, name: str, inputs: tuple[Tensor, ...], backward: Backward | None) -> None:
+    def __init__(self, name: str, inputs: tuple[Tensor, ...], backward: Backward | None,
+                 output_version: int = 0, watched: tuple[Tensor, ...] = ()) -> None:  # fmt: skip
         self.name = name  # the op, named in errors
         self.inputs = inputs
         self.backward = backward  # None: the op has no gradient
-        self.versions = tuple(t._version for t in inputs)  # to notice in-place changes
+        self.watched = inputs + watched  # what the backward may read, and the output below
+        self.versions = tuple(t._version for t in self.watched)  # to notice in-place changes
+        self.output_version = output_version  # many backwards read the output too
         self.freed = False
 
-    def input_gradients(self, grad: Any) -> Sequence[Any]:
-        """The inputs' gradients from the output's, after checking the op may be differentiated
-        now."""
+    def input_gradients(self, output: Tensor, grad: Any) -> Sequence[Any]:
+        """The inputs' gradients from the gradient of ``output`` (the tensor this node made),
+        after checking the op may be differentiated now."""
         if self.freed:
             raise GraphFreedError(
                 f"backward() through {self.name} a second time: an earlier backward() freed "
@@ -43,14 +46,20 @@ class Node:
                 f"{self.name} has no gradient: its output was differentiated; detach() its "
                 "input or compute it inside no_grad() if no gradient should flow through it"
             )
-        for tensor, version in zip(self.inputs, self.versions, strict=True):
+        for tensor, version in zip(self.watched, self.versions, strict=True):
             if tensor._version != version:
                 raise ModifiedInPlaceError(
                     f"an input of {self.name} was modified in place after {self.name} used it "
                     f"(version {version}, now {tensor._version}); its gradient would be wrong"
                 )
+        if output._version != self.output_version:
+            raise ModifiedInPlaceError(
+                f"the output of {self.name} was modified in place after it was made (version "
+                f"{self.output_version}, now {output._version}); its gradient would be wrong"
+            )
         return self.backward(grad)
 
     def free(self) -> None:
         """Drop the inputs and the saved arrays, so the server can release them."""
-        self.inputs, self.versions, self.backward, self.freed = (), (), None, True
+        self.inputs, self.watched, self.versions, self.backward = (), (), (), None
+        self.freed = True

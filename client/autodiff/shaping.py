@@ -1,6 +1,6 @@
 """Shape ops with their gradients: each sends the output gradient back through the inverse
 rearrangement (``reshape`` back, the inverse permutation, the sum over broadcast axes, the
-slices of a concatenation)."""
+slices of a concatenation). The ops that may return a view share their input's version."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 def _reshaped_back(ad: Autodiff, name: str, t: Tensor, y: Any) -> Tensor:
     """An op that only relabels the shape: the gradient is reshaped to the input's shape."""
     xp, shape = ad.xp, tuple(t.array.shape)
-    return record(ad, name, y, (t,), lambda g: (xp.reshape(g, shape),))
+    return record(ad, name, y, (t,), lambda g: (xp.reshape(g, shape),), view_of=t)
 
 
 def reshape(ad: Autodiff, x: Any, /, shape: Sequence[int], *, copy: bool | None = None,
@@ -43,28 +43,29 @@ def permute_dims(ad: Autodiff, x: Any, /, axes: Sequence[int]) -> Tensor:
     xp, order = ad.xp, tuple(a % max(t.ndim, 1) for a in axes)
     inverse = tuple(sorted(range(len(order)), key=order.__getitem__))
     y = xp.permute_dims(t.array, order)
-    return record(ad, "permute_dims", y, (t,), lambda g: (xp.permute_dims(g, inverse),))
+    return record(ad, "permute_dims", y, (t,), lambda g: (xp.permute_dims(g, inverse),),
+                  view_of=t)  # fmt: skip
 
 
 def matrix_transpose(ad: Autodiff, x: Any, /) -> Tensor:
     t = as_tensor(ad, x)
     xp = ad.xp
     return record(ad, "matrix_transpose", xp.matrix_transpose(t.array), (t,),
-                  lambda g: (xp.matrix_transpose(g),))  # fmt: skip
+                  lambda g: (xp.matrix_transpose(g),), view_of=t)  # fmt: skip
 
 
 def broadcast_to(ad: Autodiff, x: Any, /, shape: Sequence[int]) -> Tensor:
     t = as_tensor(ad, x)
     xp, source = ad.xp, tuple(t.array.shape)
     return record(ad, "broadcast_to", xp.broadcast_to(t.array, tuple(shape)), (t,),
-                  lambda g: (unbroadcast(xp, g, source),))  # fmt: skip
+                  lambda g: (unbroadcast(xp, g, source),), view_of=t)  # fmt: skip
 
 
 def flip(ad: Autodiff, x: Any, /, *, axis: int | tuple[int, ...] | None = None) -> Tensor:
     t = as_tensor(ad, x)
     xp = ad.xp
     return record(ad, "flip", xp.flip(t.array, axis=axis), (t,),
-                  lambda g: (xp.flip(g, axis=axis),))  # fmt: skip
+                  lambda g: (xp.flip(g, axis=axis),), view_of=t)  # fmt: skip
 
 
 def _along(axis: int, item: int | slice) -> tuple[Any, ...]:

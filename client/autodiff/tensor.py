@@ -27,20 +27,33 @@ class Tensor:
     standard's do, with Python scalars and plain arrays of the same device as constants.
     """
 
-    __slots__ = ("array", "_ad", "_requires_grad", "_grad", "_node", "_version",
-                 "_retains_grad", "__weakref__")  # fmt: skip
+    __slots__ = ("array", "_ad", "_requires_grad", "_grad", "_node", "_counter",
+                 "_retains_grad", "_shared", "__weakref__")  # fmt: skip
     __array_ufunc__ = None  # numpy defers to our reflected operators: ndarray + Tensor records
 
-    def __init__(self, ad: Autodiff, array: Any, requires_grad: bool = False) -> None:
+    def __init__(self, ad: Autodiff, array: Any, requires_grad: bool = False,
+                 counter: list[int] | None = None) -> None:  # fmt: skip
         self.array = array
         self._ad = ad
         self._requires_grad = False
         self._grad: Tensor | None = None
         self._node: Node | None = None
-        self._version = 0  # bumped by every in-place change, checked by the nodes that saw it
+        # The version: bumped by every in-place change, checked by the nodes that saw it; one
+        # counter shared by every tensor over the same memory (a view, a detach()), as
+        # PyTorch's, so that a write through one is seen by the nodes that saved another.
+        self._counter = [0] if counter is None else counter
         self._retains_grad = False
+        self._shared = False  # the array may be another tensor's too: copied before a write
         if requires_grad:
             self.requires_grad = True
+
+    @property
+    def _version(self) -> int:
+        return self._counter[0]
+
+    @_version.setter
+    def _version(self, value: int) -> None:
+        self._counter[0] = value
 
     # --- what it is -------------------------------------------------------------------------
     @property
@@ -130,6 +143,12 @@ class Tensor:
 
     @grad.setter
     def grad(self, value: Tensor | None) -> None:
+        if value is not None and not isinstance(value, Tensor):
+            value = Tensor(self._ad, value)  # an array of the wrapped namespace
+        if value is not None and value.shape != self.shape:
+            raise NotDifferentiableError(
+                f".grad of shape {value.shape} for a tensor of {self.shape}"
+            )
         self._grad = value
 
     def retain_grad(self) -> None:
@@ -166,14 +185,26 @@ class Tensor:
         run_backward(self, grad, retain_graph)
 
     def _accumulate(self, grad: Any) -> None:
-        """Add ``grad`` to ``.grad`` (backward() calls this; gradients add up like PyTorch's)."""
+        """Add ``grad`` to ``.grad`` (backward() calls this; gradients add up like PyTorch's).
+
+        The first gradient is kept as it came, without a copy: it may be another leaf's too,
+        or a read-only broadcast view, so the ``.grad`` tensor copies it before its first
+        in-place change (copy on write: an optimizer that only reads gradients pays nothing).
+        """
         if tuple(grad.shape) != self.shape:  # a bug in some op's gradient, not the user's
             raise AutodiffError(f"internal: gradient of shape {grad.shape} for {self.shape}")
-        self._grad = Tensor(self._ad, grad if self._grad is None else self._grad.array + grad)
+        if self._grad is None:
+            self._grad = Tensor(self._ad, grad)
+            self._grad._shared = True
+        else:
+            self._grad = Tensor(self._ad, self._grad.array + grad)
 
     def detach(self) -> Tensor:
-        """The same array, cut from the graph: no gradient flows through it."""
-        return Tensor(self._ad, self.array)
+        """The same array, cut from the graph: no gradient flows through it. It shares this
+        tensor's version, so an in-place change through it is caught like one through this."""
+        out = Tensor(self._ad, self.array, counter=self._counter)
+        out._shared = self._shared
+        return out
 
     # --- reading --------------------------------------------------------------------------
     def __float__(self) -> float:
@@ -278,36 +309,56 @@ class Tensor:
     def __ne__(self, other: Any) -> Tensor:  # type: ignore[override]
         return self._ad.not_equal(self, other)
 
+    # bitwise, as the standard's operators are (on booleans that is logical)
     def __and__(self, other: Any) -> Tensor:
-        return self._ad.logical_and(self, other)
+        return self._ad.bitwise_and(self, other)
+
+    def __rand__(self, other: Any) -> Tensor:
+        return self._ad.bitwise_and(other, self)
 
     def __or__(self, other: Any) -> Tensor:
-        return self._ad.logical_or(self, other)
+        return self._ad.bitwise_or(self, other)
+
+    def __ror__(self, other: Any) -> Tensor:
+        return self._ad.bitwise_or(other, self)
+
+    def __xor__(self, other: Any) -> Tensor:
+        return self._ad.bitwise_xor(self, other)
+
+    def __rxor__(self, other: Any) -> Tensor:
+        return self._ad.bitwise_xor(other, self)
 
     def __invert__(self) -> Tensor:
-        return self._ad.logical_not(self)
+        return self._ad.bitwise_invert(self)
 
     def __getitem__(self, key: Any) -> Tensor:
         return self._ad.getitem(self, key)
 
     # --- in place: allowed where no gradient can be corrupted by it -------------------------
     def __setitem__(self, key: Any, value: Any) -> None:
-        self._check_in_place("__setitem__")
+        self._check_in_place("__setitem__", value)
         self.array[_plain(key)] = _plain(value)
         self._version += 1
 
     def _in_place(self, method: str, other: Any) -> Tensor:
-        self._check_in_place(method)
+        self._check_in_place(method, other)
         self.array = getattr(self.array, method)(_plain(other))
         self._version += 1
         return self
 
-    def _check_in_place(self, method: str) -> None:
-        if self._requires_grad and is_grad_enabled():
+    def _check_in_place(self, method: str, value: Any) -> None:
+        """Refuse a change that differentiation would not see; copy a shared array first."""
+        if is_grad_enabled() and (
+            self._requires_grad or (isinstance(value, Tensor) and value._requires_grad)
+        ):
             raise AutodiffError(
-                f"{method} of a tensor that requires grad, outside no_grad(): the change would "
-                "not be differentiated; update parameters inside no_grad()"
+                f"{method} with a tensor that requires grad, outside no_grad(): in-place "
+                "changes are not recorded, so no gradient would flow through it; compute a "
+                "new tensor instead, or update parameters inside no_grad()"
             )
+        if self._shared:  # a gradient another tensor may hold too (copy on write)
+            self.array = self._ad.xp.asarray(self.array, copy=True)
+            self._shared = False
 
     def __iadd__(self, other: Any) -> Tensor:
         return self._in_place("__iadd__", other)
@@ -332,11 +383,17 @@ def _plain(value: Any) -> Any:
 
 
 def record(ad: Autodiff, name: str, array: Any, inputs: tuple[Tensor, ...],
-           backward: Backward | None) -> Tensor:  # fmt: skip
+           backward: Backward | None, *, view_of: Tensor | None = None,
+           watched: tuple[Tensor, ...] = ()) -> Tensor:  # fmt: skip
     """The output of op ``name``: recorded with its inputs and ``backward`` when gradients are
-    on, some input requires one and the output is real floating point; else a constant."""
-    out = Tensor(ad, array)
+    on, some input requires one and the output is real floating point; else a constant.
+
+    ``view_of``: the output may share that input's memory (a view), so it shares its version.
+    ``watched``: tensors the backward reads that are not inputs (``where``'s condition), whose
+    in-place changes it must notice too.
+    """
+    out = Tensor(ad, array, counter=None if view_of is None else view_of._counter)
     if is_grad_enabled() and any(t._requires_grad for t in inputs) and ad.is_real_floating(array):
         out._requires_grad = True
-        out._node = Node(name, inputs, backward)
+        out._node = Node(name, inputs, backward, out._version, watched)
     return out

@@ -193,6 +193,7 @@ class Module:
         fresh = [(param, _copied_to(param, state[name])) for name, param in own.items()]
         for param, array in fresh:  # only once every value is ready: all or nothing
             param.array = array
+            param._version += 1  # a graph recorded before the load would differentiate old values
 
     def to(self, ad: Autodiff) -> Self:
         """Move every parameter to the namespace of ``ad`` (through numpy on the client),

@@ -123,11 +123,8 @@ def _check_parameter(index: int, param: Any) -> None:
             f"parameter {index} is not a leaf (it was computed by {param.op}); an "
             "optimizer updates tensors created with requires_grad=True"
         )
-    if not param.requires_grad:
-        raise ValueError(
-            f"parameter {index} does not require grad, so it would never have a "
-            "gradient to step with"
-        )
+    # A parameter that does not require grad (frozen) is accepted and skipped by step(), as
+    # PyTorch's optimizers do: unfreezing it later makes it train.
 
 
 def check_nonnegative(**values: float) -> None:
