@@ -36,7 +36,7 @@ from websockets.asyncio.server import serve as ws_serve
 from websockets.http11 import Request, Response
 
 from . import endpoints
-from .allocator import keep_freed_memory
+from .allocator import give_back_freed_memory, keep_freed_memory
 from .budget import MemoryBudget
 from .config import ServerConfig, validate_host_device, validate_security
 from .connection import Connections
@@ -74,7 +74,7 @@ class Server:
         self.draining = False
         self._workers = Workers(config.worker_threads, config.op_deadline)
         self.budget = MemoryBudget(config.effective_memory_budget, config.spare_memory)
-        keep_freed_memory(config.spare_memory)  # op results reuse freed results' pages
+        keep_freed_memory()  # op results reuse freed results' pages (given back when idle)
         self._ssl = tls_context(config)
         self.metrics = Metrics(
             lambda: [live.session for live in self._live.values()],
@@ -145,8 +145,7 @@ class Server:
             )
             async with anyio.create_task_group() as tasks:  # worker threads outlive sessions
                 self._workers.serve_in(tasks)
-                if self.budget.spare_limit:  # --spare-memory 0: nothing to trim
-                    tasks.start_soon(self._trim_spare)
+                tasks.start_soon(self._trim_spare)
                 task_status.started(self.port)
                 await anyio.sleep_forever()
         finally:
@@ -154,10 +153,18 @@ class Server:
                 await self._close(servers)
 
     async def _trim_spare(self) -> None:
-        """Drop spare memory (freed tensors kept for uploads) once it is ``spare_ttl`` old."""
+        """Drop spare memory (freed uploads kept for uploads) once it is ``spare_ttl`` old, and
+        give malloc's freed memory back to the kernel once no op has run for as long."""
+        seen, idle_for = self.budget.reservations, 0.0
         while True:
             await anyio.sleep(self.budget.spare_ttl / 2)
             self.budget.trim_spare()
+            if self.budget.reservations != seen:
+                seen, idle_for = self.budget.reservations, 0.0
+            elif idle_for < self.budget.spare_ttl:
+                idle_for += self.budget.spare_ttl / 2
+                if idle_for >= self.budget.spare_ttl:
+                    await anyio.to_thread.run_sync(give_back_freed_memory)  # ms for GiBs
 
     async def _close(self, servers: list[WsServer]) -> None:
         """Close every session (1001) and listener; after a drain, or past the shutdown grace,

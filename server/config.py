@@ -150,7 +150,7 @@ class ServerConfig(BaseSettings):
         default=2**30,
         description="memory of freed uploads of 1 MiB and up kept for uploads of the same size, "
         "in bytes (each for 10 s at most; counted in the memory budget, dropped before work is "
-        "refused; 0 = off); also the freed memory malloc keeps for op results (glibc)",
+        "refused; 0 = off)",
     )
     # --- security and limits (README "Security": each is a row of the limits table) -----------
     insecure: bool = Field(

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gc
 import threading
+import time
 from typing import Any
 
 import numpy as np
@@ -250,3 +251,32 @@ def test_a_loop_of_ops_reuses_freed_results_instead_of_faulting_in_fresh_pages()
         steps(40)
         faults = _minor_faults(proc.pid) - before
     assert faults < 40 * 1024 // 8, faults  # measured: 3 faults in 40 steps (before: 41k)
+
+
+def _rss(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+@pytest.mark.skipif(not is_glibc(), reason="glibc's malloc_trim only")
+def test_memory_malloc_kept_for_results_goes_back_once_the_server_is_idle() -> None:
+    """Results freed below a live one stay in malloc's heap while the server works (no trim
+    at the top reaches them); once no op has run for spare_ttl (10 s) the server gives them
+    back (malloc_trim)."""
+    with run_server() as proc, client.RemoteDevice(proc.url) as dev:
+        xp = client.namespace(dev)
+        w = xp.asarray(np.ones(MIB, dtype=np.float32))
+        results = [w * float(i) for i in range(48)]  # 192 MiB of 4 MiB results
+        keep = results[-1] + 0.0  # allocated last: above the others in the heap
+        dev.sync()
+        del results
+        dev.sync()
+        held = _rss(proc.pid)
+        deadline = time.monotonic() + 30
+        while _rss(proc.pid) > held - 100 * MIB and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert _rss(proc.pid) <= held - 100 * MIB, (held, _rss(proc.pid))
+        assert float(keep[0]) == 47.0
