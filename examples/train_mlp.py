@@ -10,8 +10,8 @@ accuracy, for the progress bar. ``--local`` runs the same code on numpy, for com
 
 Needs scikit-learn (the digits ship with it: no download), rich (the progress bar) and
 matplotlib (the curves): ``pip install -e '.[examples]'``. Exit status 0 when the held-out
-accuracy reaches 95%, 1 otherwise, 2 when the server cannot be reached or refuses us (one line
-on stderr).
+accuracy reaches 95%, 1 otherwise, 2 when the server cannot be reached or refuses us, the URL
+is not one, or an output file cannot be written (one line on stderr).
 """
 
 from __future__ import annotations
@@ -47,8 +47,8 @@ class Curves:
 
 def digits(seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """scikit-learn's 8x8 digits scaled to [0, 1]: train and held-out inputs and labels."""
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
+    from sklearn.datasets import load_digits  # type: ignore[import-untyped]
+    from sklearn.model_selection import train_test_split  # type: ignore[import-untyped]
 
     x, y = load_digits(return_X_y=True)
     split = train_test_split(
@@ -105,8 +105,9 @@ def train(ad: Autodiff, data: tuple[np.ndarray, ...], args: argparse.Namespace,
                 curves.accuracy.append(step_accuracy)
                 advance(step_loss, step_accuracy)
             curves.held_out.append((len(curves.loss), evaluate(ad, model, x_held, y_held)))
-            print(f"epoch {epoch + 1:3d}/{args.epochs}  loss {np.mean(curves.loss[-per_epoch:]):.4f}"
-                  f"  held-out accuracy {curves.held_out[-1][1]:.4f}", flush=True)  # fmt: skip
+            mean_loss = np.mean(curves.loss[-per_epoch:])
+            print(f"epoch {epoch + 1:3d}/{args.epochs}  loss {mean_loss:.4f}  held-out "
+                  f"accuracy {curves.held_out[-1][1]:.4f}", flush=True)  # fmt: skip
     return model, curves
 
 
@@ -122,8 +123,13 @@ def evaluate(ad: Autodiff, model: nn.Module, x: Any, y: Any) -> float:
 def _progress(total: int) -> Iterator[Any]:
     """A rich progress bar with the running loss and accuracy; a no-op without rich."""
     try:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
-        from rich.progress import TimeRemainingColumn
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeRemainingColumn,
+        )
     except ImportError:
         yield lambda loss, acc: None
         return
@@ -173,7 +179,8 @@ def _smooth(values: list[float], window: int = 20) -> np.ndarray:
     sums = np.cumsum(np.insert(series, 0, 0.0))
     counts = np.minimum(np.arange(1, len(series) + 1), window)
     starts = np.arange(1, len(series) + 1) - counts
-    return (sums[np.arange(1, len(series) + 1)] - sums[starts]) / counts
+    smoothed: np.ndarray = (sums[np.arange(1, len(series) + 1)] - sums[starts]) / counts
+    return smoothed
 
 
 def _save(model: nn.Module, path: Path | None) -> None:
@@ -208,11 +215,14 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
+    for path in (args.plot, args.save):  # before training, not after it
+        if path is not None and not path.absolute().parent.is_dir():
+            return _fail(f"{path}: no such directory")
     data = digits(args.seed)
     start = time.perf_counter()
+    where = "locally on numpy" if args.local else args.url
     try:
         if args.local:
-            where = "locally on numpy"
             print(f"training {where}", flush=True)
             model, curves = train(Autodiff(np), data, args)
             _save(model, args.save)
@@ -222,15 +232,22 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"training on {dev.url} (server {dev.server_id})", flush=True)
                 model, curves = train(Autodiff(client.namespace(dev)), data, args)
                 _save(model, args.save)  # read from the server while it is connected
-    except (client.TensorwireError, ConnectionError, OSError) as exc:
-        print(f"train_mlp.py: {args.url}: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 2
+    except (client.TensorwireError, ConnectionError, OSError, ValueError) as exc:
+        return _fail(f"{where}: {type(exc).__name__}: {exc}")  # ValueError: a bad URL
     seconds = time.perf_counter() - start
     final = curves.held_out[-1][1]
     print(f"{len(curves.loss)} steps in {seconds:.1f} s ({len(curves.loss) / seconds:.0f}/s)")
     print(f"held-out accuracy {final:.4f}")
-    plot(curves, args.plot, where)
+    try:
+        plot(curves, args.plot, where)
+    except OSError as exc:
+        return _fail(f"{args.plot}: {type(exc).__name__}: {exc}")
     return 0 if final >= GOAL else 1
+
+
+def _fail(message: str) -> int:
+    print(f"train_mlp.py: {message}", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":
