@@ -53,6 +53,7 @@ class Job:
     next: int = 0  # index of the next op to run
     errors: list[ErrorInfo] = field(default_factory=list)
     op_started: float | None = None  # time.monotonic() when the running op began
+    frees_after: dict[int, list[int]] = field(default_factory=dict)  # op index -> ids it frees
 
 
 class Outcomes:

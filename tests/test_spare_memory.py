@@ -280,3 +280,16 @@ def test_memory_malloc_kept_for_results_goes_back_once_the_server_is_idle() -> N
             time.sleep(0.5)
         assert _rss(proc.pid) <= held - 100 * MIB, (held, _rss(proc.pid))
         assert float(keep[0]) == 47.0
+
+
+def test_a_temporary_is_freed_after_its_last_use_in_the_batch() -> None:
+    """Ten 4 MiB results in one batch, each a temporary of the next (``x = x * 2.0``), under a
+    16 MiB quota: freed at their last use, at most three are alive at once. When a batch's
+    frees waited for its end, all ten were, and the fifth failed with quota_exceeded."""
+    with run_server("--session-quota", "16MiB") as proc, client.RemoteDevice(proc.url) as dev:
+        xp = client.namespace(dev)
+        x = xp.ones(MIB, dtype=xp.float32)
+        for _ in range(10):
+            x = x * 2.0  # the previous x's handle dies here: its free joins this batch
+        assert float(x[0]) == 1024.0
+        assert dev.stats().tensor_bytes == 4 * MIB
