@@ -102,9 +102,10 @@ def test_train_mlp_without_the_token_fails_cleanly() -> None:
 
 def test_train_mlp_refuses_a_bad_url_or_output_path_in_one_line(tmp_path: Path) -> None:
     """Exit 2 and one line, before any training: not a traceback, not 1 (accuracy missed)."""
+    missing = tmp_path / "missing"
     for args in (["--url", "http://127.0.0.1:1", "--quick"],
-                 ["--local", "--quick", "--save", str(tmp_path / "missing" / "w.safetensors")],
-                 ["--local", "--quick", "--plot", str(tmp_path / "missing" / "c.png")]):  # fmt: skip
+                 ["--local", "--quick", "--save", str(missing / "w.safetensors")],
+                 ["--local", "--quick", "--plot", str(missing / "c.png")]):  # fmt: skip
         result = _train_mlp(*args, cwd=tmp_path)
         assert result.returncode == 2, result.stdout + result.stderr
         assert result.stderr.startswith("train_mlp.py: ") and result.stderr.count("\n") == 1
