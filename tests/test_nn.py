@@ -407,3 +407,13 @@ def test_to_moves_a_model_there_and_back(ad: Autodiff) -> None:
     assert all(isinstance(p.array, np.ndarray) for p in tensors)
     for name, array in local.state_dict().items():
         np.testing.assert_array_equal(array, before[name])
+
+
+def test_a_parameter_reassigned_the_result_of_an_op_is_refused() -> None:
+    """``self.w = self.w * 2`` would silently unregister w (no optimizer would see it again)."""
+    layer = nn.Linear(2, 2)
+    with pytest.raises(TypeError, match="result of multiply to parameter .weight."):
+        layer.weight = layer.weight * 2.0
+    frozen = layer.weight.detach()  # a leaf that does not require grad: a frozen parameter
+    layer.weight = frozen
+    assert dict(layer.named_parameters())["weight"] is frozen

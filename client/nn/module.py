@@ -68,8 +68,15 @@ class Module:
                 f"super().__init__() first in {type(self).__name__}.__init__"
             )
         params, modules = self._parameters, self._modules
-        # Assigning to a registered name keeps its place (dict order), as PyTorch's does.
-        if isinstance(value, Tensor) and value.requires_grad and value.is_leaf:
+        if name in params and isinstance(value, Tensor) and not value.is_leaf:
+            raise TypeError(  # as PyTorch's: it would silently stop being trained
+                f"cannot assign the result of {value.op} to parameter {name!r} of "
+                f"{type(self).__name__}: assign a leaf tensor (requires_grad=True), or None, "
+                "or update it in place inside no_grad()"
+            )
+        # Assigning to a registered name keeps its place (dict order), as PyTorch's does; a
+        # leaf that does not require grad stays a (frozen) parameter there.
+        if isinstance(value, Tensor) and value.is_leaf and (value.requires_grad or name in params):
             modules.pop(name, None)
             params[name] = value
         elif isinstance(value, Module):
