@@ -139,11 +139,9 @@ class Session:
         if not batch.frees:
             return job
         frees = set(batch.frees)
-        last_use: dict[int, int] = {}
-        for index, op in enumerate(batch.ops):
-            for tensor_id in (*op.inputs(), *op.outputs()):
-                if tensor_id in frees:
-                    last_use[tensor_id] = index
+        # An in-place op reads its target, so inputs() cover every use; a later index wins.
+        last_use = {tensor_id: index for index, op in enumerate(batch.ops)
+                    for tensor_id in op.inputs() if tensor_id in frees}  # fmt: skip
         for tensor_id in frees:
             last = last_use.get(tensor_id)
             if last is None:
