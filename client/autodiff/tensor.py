@@ -106,7 +106,7 @@ class Tensor:
                 f"requires_grad of a tensor made by {self._node.name} follows its inputs; "
                 "detach() it to get a leaf"
             )
-        if value and not self._ad.xp.isdtype(self.array.dtype, "real floating"):
+        if value and not self._ad.is_real_floating(self.array):
             raise NotDifferentiableError(
                 f"only real floating-point tensors can require gradients, not {self.dtype}"
             )
