@@ -1,14 +1,16 @@
 """Typed device specs, shared by the server's ``--device`` and the client.
 
-Grammar (one string, as on the command line)::
+Grammar (one string, as on the command line), the same on both sides::
 
     ndarray            the numpy executor, one device (index 0)
     ndarray:N          the numpy executor hosting N devices, indices 0..N-1
-    remote:URL         a device on another server (URL is ws:// or wss://)
-    capture:SPEC       a recording device wrapping SPEC (ops are recorded, not executed)
+    ws://HOST:PORT     a device on a server (also wss://; ``remote:URL`` says the same)
+    capture:           a record-only capture device: ops are recorded, never executed
+    capture:SPEC       a capture device over SPEC: ops are recorded and executed on SPEC
 
-A server may only *host* an ``ndarray`` device; the startup validator in ``server.config``
-refuses the other two kinds.
+The client opens any of them (``client.open_device``). A server may only *host* an
+``ndarray`` device; the startup validator in ``server.config`` refuses the other kinds
+(a remote device would forward to another server; a capture device belongs on the client).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from .errors import DeviceSpecError
 
-VALID_KINDS = "ndarray, ndarray:N, remote:ws://HOST:PORT, capture:SPEC"
+VALID_KINDS = "ndarray, ndarray:N, ws://HOST:PORT (or remote:URL), capture:, capture:SPEC"
 
 
 class NdArraySpec(BaseModel):
@@ -45,14 +47,15 @@ class RemoteSpec(BaseModel):
 
 
 class CaptureSpec(BaseModel):
-    """A recording device: ops sent to it are recorded (for replay), not executed."""
+    """A recording device: ops sent to it are recorded (for replay); with an ``inner``
+    device they are also executed there, without one they are only recorded."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     kind: Literal["capture"] = "capture"
-    inner: DeviceSpec
+    inner: DeviceSpec | None = None
 
     def __str__(self) -> str:
-        return f"capture:{self.inner}"
+        return f"capture:{'' if self.inner is None else self.inner}"
 
 
 DeviceSpec = Annotated[NdArraySpec | RemoteSpec | CaptureSpec, Field(discriminator="kind")]
@@ -67,8 +70,11 @@ def parse_device_spec(text: str) -> NdArraySpec | RemoteSpec | CaptureSpec:
     Raises:
         DeviceSpecError: the string names no valid device; the message lists the valid kinds.
     """
-    kind, sep, rest = text.strip().partition(":")
+    text = text.strip()
+    kind, sep, rest = text.partition(":")
     try:
+        if kind in ("ws", "wss"):
+            return RemoteSpec(url=text)
         if kind == "ndarray":
             if not sep:
                 return NdArraySpec()
@@ -81,7 +87,7 @@ def parse_device_spec(text: str) -> NdArraySpec | RemoteSpec | CaptureSpec:
         if kind == "remote" and sep:
             return RemoteSpec(url=rest)
         if kind == "capture" and sep:
-            return CaptureSpec(inner=parse_device_spec(rest))
+            return CaptureSpec(inner=parse_device_spec(rest) if rest.strip() else None)
     except ValidationError as exc:
         detail = exc.errors()[0]["msg"]
         raise DeviceSpecError(

@@ -10,7 +10,8 @@ Exception tree::
     │   └── OpAxisError (IndexError)    an axis out of range
     ├── OpIndexError (IndexError)       an index that does not fit the array
     ├── OpDTypeError (TypeError)        dtypes the op does not accept
-    └── OpOverflowError (OverflowError) a Python integer the target dtype cannot hold
+    ├── OpOverflowError (OverflowError) a Python integer the target dtype cannot hold
+    └── GraphError (ValueError)         a graph whose ops, ids or signatures do not hold
     DeviceSpecError (ValueError)        a device spec string that names no valid device
 
 The op errors carry the builtin the standard (and numpy) would raise, so code that catches
@@ -47,6 +48,7 @@ class ErrorCode(StrEnum):
     IDLE_TIMEOUT = "idle_timeout"  # the session sent nothing for too long
     SEND_TIMEOUT = "send_timeout"  # the client did not take a reply in time
     ORIGIN_REFUSED = "origin_refused"  # handshake: a browser Origin that is not allowed
+    UNKNOWN_GRAPH = "unknown_graph"  # run_graph names a graph the session has not registered
 
 
 class ErrorInfo(BaseModel):
@@ -100,6 +102,11 @@ class OpDTypeError(InvalidOpError, TypeError):
 
 class OpOverflowError(InvalidOpError, OverflowError):
     """A Python integer that the target integer dtype cannot hold."""
+
+
+class GraphError(InvalidOpError, ValueError):
+    """A graph (``protocol.graphs``) that does not hold together: an id used before it is
+    made, an output never produced, a signature its ops contradict, an op a graph cannot hold."""
 
 
 class DeviceSpecError(ValueError):

@@ -14,22 +14,14 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from .dtypes import DType
 from .errors import ErrorInfo
-from .ops import Dim, Op, TensorId
+from .graphs import RegisterGraph
+from .model import Message as Message
+from .ops import Dim, GraphId, Op, TensorId
 
 PROTOCOL_VERSION = 1
 
 RequestId = Annotated[int, Field(ge=0, lt=2**63)]
 NBytes = Annotated[int, Field(ge=0, lt=2**63)]
-
-
-class Message(BaseModel):
-    model_config = ConfigDict(
-        frozen=True, extra="forbid", strict=True, ser_json_inf_nan="constants"
-    )
-
-    def buffer_sizes(self) -> tuple[int, ...]:
-        """Byte lengths of the raw buffers that follow the header, in order."""
-        return ()
 
 
 # --- client to server -------------------------------------------------------------------------
@@ -86,15 +78,19 @@ Request = Annotated[Read | Sync | Stats | Describe, Field(discriminator="kind")]
 
 
 class Batch(Message):
-    """Ops to run in order, then ids to free, then requests to answer, in that order.
+    """Graphs to register, then ops to run in order, then ids to free, then graphs to drop,
+    then requests to answer, in that order.
 
     ``buffers`` lists the byte lengths of the raw buffers after the header; a
-    :class:`~protocol.ops.FromBuffer` op names one by its position.
+    :class:`~protocol.ops.FromBuffer` op names one by its position, a registered graph's
+    constants start at its ``first_buffer``.
     """
 
     type: Literal["batch"] = "batch"
+    graphs: list[RegisterGraph] = []
     ops: list[Op] = []
     frees: list[TensorId] = []
+    drop_graphs: list[GraphId] = []
     requests: list[Request] = []
     buffers: list[NBytes] = []
 

@@ -69,6 +69,7 @@ from protocol.ops import (
     Repeat,
     Reshape,
     Roll,
+    RunGraph,
     SearchSorted,
     SetItem,
     SliceSpec,
@@ -125,6 +126,7 @@ ALL_OPS: list[AnyOp] = [
     Linalg(out=36, more=(37, 38), op="svd", xs=(1,), full_matrices=False),
     Linalg(out=39, op="matrix_norm", xs=(1,), ord="nuc", keepdims=True),
     FFT(out=40, op="irfftn", x=2, n=(4, None), axes=(0, 1), norm="ortho"),
+    RunGraph(out=41, more=(42,), graph=7, args=(1, 2)),
 ]
 ERROR = ErrorInfo(code=ErrorCode.INVALID_OP, message="bad", op="matmul(#1, #2) -> #3")
 CLIENT_MESSAGES: list[Any] = [
@@ -398,7 +400,9 @@ def test_device_specs_parse_and_refuse() -> None:
     assert protocol.parse_device_spec("ndarray:4").count == 4  # type: ignore[union-attr]
     spec = protocol.parse_device_spec("capture:remote:ws://h:1")
     assert isinstance(spec, protocol.CaptureSpec) and isinstance(spec.inner, protocol.RemoteSpec)
-    for bad in ["", "gpu", "ndarray:0", "ndarray:-1", "remote:http://x", "remote:", "capture:"]:
+    assert protocol.parse_device_spec("capture:") == protocol.CaptureSpec(inner=None)  # record-only
+    assert protocol.parse_device_spec("ws://h:1") == protocol.RemoteSpec(url="ws://h:1")
+    for bad in ["", "gpu", "ndarray:0", "ndarray:-1", "remote:http://x", "remote:", "ws://"]:
         with pytest.raises(protocol.DeviceSpecError, match="valid kinds"):
             protocol.parse_device_spec(bad)
 

@@ -63,7 +63,7 @@ def _free_port() -> int:
         ("capture:capture:ndarray", "serve the inner device instead: --device ndarray"),
         ("capture:remote:ws://h:1", "cannot host a remote server on a capture device"),
         ("cuda", "unknown device spec 'cuda'; valid kinds: ndarray, ndarray:N"),
-        ("ndarray:zero", "valid kinds: ndarray, ndarray:N, remote:ws://HOST:PORT, capture:SPEC"),
+        ("ndarray:zero", "valid kinds: ndarray, ndarray:N, ws://HOST:PORT (or remote:URL)"),
         ("remote:nonsense", "valid kinds"),
     ],
 )

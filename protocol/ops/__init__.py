@@ -11,6 +11,7 @@ client's categories of the Array API standard:
 - ``indexing``: ``getitem``, ``setitem``, ``take``
 - ``data``: ``sort``, ``cumulative``, ``searchsorted``, ``nonzero``, ``unique``
 - ``linalg``, ``fft``: the standard's two extensions
+- ``graph``: ``run_graph``, a registered graph (``protocol.graphs``) run on new inputs
 
 Adding an op: its model (with its inference rule) in one family module, its name in
 :data:`AnyOp` below, its runner in the executor's module of the same name.
@@ -52,6 +53,8 @@ from .elementwise import Unary as Unary
 from .elementwise import UnaryName as UnaryName
 from .elementwise import Where as Where
 from .fft import FFT as FFT
+from .graph import GraphId as GraphId
+from .graph import RunGraph as RunGraph
 from .indexing import ArrayIndex as ArrayIndex
 from .indexing import GetItem as GetItem
 from .indexing import IndexItem as IndexItem
@@ -83,5 +86,6 @@ AnyOp = (
     | Sort | Cumulative | SearchSorted | Nonzero | Unique  # data
     | Linalg  # linalg
     | FFT  # fft
+    | RunGraph  # graph
 )  # fmt: skip
 Op = Annotated[AnyOp, Field(discriminator="kind")]

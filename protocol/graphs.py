@@ -1,0 +1,252 @@
+"""Graphs: a captured op stream with declared inputs and outputs, replayable anywhere.
+
+A :class:`GraphDef` is what a capture scope records (``client.capture``), what a file holds
+(``Graph.save``), and what a session registers to run it by id (:class:`RegisterGraph`, then
+the op ``run_graph``). Its ops are the catalogue's own op messages, with ids relative to the
+graph: ids name the declared inputs, the constants (bytes uploaded during the capture, carried
+as the message's buffers, in order) and every op's outputs. A graph holds no reads, no frees
+and no uploads of its own: replaying it means binding inputs, running the ops in order, and
+keeping the declared outputs; everything else it made is freed after its last use.
+
+:func:`check_graph` is the one place that says whether a graph holds together; the client
+runs it before saving and after loading, the server once, when a graph is registered. It runs
+every op's inference rule, so a graph that passes it can only fail at run time where an op
+could (numpy raising, memory).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .dtypes import DType, to_numpy
+from .errors import GraphError, InvalidOpError
+from .model import Message
+from .ops import UNKNOWN, AnyOp, FromBuffer, GraphId, Op, RunGraph, TensorId, TensorMeta
+from .ops.indexing import ArrayIndex
+
+GRAPH_FORMAT = 1
+Name = Annotated[str, Field(min_length=1, max_length=200)]
+
+
+class GraphTensor(BaseModel):
+    """One declared input or output: its name, its id in the graph, its shape and dtype."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+    name: Name
+    id: TensorId
+    shape: tuple[Annotated[int, Field(ge=0, lt=2**63)], ...]
+    dtype: DType
+
+    @property
+    def meta(self) -> TensorMeta:
+        return TensorMeta(self.shape, self.dtype)
+
+
+class GraphConstant(BaseModel):
+    """Bytes uploaded during the capture: one buffer of the message, in order."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+    id: TensorId
+    shape: tuple[Annotated[int, Field(ge=0, lt=2**63)], ...]
+    dtype: DType
+
+    @property
+    def meta(self) -> TensorMeta:
+        return TensorMeta(self.shape, self.dtype)
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * to_numpy(self.dtype).itemsize
+
+
+class GraphDef(Message):
+    """A graph as a message: a versioned JSON header, then its constants' bytes."""
+
+    type: Literal["graph"] = "graph"
+    format: Literal[1] = 1  # GRAPH_FORMAT: a file of another version is refused on load
+    inputs: list[GraphTensor] = []
+    outputs: list[GraphTensor] = []
+    constants: list[GraphConstant] = []
+    ops: list[Op] = []
+
+    def buffer_sizes(self) -> tuple[int, ...]:
+        return tuple(c.nbytes for c in self.constants)
+
+
+class RegisterGraph(BaseModel):
+    """Register ``graph`` in the session under ``graph_id`` (chosen by the client, as tensor
+    ids are); its constants are the batch's buffers from ``first_buffer`` on, in order."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+    graph_id: GraphId
+    graph: GraphDef
+    first_buffer: Annotated[int, Field(ge=0, lt=2**63)] = 0
+
+
+@dataclass(frozen=True)
+class GraphCheck:
+    """What :func:`check_graph` learnt: every id's meta, each op's output metas, each id's
+    last use (op index; ids never used have none), and the peak bytes of live tensors."""
+
+    metas: dict[int, TensorMeta]
+    op_metas: list[tuple[TensorMeta, ...]]
+    last_use: dict[int, int]
+    peak_bytes: int
+    op_counts: Counter[str]
+
+
+def _nbytes(meta: TensorMeta) -> int:
+    return math.prod(meta.shape) * to_numpy(meta.dtype).itemsize
+
+
+def _declare(graph: GraphDef) -> tuple[dict[int, TensorMeta], set[int]]:
+    """The metas of the inputs and constants, refusing repeated names and ids."""
+    metas: dict[int, TensorMeta] = {}
+    for role, named in (("input", graph.inputs), ("output", graph.outputs)):
+        names = Counter(t.name for t in named)
+        repeated = [n for n, c in names.items() if c > 1]
+        if repeated:
+            raise GraphError(f"the graph declares the {role} name {repeated[0]!r} twice")
+    declared: list[GraphTensor | GraphConstant] = [*graph.inputs, *graph.constants]
+    for tensor in declared:
+        if tensor.id in metas:
+            raise GraphError(f"the graph declares id #{tensor.id} twice")
+        metas[tensor.id] = tensor.meta
+    return metas, {c.id for c in graph.constants}
+
+
+def _check_op(index: int, op: AnyOp, metas: dict[int, TensorMeta], constants: set[int]) -> None:
+    where = f"op {index} ({op.describe()})"
+    if isinstance(op, FromBuffer | RunGraph):
+        raise GraphError(f"{where}: a graph holds no {op.kind} op (constants are declared)")
+    missing = [i for i in op.inputs() if i not in metas]
+    if missing:
+        raise GraphError(f"{where} reads #{missing[0]}, which no input, constant or op made")
+    if op.inplace and op.out in constants:
+        raise GraphError(f"{where} writes into constant #{op.out}: the next replay would see it")
+    if not op.inplace:
+        taken = [i for i in op.outputs() if i in metas]
+        if taken:
+            raise GraphError(f"{where} makes #{taken[0]}, which exists already")
+
+
+def check_graph(graph: GraphDef) -> GraphCheck:
+    """Check that ``graph`` holds together, by running every op's inference rule in order.
+
+    Raises:
+        GraphError: ids used before they are made or made twice, an op a graph cannot hold
+            (an upload, a nested ``run_graph``, a data-dependent shape), an in-place write to
+            a constant, an output that no op produced, or a declared meta its ops contradict.
+    """
+    metas, constants = _declare(graph)
+    op_metas: list[tuple[TensorMeta, ...]] = []
+    last_use: dict[int, int] = {}
+    for index, op in enumerate(graph.ops):
+        _check_op(index, op, metas, constants)
+        try:
+            out = op.infer_all(*(metas[i] for i in op.inputs()))
+        except InvalidOpError as exc:
+            raise GraphError(f"op {index} ({op.describe()}): {exc}") from None
+        if any(UNKNOWN in meta.shape for meta in out):
+            raise GraphError(
+                f"op {index} ({op.describe()}) has a data-dependent shape, which a graph "
+                "cannot hold: its replays could differ"
+            )
+        for tensor_id in op.inputs():
+            last_use[tensor_id] = index
+        metas.update(zip(op.outputs(), out, strict=True))
+        op_metas.append(out)
+    _check_outputs(graph, metas)
+    return GraphCheck(
+        metas=metas,
+        op_metas=op_metas,
+        last_use=last_use,
+        peak_bytes=_peak_bytes(graph, metas, last_use),
+        op_counts=Counter(op.name() for op in graph.ops),
+    )
+
+
+def _check_outputs(graph: GraphDef, metas: dict[int, TensorMeta]) -> None:
+    made = {i for op in graph.ops if not op.inplace for i in op.outputs()}
+    seen: set[int] = set()
+    for tensor in graph.outputs:
+        if tensor.id not in made:
+            raise GraphError(
+                f"output {tensor.name!r} (#{tensor.id}) is not produced by an op of the graph"
+            )
+        if tensor.id in seen:
+            raise GraphError(f"output {tensor.name!r}: #{tensor.id} is declared twice")
+        seen.add(tensor.id)
+        if metas[tensor.id] != tensor.meta:
+            raise GraphError(
+                f"output {tensor.name!r} is declared {tensor.meta}, its op makes {metas[tensor.id]}"
+            )
+
+
+def _peak_bytes(graph: GraphDef, metas: dict[int, TensorMeta], last_use: dict[int, int]) -> int:
+    """The most bytes alive at once: inputs and constants throughout, an op's outputs from it
+    to their last use (outputs of the graph to its end). Views are counted as copies, so this
+    is an upper bound."""
+    kept = {t.id for t in graph.outputs}
+    declared: list[GraphTensor | GraphConstant] = [*graph.inputs, *graph.constants]
+    live = sum(_nbytes(t.meta) for t in declared)
+    peak = live
+    ends: dict[int, int] = {}
+    for index, op in enumerate(graph.ops):
+        if not op.inplace:
+            for tensor_id in op.outputs():
+                live += _nbytes(metas[tensor_id])
+                if tensor_id not in kept:
+                    ends[tensor_id] = last_use.get(tensor_id, index)
+        peak = max(peak, live)
+        for tensor_id in [i for i, end in ends.items() if end == index]:
+            live -= _nbytes(metas[tensor_id])
+            del ends[tensor_id]
+    return peak
+
+
+# --- renumbering ------------------------------------------------------------------------------
+
+_ID_FIELDS = ("out", "x", "x1", "x2", "condition", "indices", "repeats_tensor")
+_ID_TUPLES = ("more", "xs", "args")
+
+
+def renumber(op: AnyOp, ids: Mapping[int, int]) -> AnyOp:
+    """``op`` with every tensor id it names (inputs, outputs, index tensors) mapped through
+    ``ids``. Raises KeyError for an id that ``ids`` lacks."""
+    update: dict[str, Any] = {}
+    if op.kind == "setitem":  # elsewhere (``full``) a field named value is a scalar
+        update["value"] = ids[op.value]
+    for name in _ID_FIELDS:
+        value = getattr(op, name, None)
+        if value is not None:
+            update[name] = ids[value]
+    for name in _ID_TUPLES:
+        value = getattr(op, name, None)
+        if value is not None:
+            update[name] = tuple(ids[i] for i in value)
+    key = getattr(op, "key", None)
+    if key is not None:
+        update["key"] = tuple(
+            ArrayIndex(tensor=ids[k.tensor]) if isinstance(k, ArrayIndex) else k for k in key
+        )
+    return op.model_copy(update=update)
+
+
+__all__ = [
+    "GRAPH_FORMAT",
+    "GraphCheck",
+    "GraphConstant",
+    "GraphDef",
+    "GraphTensor",
+    "RegisterGraph",
+    "TensorId",
+    "check_graph",
+    "renumber",
+]

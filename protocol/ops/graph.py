@@ -1,0 +1,76 @@
+"""``run_graph``: run a graph the session registered (``protocol.graphs``) on new inputs.
+
+One op stands for a whole captured step: its inputs are the tensors bound to the graph's
+declared inputs, in order, and its outputs receive the graph's declared outputs, under ids the
+client chose, as any op's. Its inference rule needs the graph's signature, which only the
+session that registered it knows: :meth:`RunGraph.infer_signature` takes it; ``infer_all``
+alone refuses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Annotated, Literal
+
+from pydantic import Field
+
+from ..errors import InvalidOpError, OpDTypeError, OpShapeError
+from .base import MultiOutputOp, TensorId, TensorMeta
+
+GraphId = Annotated[int, Field(ge=0, lt=2**63)]
+
+
+class RunGraph(MultiOutputOp):
+    """Run registered graph ``graph`` with ``args`` bound to its inputs; its outputs go to
+    ``out`` and ``more``, in the graph's output order."""
+
+    kind: Literal["run_graph"] = "run_graph"
+    graph: GraphId
+    args: tuple[TensorId, ...]
+
+    def inputs(self) -> tuple[int, ...]:
+        return self.args
+
+    def _infer_all(self, *args: TensorMeta) -> tuple[TensorMeta, ...]:
+        raise InvalidOpError(
+            f"{self.describe()}: run_graph is checked against its registered graph's signature"
+        )
+
+    def infer_signature(
+        self,
+        inputs: Sequence[tuple[str, TensorMeta]],
+        outputs: Sequence[TensorMeta],
+        *args: TensorMeta,
+    ) -> tuple[TensorMeta, ...]:
+        """The output metas, once ``args`` match the graph's declared ``inputs`` (name, meta)."""
+        check_arguments(f"graph #{self.graph}", inputs, args)
+        if len(outputs) != len(self.outputs()):
+            raise OpShapeError(
+                f"graph #{self.graph} has {len(outputs)} outputs; {len(self.outputs())} ids given"
+            )
+        return tuple(outputs)
+
+    def describe(self) -> str:
+        args = ", ".join(f"#{i}" for i in self.args)
+        outs = ", ".join(f"#{i}" for i in self.outputs())
+        return f"run_graph[{self.graph}]({args}) -> {outs}"
+
+
+def check_arguments(
+    graph: str, inputs: Sequence[tuple[str, TensorMeta]], args: Sequence[TensorMeta]
+) -> None:
+    """Refuse ``args`` unless they match the declared ``inputs`` (name, meta) one for one.
+
+    Raises:
+        OpShapeError, OpDTypeError: naming the first input that does not match.
+    """
+    if len(args) != len(inputs):
+        raise OpShapeError(
+            f"{graph} takes {len(inputs)} inputs ({', '.join(n for n, _ in inputs)}); "
+            f"{len(args)} given"
+        )
+    for (name, want), got in zip(inputs, args, strict=True):
+        if got.dtype != want.dtype:
+            raise OpDTypeError(f"{graph}: input {name!r} is {want.dtype}, given {got.dtype}")
+        if got.shape != want.shape:
+            raise OpShapeError(f"{graph}: input {name!r} has shape {want.shape}, given {got.shape}")
