@@ -10,13 +10,14 @@ crosses no thread: the reading thread writes its batch and reads its own reply. 
 :data:`KEEPALIVE_POLL` seconds it takes the reader's place if it is free and processes what
 the socket holds, without blocking).
 
-Callers (any thread) append ops to a pending batch under a lock; nothing waits. A *flush* turns
-the pending ops, the ids freed since the last flush and any requests into one
-:class:`~protocol.Batch`, encodes it and writes it to the socket from the flushing thread, in
-flush order (the send lock is taken before the batch lock is let go). Flushes happen on a read,
-a sync, a stats call, when the batch holds :data:`FLUSH_OPS` ops or :data:`FLUSH_BYTES` upload
-bytes, and on close. A caller that outruns the socket blocks in its flush (backpressure: the
-kernel's socket buffer is the bound, not an unbounded queue).
+Callers (any thread) append ops to a pending batch (``client._pending``) under a lock; nothing
+waits. A *flush* turns the pending ops and graph registrations, the ids freed and graphs
+dropped since the last flush and any requests into one :class:`~protocol.Batch`, encodes it
+and writes it to the socket from the flushing thread, in flush order (the send lock is taken
+before the batch lock is let go). Flushes happen on a read, a sync, a stats call, when the
+batch holds :data:`FLUSH_OPS` ops or :data:`FLUSH_BYTES` upload bytes, and on close. A caller
+that outruns the socket blocks in its flush (backpressure: the kernel's socket buffer is the
+bound, not an unbounded queue).
 
 Requests (read, sync, stats) register a :class:`Reply` (a ``concurrent.futures.Future``) under a
 request id before their batch is sent. Replies are read by whichever thread waits for one
@@ -30,24 +31,23 @@ cuts the socket after :data:`CLOSE_TIMEOUT` if the server does not answer).
 Large replies are received into buffers of a :class:`~client._buffers.BufferPool`, reused
 once the caller has dropped them; the keeper lets go of the ones left idle.
 
-Frees are recorded without a lock (they come from ``__del__``, in any thread, at any time) and
-are taken *before* the ops at each flush, so a free never overtakes an op that reads the id.
+Frees and graph drops are recorded without a lock (they come from ``__del__``, in any thread,
+at any time); a batch's apply after its ops, so a free never overtakes an op that reads the id.
 """
 
 from __future__ import annotations
 
-import collections
 import itertools
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, InvalidStateError
+from functools import partial
 from typing import Any
 
 import numpy as np
 
 from protocol import (
     SERVER_ADAPTER,
-    Batch,
     DecodeError,
     DescribeReply,
     ReadReply,
@@ -60,17 +60,19 @@ from protocol import (
     to_numpy,
 )
 from protocol.codec import Buffer, requests_only, to_frames
+from protocol.graphs import GraphDef
 from protocol.messages import Request
 from protocol.ops import AnyOp
 
 from ._buffers import BufferPool, PooledDecoder
 from ._opening import close_code, handshake, open_transport
+from ._pending import COPY_BELOW as COPY_BELOW
+from ._pending import Pending
 from ._transport import Closed
 from .errors import ConnectionLost, RemoteError, ServerProtocolError
 
 FLUSH_OPS = 2048
 FLUSH_BYTES = 1 << 20
-COPY_BELOW = 1 << 20  # uploads smaller than this are copied; larger ones are sent before return
 CLOSE_TIMEOUT = 10.0
 KEEPALIVE_POLL = 1.0  # seconds between the keeper's looks at an idle socket (server pings)
 
@@ -119,11 +121,9 @@ class Connection:
         self._lock = threading.Lock()  # the pending batch, ids, state
         self._reading = threading.Condition(threading.Lock())  # leader/follower of replies
         self._reader: threading.Thread | None = None  # the thread reading replies now
-        self._ops: list[AnyOp] = []
-        self._buffers: list[memoryview] = []
-        self._buffered = 0
-        self._frees: collections.deque[int] = collections.deque()
+        self._batch = Pending()  # under _lock, but its frees and drops
         self._tensor_ids = itertools.count(1)
+        self.new_graph_id: Callable[[], int] = itertools.count(1).__next__  # graph ids
         self._request_ids = itertools.count(1)
         self._waiters: dict[int, Future[Any]] = {}
         self._waiters_lock = threading.Lock()  # alone, so a reader never waits for a flush
@@ -252,8 +252,9 @@ class Connection:
         frames: Frames | None = None
         with self._lock:
             self._check_open()
-            self._ops.append(op)
-            if len(self._ops) >= FLUSH_OPS or len(self._frees) >= FLUSH_OPS:
+            batch = self._batch
+            batch.ops.append(op)
+            if len(batch.ops) >= FLUSH_OPS or len(batch.frees) >= FLUSH_OPS:
                 frames = self._flush_locked(())
         if frames is not None:
             self._send(frames)
@@ -267,16 +268,22 @@ class Connection:
         Raises:
             ConnectionLost: the connection is closed or broke before a large upload was sent.
         """
+        self._queue(partial(self._batch.add_upload, make_op, data))
+
+    def register_graph(self, graph_id: int, graph: GraphDef, data: Sequence[memoryview]) -> None:
+        """Queue ``graph``'s registration under ``graph_id``; ``data`` are its constants' bytes,
+        in order, taken as :meth:`submit_upload` takes an upload's. Raises as it does."""
+        if self._batch.drops:  # a batch's drops apply after its registrations: make room first
+            self.flush()
+        self._queue(partial(self._batch.add_graph, graph_id, graph, data))
+
+    def _queue(self, add: Callable[[], bool]) -> None:
+        """Call ``add`` (True: a large buffer, sent before returning) and flush if need be."""
         frames: Frames | None = None
-        large = data.nbytes >= COPY_BELOW
         with self._lock:
             self._check_open()
-            if not large:
-                data = memoryview(bytes(data))
-            self._ops.append(make_op(len(self._buffers)))
-            self._buffers.append(data)
-            self._buffered += data.nbytes
-            if large or self._buffered >= FLUSH_BYTES:
+            large = add()
+            if large or self._batch.buffered >= FLUSH_BYTES:
                 frames = self._flush_locked(())
         if frames is not None:
             self._send(frames)
@@ -285,7 +292,11 @@ class Connection:
 
     def release(self, tensor_id: int) -> None:
         """Free ``tensor_id`` on the server at the next flush. Safe from ``__del__``."""
-        self._frees.append(tensor_id)
+        self._batch.frees.append(tensor_id)
+
+    def drop_graph(self, graph_id: int) -> None:
+        """Drop graph ``graph_id`` on the server at the next flush. Safe from ``__del__``."""
+        self._batch.drops.append(graph_id)
 
     def request(self, make: Callable[[int], Request]) -> Reply:
         """Flush with the request ``make(request_id)``; the reply resolves with its answer.
@@ -307,7 +318,7 @@ class Connection:
     def flush(self) -> None:
         frames: Frames | None = None
         with self._lock:
-            if self._error is None and (self._ops or self._frees):
+            if self._error is None and self._batch:
                 frames = self._flush_locked(())
         if frames is not None:
             self._send(frames)
@@ -326,18 +337,10 @@ class Connection:
         """Encode the pending batch and take the send lock, which the caller must release by
         passing the frames to :meth:`_send` once it has let go of ``_lock``.
         """
-        if not (self._ops or self._frees or self._buffers):
+        if not self._batch:
             self._ws.send_lock.acquire()  # under _lock: batches go out in the order made
             return requests_only(requests)
-        frees = [self._frees.popleft() for _ in range(len(self._frees))]  # before the ops
-        batch = Batch(
-            ops=self._ops,
-            frees=frees,
-            requests=list(requests),
-            buffers=[b.nbytes for b in self._buffers],
-        )
-        frames = to_frames(encode(batch, self._buffers))
-        self._ops, self._buffers, self._buffered = [], [], 0
+        frames = to_frames(encode(*self._batch.take(requests)))
         self._ws.send_lock.acquire()  # under _lock: batches go out in the order they were made
         return frames
 
@@ -358,7 +361,7 @@ class Connection:
         with self._lock:
             if self._closing:
                 return
-            if self._error is None and (self._ops or self._frees):
+            if self._error is None and self._batch:
                 frames = self._flush_locked(())
             self._closing = True
         if frames is not None:

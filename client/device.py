@@ -6,7 +6,8 @@ for a reply reads it (``AsyncRemoteDevice`` waits in a worker thread, so it neve
 caller's loop). Ops never wait; only reads, syncs and stats do.
 
 :class:`Device` is also the API the array layer builds ops with (``new_id``, ``submit``,
-``submit_upload``, ``release``, ``submit_read``, ``describe``): this module is the layer below
+``submit_upload``, ``release``, ``submit_read``, ``describe``; ``new_graph_id``,
+``register_graph``, ``drop_graph`` for captured graphs): this module is the layer below
 ``client.array`` and knows arrays only through the hook :func:`register_array_type`, which
 :func:`new_handle` calls.
 """
@@ -21,7 +22,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from functools import partial
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, Self
 
 import numpy as np
 
@@ -33,11 +34,15 @@ from protocol import (
     StatsReply,
     Sync,
     TensorMeta,
+    Welcome,
     parse_device_spec,
 )
+from protocol.graphs import GraphDef
+from protocol.messages import Request
 from protocol.ops import AnyOp
 
 from ._connection import Connection
+from .errors import ServerProtocolError
 
 if TYPE_CHECKING:
     from .array import RemoteArray
@@ -75,6 +80,32 @@ class SessionStats:
     connections: int = 0  # open sessions on the server
 
 
+class DeviceConnection(Protocol):
+    """What a :class:`Device` needs of its connection: :class:`client._connection.Connection`
+    to a server, or :class:`client.local.LocalConnection` in this process. Each method behaves
+    as ``Connection``'s does, errors included."""
+
+    @property
+    def welcome(self) -> Welcome:
+        """The session's description: device index and count, server and session ids."""
+        ...
+
+    def new_id(self) -> int: ...
+    def submit(self, op: AnyOp) -> None: ...
+    def submit_upload(self, make_op: Callable[[int], AnyOp], data: memoryview) -> None: ...
+    def release(self, tensor_id: int) -> None: ...
+    def request(self, make: Callable[[int], Request]) -> Future[Any]: ...
+    def wait(self, reply: Future[Any]) -> None: ...
+    def flush(self) -> None: ...
+    def close(self) -> None: ...
+    def take_server_error(self) -> ServerProtocolError | None: ...
+    def new_graph_id(self) -> int: ...
+    def register_graph(
+        self, graph_id: int, graph: GraphDef, constants: Sequence[memoryview]
+    ) -> None: ...
+    def drop_graph(self, graph_id: int) -> None: ...
+
+
 class Device:
     """What both device kinds share: the session, and the API the array layer builds ops with.
 
@@ -107,9 +138,21 @@ class Device:
         if token is None:
             token = os.environ.get(TOKEN_ENV) or None
         url = _url_of(url)
+        self._attach(Connection(url, index, token, open_timeout, ca_file), url, index)
+
+    @classmethod
+    def from_connection(cls, conn: DeviceConnection, url: str, index: int = 0) -> Self:
+        """A device over ``conn``, a connection already open (for a device without a server
+        URL, such as :class:`client.local.LocalDevice`); ``url`` names it in ``repr``. The
+        device closes ``conn`` when it is closed or collected."""
+        device = cls.__new__(cls)
+        device._attach(conn, url, index)
+        return device
+
+    def _attach(self, conn: DeviceConnection, url: str, index: int) -> None:
         self.url = url
         self.index = index
-        self._conn = conn = Connection(url, index, token, open_timeout, ca_file)
+        self._conn = conn
         self.new_id, self.submit, self.release = conn.new_id, conn.submit, conn.release
         self._close = weakref.finalize(self, conn.close)  # also runs at exit
 
@@ -161,6 +204,31 @@ class Device:
         futures = [self._conn.request(partial(_describe, tensor=t)) for t in tensor_ids]
         replies = [f.result() for f in futures]
         return [TensorMeta(tuple(r.shape), r.dtype) for r in replies]
+
+    def new_graph_id(self) -> int:
+        """A fresh id for a graph to register: the client allocates graph ids, as tensor ids."""
+        return self._conn.new_graph_id()
+
+    def register_graph(
+        self, graph_id: int, graph: GraphDef, constants: Sequence[memoryview]
+    ) -> None:
+        """Register ``graph`` in this session under ``graph_id`` (from :meth:`new_graph_id`)
+        with the next flush, before that batch's ops; ``constants`` are the bytes of
+        ``graph.constants``, in order, taken as :meth:`submit_upload` takes an upload's. Then
+        a :class:`~protocol.ops.RunGraph` op (``submit``) runs it on new inputs, until
+        :meth:`drop_graph`. Nothing waits: a graph the server refuses (its checks, limits,
+        memory) is remembered as failed, and each ``run_graph`` of it fails with the reason
+        (``RemoteError`` when an output is read).
+
+        Raises:
+            ConnectionLost: the connection is closed, or broke before a large constant was sent.
+        """
+        self._conn.register_graph(graph_id, graph, constants)
+
+    def drop_graph(self, graph_id: int) -> None:
+        """Drop graph ``graph_id`` and its constants from the session with the next flush,
+        after the ops queued before. Safe from ``__del__``, in any thread."""
+        self._conn.drop_graph(graph_id)
 
     def submit_unchecked(self, op: AnyOp, meta: TensorMeta) -> RemoteArray:
         """Send ``op`` as it is, without the local shape and dtype checks, and return a handle
@@ -230,6 +298,8 @@ class RemoteDevice(Device):
         ConnectionLost: the server cannot be reached, or TLS verification failed.
     """
 
+    _conn: Connection  # made by __init__: a connection to a server
+
     def sync(self) -> None:
         """Wait until every op submitted so far has run on the server.
 
@@ -271,6 +341,8 @@ class AsyncRemoteDevice(Device):
     Ops are submitted exactly as with :class:`RemoteDevice` (they never wait); reads, syncs and
     stats are awaited and never block the caller's event loop.
     """
+
+    _conn: Connection  # made by __init__: a connection to a server
 
     @classmethod
     async def connect(

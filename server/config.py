@@ -197,6 +197,14 @@ class ServerConfig(BaseSettings):
     max_ndim: Annotated[int, Field(ge=0, le=64)] = Field(
         default=64, description="most dimensions of any tensor"
     )
+    max_graphs: Annotated[int, Field(ge=0)] = Field(
+        default=64, description="graphs one session may hold registered (run_graph)"
+    )
+    max_graph_bytes: Size = Field(
+        default=256 * 2**20,
+        description="bytes of constants one session's registered graphs may hold, counted in "
+        "its quota too",
+    )
     session_quota: Annotated[Size | None, BeforeValidator(_size)] = Field(
         default=None,
         description="tensor bytes one session may hold (e.g. 1GiB); unset = half of the "
@@ -295,10 +303,11 @@ def validate_host_device(device: NdArraySpec | RemoteSpec | CaptureSpec) -> NdAr
         inner = device.inner
         while isinstance(inner, CaptureSpec):
             inner = inner.inner
+        serve = "ndarray" if inner is None else str(inner)
         raise UnsupportedDeviceError(
             f"cannot host a remote server on a capture device ({device}): a capture device "
-            f"records ops instead of executing them; serve the inner device instead: "
-            f"--device {inner}"
+            f"records ops instead of executing them and belongs on the client "
+            f"(client.open_device); serve the inner device instead: --device {serve}"
         )
     return device
 

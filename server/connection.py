@@ -125,7 +125,12 @@ class Connections:
         self._metrics = metrics
         self._draining = draining
         self._answering = Answering(metrics, draining)
-        self._limits = Limits(max_op_bytes=config.max_op_bytes, max_ndim=config.max_ndim)
+        self._limits = Limits(
+            max_op_bytes=config.max_op_bytes,
+            max_ndim=config.max_ndim,
+            max_graphs=config.max_graphs,
+            max_graph_bytes=config.max_graph_bytes,
+        )
         self._all_closed: anyio.Event | None = None  # set when the last session leaves
 
     async def all_closed(self) -> None:

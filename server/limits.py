@@ -1,5 +1,5 @@
 """Per-op caps, checked on an op's inferred outputs before numpy runs (ARCHITECTURE.md,
-invariants 4 and 8)."""
+invariants 4 and 8), and a session's bounds on the graphs it registers (``server/graphs.py``)."""
 
 from __future__ import annotations
 
@@ -16,10 +16,13 @@ _ITEMSIZE = {name: to_numpy(name).itemsize for name in DTYPES}
 
 @dataclass(frozen=True)
 class Limits:
-    """Per-op caps checked on the inferred output before numpy runs."""
+    """Per-op caps checked on the inferred output before numpy runs, and the bounds on one
+    session's registered graphs: how many, and their constants' bytes."""
 
     max_op_bytes: int = 2**63
     max_ndim: int = 64
+    max_graphs: int = 64
+    max_graph_bytes: int = 256 * 2**20
 
 
 def output_bytes(metas: Sequence[TensorMeta], limits: Limits) -> int:

@@ -1,7 +1,9 @@
 """One client session: its tensor store and the rules for running a batch. No I/O here.
 
 The transport (``server/connection.py``) drives it; it runs Unary and Binary ops through its
-fast path (``server/fastpath.py``), and both settle each op's outcome through
+fast path (``server/fastpath.py``) and ``run_graph`` through its registered graphs
+(``server/graphs.py``: a batch's graphs are registered when it starts, before its ops, and
+its dropped graphs dropped after its frees), and all settle each op's outcome through
 ``server/outcome.py``.
 
 Theory of operation: the transport hands each decoded :class:`~protocol.Batch` to
@@ -59,11 +61,12 @@ from protocol import (
 )
 from protocol.codec import Buffer
 from protocol.messages import Request
-from protocol.ops import AnyOp
+from protocol.ops import AnyOp, RunGraph
 
 from . import executor
 from .errors import StoreError
 from .fastpath import FAST_OPS, FastPath
+from .graphs import Graphs
 from .limits import Limits as Limits
 from .limits import output_bytes
 from .outcome import Job, Outcomes
@@ -96,6 +99,7 @@ class Session:
         self.closed = False  # set by close(); the ops loop stops at the next op
         self._in_thread = False  # a worker thread runs this session's ops now
         self._fast = FastPath(self.outcomes, INLINE_COST)  # Unary and Binary ops
+        self.graphs = Graphs(self.outcomes, INLINE_COST)  # registered graphs, run_graph
 
     @property
     def ops_run(self) -> int:
@@ -120,6 +124,7 @@ class Session:
         """The worker thread returned (call on the loop); a deferred :meth:`close` happens."""
         self._in_thread = False
         if self.closed:
+            self.graphs.close()
             self.store.close()
 
     def start(
@@ -136,6 +141,8 @@ class Session:
         batch again (frees are idempotent), so nothing outlives a batch that stopped early.
         """
         job = Job(batch, buffers, rejected)
+        for request in batch.graphs:  # before the ops, which may run them
+            self.graphs.register(request, buffers, job)
         if not batch.frees:
             return job
         frees = set(batch.frees)
@@ -179,7 +186,12 @@ class Session:
             while job.next < len(ops) and not self.closed:
                 op = ops[job.next]
                 job.op_started = time.monotonic()
-                done = self._fast.run(op, job, inline) if type(op) in FAST_OPS else None
+                if type(op) in FAST_OPS:
+                    done = self._fast.run(op, job, inline)
+                elif isinstance(op, RunGraph):
+                    done = self.graphs.run(op, job, inline)
+                else:
+                    done = None
                 if done is None:
                     done = self._general(op, job, inline)
                 if not done:
@@ -267,9 +279,12 @@ class Session:
         self.outcomes.keep(op, raw, metas, reserved, job, verified=True)
 
     def finish(self, job: Job) -> list[Reply]:
-        """Apply the batch's frees, then answer its requests in order."""
+        """Apply the batch's frees, drop its dropped graphs, then answer its requests in
+        order."""
         for tensor_id in job.batch.frees:
             self.store.free(tensor_id)
+        for graph_id in job.batch.drop_graphs:
+            self.graphs.drop(graph_id)
         replies: list[Reply] = [(SessionError(error=e), ()) for e in job.errors]
         replies.extend(self._answer(request) for request in job.batch.requests)
         return replies
@@ -342,4 +357,5 @@ class Session:
             self.closed = True
             self.store.budget.sessions -= 1
         if not self._in_thread:
+            self.graphs.close()
             self.store.close()

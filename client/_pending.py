@@ -1,0 +1,81 @@
+"""The batch a connection is filling: ops, uploads, graph registrations, and the ids freed and
+graphs dropped since the last flush, until a flush takes them as one :class:`~protocol.Batch`.
+
+Ops, buffers and registrations are added under the connection's lock. Frees and drops are
+recorded without one (they come from ``__del__``, in any thread, at any time; a deque's append
+is atomic) and are taken with the batch: the server runs a batch's graph registrations, then its
+ops, then its frees, then its graph drops, so a free or a drop never overtakes an op sent
+before it.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable, Sequence
+
+from protocol import Batch
+from protocol.graphs import GraphDef, RegisterGraph
+from protocol.messages import Request
+from protocol.ops import AnyOp
+
+COPY_BELOW = 1 << 20  # uploads smaller than this are copied; larger ones are sent before return
+
+
+class Pending:
+    """What the next flush sends; ``buffered`` counts the bytes of ``buffers``."""
+
+    __slots__ = ("ops", "buffers", "buffered", "frees", "graphs", "drops")
+
+    def __init__(self) -> None:
+        self.ops: list[AnyOp] = []
+        self.buffers: list[memoryview] = []
+        self.buffered = 0
+        self.frees: collections.deque[int] = collections.deque()  # tensor ids
+        self.graphs: list[RegisterGraph] = []
+        self.drops: collections.deque[int] = collections.deque()  # graph ids
+
+    def __bool__(self) -> bool:
+        return bool(self.ops or self.frees or self.buffers or self.graphs or self.drops)
+
+    def add_upload(self, make_op: Callable[[int], AnyOp], data: memoryview) -> bool:
+        """Add the op ``make_op(buffer_index)`` whose bytes are ``data`` (see
+        :meth:`_add_buffers`, which says what True means)."""
+        self.ops.append(make_op(len(self.buffers)))
+        return self._add_buffers((data,))
+
+    def add_graph(self, graph_id: int, graph: GraphDef, constants: Sequence[memoryview]) -> bool:
+        """Add the registration of ``graph`` under ``graph_id``, whose constants' bytes are
+        ``constants``, in order (see :meth:`_add_buffers`)."""
+        first = len(self.buffers)
+        self.graphs.append(RegisterGraph(graph_id=graph_id, graph=graph, first_buffer=first))
+        return self._add_buffers(constants)
+
+    def _add_buffers(self, data: Sequence[memoryview]) -> bool:
+        """Append ``data`` as the batch's next buffers; a small one is copied, so its caller
+        may change it at once. True when one is large: the caller must send the batch before
+        it returns."""
+        large = False
+        for view in data:
+            if view.nbytes < COPY_BELOW:
+                view = memoryview(bytes(view))
+            else:
+                large = True
+            self.buffers.append(view)
+            self.buffered += view.nbytes
+        return large
+
+    def take(self, requests: Sequence[Request]) -> tuple[Batch, list[memoryview]]:
+        """The batch to send with ``requests``, and its buffers; this is empty again after."""
+        frees = [self.frees.popleft() for _ in range(len(self.frees))]
+        drops = [self.drops.popleft() for _ in range(len(self.drops))]
+        batch = Batch(
+            graphs=self.graphs,
+            ops=self.ops,
+            frees=frees,
+            drop_graphs=drops,
+            requests=list(requests),
+            buffers=[b.nbytes for b in self.buffers],
+        )
+        buffers = self.buffers
+        self.ops, self.graphs, self.buffers, self.buffered = [], [], [], 0
+        return batch, buffers

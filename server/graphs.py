@@ -1,0 +1,299 @@
+"""The graphs a session registered (``protocol.graphs``), and ``run_graph``, which replays one.
+
+Registration (:meth:`Graphs.register`, from ``Session.start``, before the batch's ops): the
+graph is checked once, as its ops would be (:func:`~protocol.graphs.check_graph`:
+``invalid_op``; the per-op caps on each op's outputs and on the graph's outputs together:
+``limit_exceeded``), then against the session's bounds (``Limits.max_graphs`` graphs,
+``Limits.max_graph_bytes`` of constants: ``limit_exceeded``); its constants' bytes are reserved
+in the store (``quota_exceeded``, ``server_memory_exhausted``) until it is dropped or the
+session closes, and copied out of the message into read-only arrays. A registration that fails
+is remembered with its error (the :data:`FAILURES_KEPT` newest), and every ``run_graph`` of it
+fails with that error, as an op fails. A graph id in use refuses the new registration and
+leaves the graph alone (the error is answered on its own, as for a taken tensor id).
+
+What passes becomes a :class:`~server.plans.Plan`, which makes a replay cheap per op
+(``server/plans.py``).
+
+Replay (:meth:`Graphs.run`): ``run_graph`` is checked as any op (output ids free, inputs stored
+and not failed: a failure is inherited; the signature: ``invalid_op`` naming the input; a graph
+not registered: ``unknown_graph``), runs on the event loop only within the inline cost (each
+op's ``executor.cost``, summed), reserves its scratch bytes once (the graph's peak of live
+bytes less its inputs and constants) and stores its outputs as any op's results
+(``Outcomes.keep``, which gives back the reservation's rest). An in-place op on a graph input
+writes into the stored tensor, so a step's updates persist across replays: a graph that writes
+in place first makes every input safe to write (``TensorStore.prepare_write``; an input written
+in place that is a read-only view is replaced by a counted copy first, as an in-place op
+writes into a copy). A failure at graph op k fails every output (``execution_failed``, or
+``internal`` for a result that is not the inferred one), names the op, and gives the
+reservation back; what ops before k wrote into inputs stays, as with the ops sent one by one.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import numpy as np
+
+from protocol import ErrorCode, ErrorInfo, InvalidOpError, TensorMeta
+from protocol.codec import Buffer
+from protocol.graphs import GraphCheck, GraphDef, RegisterGraph, check_graph
+from protocol.ops import RunGraph
+
+from .errors import StoreError
+from .executor.base import Array
+from .limits import output_bytes
+from .logs import fields
+from .outcome import Job, Outcomes
+from .plans import Plan, ReplayError, build_plan, constant_array, replay
+from .store import Failure, Stored
+
+log = logging.getLogger("tensorwire.session")
+
+FAILURES_KEPT = 256  # failed registrations a session remembers (each an ErrorInfo)
+
+
+class Graphs:
+    """One session's registered graphs (by the client's graph id), its failed registrations,
+    and the constants' bytes they hold (``nbytes``, reserved in the session's store)."""
+
+    def __init__(self, outcomes: Outcomes, inline_cost: int) -> None:
+        self._outcomes = outcomes
+        self._store = outcomes.store
+        self._limits = outcomes.limits
+        self._inline_cost = inline_cost
+        self._plans: dict[int, Plan] = {}
+        self._failed: dict[int, ErrorInfo] = {}
+        self.nbytes = 0
+        self.closed = False
+
+    def __len__(self) -> int:
+        return len(self._plans)
+
+    def register(self, request: RegisterGraph, buffers: Sequence[Buffer], job: Job) -> None:
+        """Register ``request.graph`` (its constants are ``buffers`` from
+        ``request.first_buffer`` on), or remember why not. A graph id in use: the error goes to
+        ``job.errors`` and nothing changes."""
+        graph_id = request.graph_id
+        if graph_id in self._plans or graph_id in self._failed:
+            job.errors.append(
+                ErrorInfo(
+                    code=ErrorCode.INVALID_OP,
+                    message=f"graph id #{graph_id} is in use in this session; the new "
+                    "registration is refused (drop the graph first, or use another id)",
+                )
+            )
+            return
+        if self.closed:
+            return
+        try:
+            if job.rejected is not None:  # the batch was refused: so is every graph it carries
+                raise StoreError(job.rejected.code, job.rejected.message)
+            self._plans[graph_id] = self._plan(request, buffers)
+            return
+        except StoreError as exc:
+            error = ErrorInfo(code=exc.code, message=str(exc))
+        except InvalidOpError as exc:
+            error = ErrorInfo(code=ErrorCode.INVALID_OP, message=str(exc))
+        except Exception as exc:  # a bug in a check: the session goes on, the log says what
+            log.exception("graph registration failed", extra=fields(graph=graph_id))
+            error = ErrorInfo(code=ErrorCode.INTERNAL, message=f"{type(exc).__name__}: {exc}")
+        if len(self._failed) >= FAILURES_KEPT:
+            del self._failed[next(iter(self._failed))]  # the oldest
+        self._failed[graph_id] = error
+
+    def _plan(self, request: RegisterGraph, buffers: Sequence[Buffer]) -> Plan:
+        """Check ``request`` and hold its constants.
+
+        Raises:
+            InvalidOpError: the graph does not hold together.
+            StoreError: a cap, a bound on graphs, the quota or budget refused it, or its
+                buffers are not its constants' (``bad_message``).
+        """
+        graph, limits = request.graph, self._limits
+        if len(self._plans) >= limits.max_graphs:
+            raise StoreError(
+                ErrorCode.LIMIT_EXCEEDED,
+                f"the session holds {len(self._plans)} graphs; the limit is {limits.max_graphs} "
+                "(--max-graphs): drop one first",
+            )
+        check = check_graph(graph)
+        _check_caps(graph, check, self._outcomes)
+        data = _constant_buffers(graph, buffers, request.first_buffer)
+        nbytes = sum(c.nbytes for c in graph.constants)
+        if self.nbytes + nbytes > limits.max_graph_bytes:
+            raise StoreError(
+                ErrorCode.LIMIT_EXCEEDED,
+                f"the graph's constants need {nbytes} bytes; the session's graphs hold "
+                f"{self.nbytes} of {limits.max_graph_bytes} (--max-graph-bytes)",
+            )
+        self._store.reserve(nbytes)
+        try:
+            constants = [
+                constant_array(c.shape, c.dtype, b)
+                for c, b in zip(graph.constants, data, strict=True)
+            ]
+            plan = build_plan(graph, check, constants, nbytes)
+        except BaseException:
+            self._store.cancel(nbytes)
+            raise
+        self.nbytes += nbytes
+        return plan
+
+    def drop(self, graph_id: int) -> None:
+        """Forget ``graph_id`` and give its constants' bytes back; an unknown id does nothing."""
+        self._failed.pop(graph_id, None)
+        plan = self._plans.pop(graph_id, None)
+        if plan is not None:
+            self.nbytes -= plan.constant_bytes
+            self._store.cancel(plan.constant_bytes)
+
+    def close(self) -> None:
+        """Forget every graph and give the constants' bytes back. Idempotent."""
+        self.closed = True
+        self._store.cancel(self.nbytes)
+        self.nbytes = 0
+        self._plans.clear()
+        self._failed.clear()
+
+    # --- replay --------------------------------------------------------------------------------
+
+    def run(self, op: RunGraph, job: Job, inline: bool) -> bool:
+        """Check and replay ``op``, settling its outputs. False: it is too costly to run
+        ``inline`` (nothing changed). The caller holds ``np.errstate(all="ignore")``."""
+        plan = self._plans.get(op.graph)
+        if inline and plan is not None and plan.cost > self._inline_cost:
+            return False
+        args = self._check(op, plan, job)
+        if args is not None and plan is not None:
+            self._execute(op, plan, args, job)
+        return True
+
+    def _check(self, op: RunGraph, plan: Plan | None, job: Job) -> list[Array] | None:
+        """The input arrays of ``op``, or None when its outputs are settled (it failed, or
+        inherited a failure)."""
+        store, outcomes = self._store, self._outcomes
+        try:
+            for out in op.outputs():
+                if out in store:
+                    raise StoreError(ErrorCode.DUPLICATE_TENSOR, f"tensor id #{out} is in use")
+            if job.rejected is not None:
+                raise StoreError(job.rejected.code, job.rejected.message)
+            args: list[Array] = []
+            metas: list[TensorMeta] = []
+            for tensor_id in op.args:
+                value = store.get(tensor_id)
+                if isinstance(value, Failure):
+                    outcomes.mark(op, value)  # inherit the original failure
+                    return None
+                args.append(value.array)
+                metas.append(value.meta)
+            if plan is None:
+                raise self._missing(op.graph)
+            op.infer_signature(plan.signature, plan.outputs, *metas)
+            return args
+        except StoreError as exc:
+            outcomes.fail(op, exc.code, str(exc), job)
+        except InvalidOpError as exc:
+            outcomes.fail(op, ErrorCode.INVALID_OP, str(exc), job)
+        return None
+
+    def _missing(self, graph_id: int) -> StoreError:
+        failed = self._failed.get(graph_id)
+        if failed is not None:
+            return StoreError(
+                failed.code, f"graph #{graph_id} failed to register: {failed.message}"
+            )
+        return StoreError(
+            ErrorCode.UNKNOWN_GRAPH,
+            f"graph #{graph_id} is not registered in this session (never, or dropped)",
+        )
+
+    def _execute(self, op: RunGraph, plan: Plan, args: list[Array], job: Job) -> None:
+        """Reserve the scratch bytes, replay, and store the outputs (or fail them)."""
+        store, outcomes = self._store, self._outcomes
+        try:
+            if plan.guarded:
+                args = self._guard(op, plan)
+            store.reserve(plan.scratch)
+        except StoreError as exc:
+            outcomes.fail(op, exc.code, str(exc), job)
+            return
+        slots = list(plan.slots)
+        for slot, array in zip(plan.input_slots, args, strict=True):
+            slots[slot] = array
+        try:
+            results = replay(plan, slots)
+        except ReplayError as exc:
+            store.cancel(plan.scratch)
+            code = ErrorCode.INTERNAL if exc.mismatch else ErrorCode.EXECUTION_FAILED
+            outcomes.fail(op, code, f"run_graph[{op.graph}] {exc}", job)
+            return
+        ran = outcomes.ops_run
+        outcomes.keep(op, results, plan.outputs, plan.scratch, job, verified=True)
+        if outcomes.ops_run != ran:  # stored: count the graph's ops by name too
+            outcomes.op_counts.update(plan.op_counts)
+
+    def _guard(self, op: RunGraph, plan: Plan) -> list[Array]:
+        """The input arrays, safe to write in place (:meth:`TensorStore.prepare_write`, which
+        may move memory: every array is looked up again); an input written in place that is a
+        read-only view is first replaced by a counted copy.
+
+        Raises:
+            StoreError: the quota, the budget or the process has no room for a move or a copy.
+        """
+        store = self._store
+        for position, tensor_id in enumerate(op.args):
+            if store.prepare_write(tensor_id) is None and position in plan.written:
+                value = store.get(tensor_id)
+                assert isinstance(value, Stored)  # checked by _check
+                nbytes = value.array.nbytes
+                store.reserve(nbytes)
+                try:
+                    copy = np.array(value.array, order="C")
+                except MemoryError:
+                    store.cancel(nbytes)
+                    raise StoreError(
+                        ErrorCode.SERVER_MEMORY_EXHAUSTED, f"no memory to copy #{tensor_id}"
+                    ) from None
+                store.replace(tensor_id, Stored(copy, value.meta), reserved=nbytes)
+        arrays: list[Array] = []
+        for tensor_id in op.args:
+            value = store.get(tensor_id)
+            assert isinstance(value, Stored)
+            arrays.append(value.array)
+        return arrays
+
+
+# --- registration ---------------------------------------------------------------------------
+
+
+def _check_caps(graph: GraphDef, check: GraphCheck, outcomes: Outcomes) -> None:
+    """The per-op caps on every op's outputs, and on the graph's outputs together (they are
+    one ``run_graph``'s). Raises :class:`StoreError` (``limit_exceeded``) naming the op."""
+    for index, (op, metas) in enumerate(zip(graph.ops, check.op_metas, strict=True)):
+        try:
+            output_bytes(metas, outcomes.limits)
+        except StoreError as exc:
+            raise StoreError(exc.code, f"op {index} ({op.describe()}): {exc}") from None
+    output_bytes([t.meta for t in graph.outputs], outcomes.limits)
+
+
+def _constant_buffers(graph: GraphDef, buffers: Sequence[Buffer], first: int) -> list[Buffer]:
+    """The buffers of ``graph``'s constants. Raises :class:`StoreError` (``bad_message``)
+    when the batch lacks them or one's size is not its constant's."""
+    if first + len(graph.constants) > len(buffers):
+        raise StoreError(
+            ErrorCode.BAD_MESSAGE,
+            f"the graph has {len(graph.constants)} constants from buffer {first}; the batch "
+            f"carries {len(buffers)} buffers",
+        )
+    data = list(buffers[first : first + len(graph.constants)])
+    for constant, buffer in zip(graph.constants, data, strict=True):
+        if buffer.nbytes != constant.nbytes:
+            raise StoreError(
+                ErrorCode.BAD_MESSAGE,
+                f"constant #{constant.id} ({constant.dtype}{list(constant.shape)}) needs "
+                f"{constant.nbytes} bytes; its buffer holds {buffer.nbytes}",
+            )
+    return data

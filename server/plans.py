@@ -1,0 +1,175 @@
+"""A checked graph made ready to replay (:class:`Plan`), and its replay: what ``run_graph``
+costs per op is what :func:`replay` does per :class:`Step`.
+
+Every graph id has a *slot* in a list: the inputs, the constants, then each op's outputs. A
+step holds its op's runner (an in-place one bound to write into its target), the slots it
+reads and writes, the shape and dtype each result must have, and the slots whose last use it
+is, cleared after it so that numpy can reuse an intermediate's memory at once. The plan also
+knows its cost (``executor.cost`` of each op, summed) and its scratch bytes (the graph's peak of
+live bytes, :attr:`GraphCheck.peak_bytes`, less its inputs and constants, which are counted
+already). Nothing here touches a store: ``server/graphs.py`` binds the inputs and keeps the
+outputs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import numpy as np
+
+from protocol import TensorMeta, to_numpy
+from protocol.codec import Buffer
+from protocol.graphs import GraphCheck, GraphDef
+from protocol.ops import InPlaceBinary, InPlaceBinaryScalar, SetItem
+from protocol.ops.base import BaseOp
+
+from . import executor
+from .executor import elementwise, indexing
+from .executor.base import Array, Runner
+
+# In-place ops write into their target: the session made every input safe to write first, and
+# an intermediate is the graph's own (a read-only view is still written into a copy).
+_IN_PLACE: dict[type, Runner] = {
+    InPlaceBinary: partial(elementwise.binary_inplace, in_place=True),
+    InPlaceBinaryScalar: partial(elementwise.binary_inplace, in_place=True),
+    SetItem: partial(indexing.setitem, in_place=True),
+}
+
+Expect = tuple[tuple[int, ...], np.dtype[Any]]  # a result's shape and numpy dtype
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """Op number ``index`` of a plan, ready to run on a replay's slots."""
+
+    index: int
+    op: BaseOp
+    run: Runner
+    reads: tuple[int, ...]
+    writes: tuple[int, ...]
+    expect: tuple[Expect, ...]
+    frees: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """A registered graph, ready to replay (see the module docstring)."""
+
+    signature: tuple[tuple[str, TensorMeta], ...]  # the declared inputs: name, meta
+    outputs: tuple[TensorMeta, ...]
+    slots: tuple[Array | None, ...]  # a replay's slots before its inputs are bound
+    input_slots: tuple[int, ...]
+    output_slots: tuple[int, ...]
+    written: frozenset[int]  # positions of the inputs that an in-place op targets
+    guarded: bool  # some op writes in place: inputs are made safe to write first
+    steps: tuple[Step, ...]
+    cost: int  # executor.cost of every op, summed
+    scratch: int  # bytes reserved per replay: the peak of live bytes less inputs, constants
+    constant_bytes: int
+    op_counts: Counter[str]
+
+
+class ReplayError(Exception):
+    """A step raised ``exc`` (its cause)."""
+
+    def __init__(self, step: Step, exc: Exception) -> None:
+        op = step.op
+        super().__init__(f"op {step.index} ({op.describe()}): {type(exc).__name__}: {exc}")
+        self.mismatch = isinstance(exc, executor.InferenceMismatch)
+
+
+def replay(plan: Plan, slots: list[Any]) -> tuple[Array, ...]:
+    """Run ``plan``'s steps on ``slots`` (inputs bound) and return its outputs, verified.
+    The caller holds ``np.errstate(all="ignore")``.
+
+    Raises:
+        ReplayError: a step raised, or gave a result that is not the inferred one.
+    """
+    step: Step | None = None
+    try:
+        for step in plan.steps:
+            raw = step.run(step.op, [slots[i] for i in step.reads], ())
+            results = raw if type(raw) is tuple else (raw,)
+            if len(results) != len(step.writes):
+                raise executor.InferenceMismatch(f"{len(results)} results")
+            for slot, result, (shape, dtype) in zip(step.writes, results, step.expect, strict=True):
+                if type(result) is not np.ndarray:
+                    result = np.asarray(result)  # a numpy scalar
+                if result.shape != shape or result.dtype != dtype:
+                    raise executor.InferenceMismatch(
+                        f"gave {result.dtype}{list(result.shape)}, inferred {dtype}{list(shape)}"
+                    )
+                slots[slot] = result
+            for slot in step.frees:
+                slots[slot] = None  # its last use: numpy may reuse the memory now
+    except Exception as exc:
+        assert step is not None
+        raise ReplayError(step, exc) from exc
+    return tuple(slots[slot] for slot in plan.output_slots)
+
+
+def constant_array(shape: tuple[int, ...], dtype: Any, buffer: Buffer) -> Array:
+    """A read-only array of a copy of ``buffer``'s bytes (not of the message, which goes). Its
+    memory is a ``bytes`` object, so a result that is a view of it is copied before it is
+    stored (``Outcomes._owned``), and an in-place op on a view of it writes into a copy."""
+    array: Array = np.frombuffer(bytes(buffer), dtype=to_numpy(dtype)).reshape(shape)
+    return array
+
+
+def _shaped(meta: TensorMeta) -> Array:
+    """An array of ``meta``'s shape that holds no memory, for ``executor.cost``."""
+    return np.broadcast_to(np.zeros((), dtype=np.uint8), meta.shape)
+
+
+def build_plan(
+    graph: GraphDef, check: GraphCheck, constants: Sequence[Array], constant_bytes: int
+) -> Plan:
+    """The :class:`Plan` of a checked ``graph`` whose constants are ``constants``."""
+    declared = [t.id for t in graph.inputs] + [c.id for c in graph.constants]
+    slot = {tensor_id: number for number, tensor_id in enumerate(declared)}
+    for op in graph.ops:
+        for out in () if op.inplace else op.outputs():
+            slot[out] = len(slot)
+    kept = {*declared, *(t.id for t in graph.outputs)}  # never cleared
+    frees: dict[int, list[int]] = {}  # op index -> the slots whose last use it is
+    for index, op in enumerate(graph.ops):
+        for out in () if op.inplace else op.outputs():
+            if out not in kept:
+                frees.setdefault(check.last_use.get(out, index), []).append(slot[out])
+    steps: list[Step] = []
+    cost = 0
+    for index, (op, metas) in enumerate(zip(graph.ops, check.op_metas, strict=True)):
+        reads = tuple(slot[i] for i in op.inputs())
+        run = _IN_PLACE[type(op)] if op.inplace else executor.runner(op)
+        expect = tuple((m.shape, to_numpy(m.dtype)) for m in metas)
+        writes = tuple(slot[o] for o in op.outputs())
+        steps.append(Step(index, op, run, reads, writes, expect, tuple(frees.get(index, ()))))
+        cost += executor.cost(op, metas[0], [_shaped(check.metas[i]) for i in op.inputs()])
+    template: list[Array | None] = [None] * len(slot)
+    for constant, array in zip(graph.constants, constants, strict=True):
+        template[slot[constant.id]] = array
+    targets = {op.out for op in graph.ops if op.inplace}
+    held = sum(_nbytes(t.meta) for t in graph.inputs) + constant_bytes
+    return Plan(
+        signature=tuple((t.name, t.meta) for t in graph.inputs),
+        outputs=tuple(t.meta for t in graph.outputs),
+        slots=tuple(template),
+        input_slots=tuple(slot[t.id] for t in graph.inputs),
+        output_slots=tuple(slot[t.id] for t in graph.outputs),
+        written=frozenset(i for i, t in enumerate(graph.inputs) if t.id in targets),
+        guarded=bool(targets),
+        steps=tuple(steps),
+        cost=cost,
+        scratch=max(0, check.peak_bytes - held),
+        constant_bytes=constant_bytes,
+        op_counts=check.op_counts,
+    )
+
+
+def _nbytes(meta: TensorMeta) -> int:
+    return math.prod(meta.shape) * to_numpy(meta.dtype).itemsize
