@@ -4,7 +4,7 @@ rules written here, on a real server; the schedules against their closed forms."
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -13,6 +13,7 @@ import pytest
 import client
 from client import nn, optim
 from client.autodiff import Autodiff, Tensor
+from protocol.graphs import renumber
 
 STEPS = 4
 
@@ -63,10 +64,14 @@ def reference_sgd(p: np.ndarray, lr: float, momentum: float = 0.0, dampening: fl
 
 
 def reference_adam(p: np.ndarray, lr: float, betas: tuple[float, float], eps: float,
-                   weight_decay: float, decoupled: bool) -> np.ndarray:  # fmt: skip
+                   weight_decay: float, decoupled: bool,
+                   grads: Sequence[np.ndarray | None] | None = None) -> np.ndarray:  # fmt: skip
+    """``grads`` (default :func:`gradients`) one per step; at a None the parameter has no
+    gradient, so PyTorch skips it: its ``t`` does not advance."""
     p, m, v = p.copy(), np.zeros_like(p), np.zeros_like(p)
     b1, b2 = betas
-    for t, g in enumerate(gradients(p.shape), start=1):
+    taken = [g for g in (gradients(p.shape) if grads is None else grads) if g is not None]
+    for t, g in enumerate(taken, start=1):
         if decoupled:
             p = p * (1 - lr * weight_decay)
         elif weight_decay:
@@ -137,39 +142,140 @@ def test_a_parameter_without_gradient_is_skipped(ad: Autodiff) -> None:
 
 @pytest.fixture
 def counted(dev: client.RemoteDevice, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Any]]:
-    """Every op the device is sent, in a list."""
+    """Every op the device is sent, in a list; an upload as ``("upload", its bytes)``."""
     ops: list[Any] = []
-    submit = dev.submit
+    submit, submit_upload = dev.submit, dev.submit_upload
 
     def counting(op: Any) -> None:
         ops.append(op)
         submit(op)
 
+    def counting_upload(make_op: Callable[[int], Any], data: memoryview) -> None:
+        ops.append(("upload", bytes(data)))
+        submit_upload(make_op, data)
+
     monkeypatch.setattr(dev, "submit", counting)
+    monkeypatch.setattr(dev, "submit_upload", counting_upload)
     yield ops
 
 
 @pytest.mark.parametrize(
-    ("make", "per_step"),
+    ("make", "dtype", "per_parameter", "per_group"),
     [
-        (lambda ps: optim.SGD(ps, lr=0.1), 2),
-        (lambda ps: optim.SGD(ps, lr=0.1, momentum=0.9), 4),
-        (lambda ps: optim.SGD(ps, lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.1), 8),
-        (lambda ps: optim.Adam(ps), 12),
-        (lambda ps: optim.Adam(ps, weight_decay=0.1), 14),
-        (lambda ps: optim.AdamW(ps), 13),
+        (lambda ps: optim.SGD(ps, lr=0.1), np.float64, 2, 0),
+        (lambda ps: optim.SGD(ps, lr=0.1, momentum=0.9), np.float64, 4, 0),
+        (lambda ps: optim.SGD(ps, lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.1),
+         np.float64, 8, 0),
+        (lambda ps: optim.Adam(ps), np.float64, 12, 8),
+        (lambda ps: optim.Adam(ps), np.float32, 12, 10),  # +2: the terms cast to float32
+        (lambda ps: optim.Adam(ps, weight_decay=0.1), np.float64, 14, 8),
+        (lambda ps: optim.AdamW(ps), np.float64, 13, 8),
     ],
 )  # fmt: skip
-def test_ops_per_parameter_per_step_are_as_documented(
-    ad: Autodiff, counted: list[Any], make: Any, per_step: int
+def test_ops_per_parameter_and_per_group_per_step_are_as_documented(
+    ad: Autodiff, counted: list[Any], make: Any, dtype: Any, per_parameter: int, per_group: int
 ) -> None:
-    p = ad.asarray(P0, requires_grad=True)
-    p.grad = ad.asarray(np.ones_like(P0))
-    opt = make([p])
-    opt.step()  # the first step also makes the state
-    counted.clear()
-    opt.step()
-    assert len(counted) == per_step
+    for n in (1, 3):
+        ps = [ad.asarray(P0.astype(dtype), requires_grad=True) for _ in range(n)]
+        for p in ps:
+            p.grad = ad.asarray(np.ones_like(P0, dtype=dtype))
+        opt = make(ps)
+        opt.step()  # the first step also makes the state
+        counted.clear()
+        opt.step()
+        assert len(counted) == per_group + n * per_parameter
+
+
+def normalised(ops: list[Any]) -> list[Any]:
+    """``ops`` as a captured graph would hold them: every id made within them renumbered in
+    the order they were made, the ids of arrays from before (parameters, the optimizer's
+    state, the data) kept, every other field (op kinds, shapes, scalars) as sent."""
+    made = _Made()
+    result = []
+    for op in ops:
+        if isinstance(op, tuple):  # an upload: its bytes are part of what replays
+            result.append(op)
+            continue
+        for tensor_id in () if op.inplace else op.outputs():
+            made[tensor_id] = 2**62 + len(made)  # apart from any id the client gives
+        result.append(renumber(op, made))
+    return result
+
+
+class _Made(dict[int, int]):
+    """Ids made within the ops, renumbered; any other value kept as it is (renumber also
+    looks up ``Full``'s fill value, which shares the name ``value`` with setitem's tensor)."""
+
+    def __missing__(self, key: Any) -> Any:
+        return key
+
+
+def _adam_groups(ps: list[Tensor]) -> optim.Optimizer:
+    return optim.Adam([{"params": ps[:2], "weight_decay": 0.1},
+                       {"params": ps[2:], "lr": 3e-3, "betas": (0.8, 0.99)}])  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda ps: optim.AdamW(ps, lr=0.05),
+        _adam_groups,
+        lambda ps: optim.SGD(ps, lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.1),
+    ],
+)
+def test_a_training_step_sends_the_same_ops_every_step_after_the_first(
+    ad: Autodiff, counted: list[Any], make: Callable[[list[Tensor]], optim.Optimizer]
+) -> None:
+    """What makes a step replayable: step 3 sends exactly step 2's ops, scalars included, so
+    a graph captured at step 2 replays step 3 (and the rest) as direct execution would. A
+    step-dependent Python scalar (Adam's bias corrections as floats) fails this."""
+    rng = np.random.default_rng(3)
+    model = nn.Sequential(nn.Linear(8, 16, ad=ad, rng=rng), nn.ReLU(),
+                          nn.Linear(16, 4, ad=ad, rng=rng))  # fmt: skip
+    opt = make(list(model.parameters()))
+    x = ad.asarray(rng.standard_normal((32, 8)).astype(np.float32))
+    y = ad.asarray(rng.integers(0, 4, 32))
+    steps = []
+    for _ in range(4):
+        counted.clear()
+        loss = nn.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        steps.append(normalised(counted))
+    assert steps[0] != steps[1]  # the first step makes the state
+    assert steps[1] == steps[2] == steps[3]
+    assert float(loss) < 2.0  # and it is a real step: the server ran every op
+
+
+def test_a_parameter_that_skips_steps_keeps_its_own_step_count(
+    ad: Autodiff, counted: list[Any]
+) -> None:
+    """PyTorch's per-parameter ``t``: the group's parameters share their bias powers while
+    they step together; one that skips a step (no gradient) parts with its own, so each
+    matches the reference with its own count, and the steps settle to the same ops again."""
+    has = {"a": "111111", "b": "101111", "c": "001111"}  # c's first step is the group's third
+    rng = np.random.default_rng(5)
+    g = {name: [rng.standard_normal(P0.shape) for _ in range(5)] for name in has}
+    grads = {name: [g[name][min(i, 4)] if took == "1" else None for i, took in enumerate(row)]
+             for name, row in has.items()}  # fmt: skip
+    params = {name: ad.asarray(P0, requires_grad=True) for name in has}
+    uploaded = {name: [ad.asarray(x) for x in g[name]] for name in has}
+    opt = optim.Adam(list(params.values()), lr=0.1, betas=(0.8, 0.9))
+    steps = []
+    for step in range(6):
+        for name, p in params.items():  # steps 5 and 6 use the same gradient arrays
+            p.grad = uploaded[name][min(step, 4)] if has[name][step] == "1" else None
+        counted.clear()
+        opt.step()
+        steps.append(normalised(counted))
+    for name, p in params.items():
+        expected = reference_adam(P0, lr=0.1, betas=(0.8, 0.9), eps=1e-8, weight_decay=0.0,
+                                  decoupled=False, grads=grads[name])  # fmt: skip
+        np.testing.assert_allclose(values(p), expected, rtol=1e-12, atol=1e-14)
+        assert opt.state[p]["step"] == has[name].count("1")
+    assert steps[4] == steps[5]
+    assert len(steps[5]) == 3 * 8 + 3 * 12  # three step counts now: a group's 8 ops each
 
 
 def test_optimizer_state_follows_a_model_moved_to_a_device(ad: Autodiff) -> None:

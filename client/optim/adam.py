@@ -1,14 +1,22 @@
 """Adam and AdamW: PyTorch's ``torch.optim.Adam`` (weight decay as L2, added to the gradient)
-and ``torch.optim.AdamW`` (weight decay decoupled, applied to the parameter)."""
+and ``torch.optim.AdamW`` (weight decay decoupled, applied to the parameter).
+
+Replay-safe: no value that changes from step to step travels as a Python scalar inside an op.
+The bias corrections, which do (``1 - beta**t``), are computed on the device from ``beta1**t``
+and ``beta2**t`` kept there as 0-d arrays and multiplied in place each step, so every step
+after the first sends the same ops with the same scalars, and a graph captured from one step
+replays the next ones exactly as running them would. The hyper-parameters travel as Python
+scalars: a learning-rate schedule that changes ``lr`` changes the ops (see
+:mod:`client.optim.schedule`).
+"""
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from client.autodiff import Tensor
 
-from .optimizer import Optimizer, Params, check_nonnegative
+from .optimizer import Optimizer, Params, check_nonnegative, follow
 
 
 class Adam(Optimizer):
@@ -19,11 +27,21 @@ class Adam(Optimizer):
         v = beta2 * v + (1 - beta2) * g * g
         p -= lr / (1 - beta1**t) * m / (sqrt(v) / sqrt(1 - beta2**t) + eps)
 
-    The bias corrections are Python floats, from a step count kept on the client per
-    parameter; ``m`` (``exp_avg``) and ``v`` (``exp_avg_sq``) are arrays of the parameter's
-    namespace, updated in place. Ops per parameter per step, each one message to a remote
-    device: 12 (3 for m, 4 for v, 5 for p: ``sqrt``, ``+=`` eps, ``*``, ``/``, ``p -=``);
-    +2 with Adam's weight decay, +1 with AdamW's; 2 more on the first step (the zeros).
+    ``m`` (``exp_avg``) and ``v`` (``exp_avg_sq``) are arrays of the parameter's namespace,
+    updated in place. ``beta1**t`` and ``beta2**t`` are 0-d arrays there too (float64 where
+    the device has it), shared by the parameters of a group that have taken every step
+    together, and from them each step computes, once for them all, the step size and the eps
+    term (cast to each parameter dtype they meet). A parameter that skips a step (no
+    gradient) parts from the others with a copy of its own, so each keeps PyTorch's
+    per-parameter ``t``. ``state["step"]``, a Python int, is kept for compatibility; a
+    replayed step does not advance it: the device arrays are the truth.
+
+    Ops per step, each one message to a remote device: 12 per parameter (3 for m, 4 for v,
+    5 for p: ``sqrt``, ``+=`` eps term, ``*`` step size, ``/``, ``p -=``), +2 with Adam's
+    weight decay, +1 with AdamW's; 8 per group (``*=`` twice for the powers, then ``1 -``,
+    ``sqrt``, ``lr *``, ``1 -``, ``/``, ``eps *``), +2 per parameter dtype other than the
+    powers' (``astype``), once per step count where parameters skipped steps. The first step
+    also makes the state: +2 per parameter (the zeros), +2 per group (the ones).
     """
 
     _decoupled = False  # AdamW: weight decay applied to the parameter, not the gradient
@@ -43,19 +61,48 @@ class Adam(Optimizer):
         }
         super().__init__(params, defaults)
 
+    def _begin_group(self, group: dict[str, Any],
+                     stepping: list[tuple[Tensor, dict[str, Any]]]) -> None:  # fmt: skip
+        # How many stepping parameters hold each set of powers where it lives: when that is
+        # all of its members, it advances in place (every step but one where some parted).
+        beside: dict[int, int] = {}
+        for param, state in stepping:
+            powers = state.get("bias_powers")
+            if powers is not None and powers.lives_with(param.array):
+                beside[id(powers)] = beside.get(id(powers), 0) + 1
+        advancing: list[tuple[_BiasPowers | None, _BiasPowers, list[Any]]] = []  # was, is, dtypes
+        for param, state in stepping:
+            was: _BiasPowers | None = state.get("bias_powers")
+            array = param.array
+            entry = next((e for e in advancing if e[0] is was and e[1].lives_with(array)), None)
+            if entry is None:
+                if was is not None and was.lives_with(array) and beside[id(was)] == was.members:
+                    entry = (was, was, [])
+                else:  # new, or parting from parameters that skip this step (or moved)
+                    entry = (was, _BiasPowers.start(param, was), [])
+                advancing.append(entry)
+            _, powers, dtypes = entry
+            if not any(dtype == param.dtype for dtype in dtypes):
+                dtypes.append(param.dtype)
+            if powers is not was:
+                if was is not None:
+                    was.members -= 1
+                powers.members += 1
+                state["bias_powers"] = powers
+        for _, powers, dtypes in advancing:
+            powers.advance(group, dtypes)
+
     def _update(self, param: Tensor, grad: Any, group: dict[str, Any],
                 state: dict[str, Any]) -> None:  # fmt: skip
         # Python floats: a numpy float64 hyper-parameter would promote float32 arrays.
-        lr, eps = float(group["lr"]), float(group["eps"])
-        weight_decay = float(group["weight_decay"])
+        lr, weight_decay = float(group["lr"]), float(group["weight_decay"])
         beta1, beta2 = (float(b) for b in group["betas"])
-        if not state:
-            xp = param.namespace.xp
+        xp = param.namespace.xp
+        if "step" not in state:  # the state so far: its bias powers, from _begin_group
             state.update(
                 step=0, exp_avg=xp.zeros_like(param.array), exp_avg_sq=xp.zeros_like(param.array)
             )
         state["step"] += 1
-        step = state["step"]
         g = grad  # never changed in place: it is the user's .grad
         if weight_decay != 0:
             if self._decoupled:
@@ -69,11 +116,10 @@ class Adam(Optimizer):
         v += ((1.0 - beta2) * g) * g
         state["exp_avg"], state["exp_avg_sq"] = m, v
         # PyTorch's denominator sqrt(v) / sqrt(bc2) + eps, with sqrt(bc2) moved into the step
-        # size: the same value, one op fewer (no array is divided by sqrt(bc2)).
-        root_bc2 = math.sqrt(1.0 - beta2**step)
-        step_size = lr * root_bc2 / (1.0 - beta1**step)
-        denom = param.namespace.xp.sqrt(v)
-        denom += eps * root_bc2
+        # size and the eps term: the same value, no array divided by sqrt(bc2).
+        step_size, eps_term = state["bias_powers"].terms_for(param.dtype)
+        denom = xp.sqrt(v)
+        denom += eps_term
         param -= (step_size * m) / denom
 
 
@@ -88,3 +134,69 @@ class AdamW(Adam):
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 1e-2) -> None:  # fmt: skip
         super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+
+
+class _BiasPowers:
+    """``beta1**t`` and ``beta2**t`` as 0-d arrays where the parameters live, shared by the
+    parameters of a group that have taken every step together (so have the same ``t``), and
+    this step's step size and eps term made from them, one pair per parameter dtype."""
+
+    __slots__ = ("xp", "beta1_power", "beta2_power", "members", "terms")
+
+    def __init__(self, xp: Any, beta1_power: Any, beta2_power: Any) -> None:
+        self.xp = xp
+        self.beta1_power, self.beta2_power = beta1_power, beta2_power
+        self.members = 0  # how many parameters' states hold these powers
+        self.terms: list[tuple[Any, Any, Any]] = []  # (dtype, step size, eps term)
+
+    @classmethod
+    def start(cls, param: Tensor, parting: _BiasPowers | None) -> _BiasPowers:
+        """Powers where ``param`` lives: a copy of ``parting``'s (a parameter that parts from
+        the others, which keep theirs), or ones (``t = 0``) for a parameter's first step."""
+        xp, array = param.namespace.xp, param.array
+        if parting is None:
+            floats = xp.__array_namespace_info__().dtypes(device=array.device,
+                                                          kind="real floating")  # fmt: skip
+            # float64 where the device has it: beta**t by repeated products stays exact to
+            # float64's precision over many steps, whatever the parameters' dtype.
+            dtype = floats.get("float64", array.dtype)
+            return cls(xp, *(xp.ones((), dtype=dtype, device=array.device) for _ in "12"))
+        copies = (
+            _copy_to(power, array, xp) for power in (parting.beta1_power, parting.beta2_power)
+        )
+        return cls(xp, *copies)
+
+    def lives_with(self, array: Any) -> bool:
+        """Whether these arrays are where ``array`` is (the same type and device)."""
+        return type(self.beta1_power) is type(array) and self.beta1_power.device == array.device
+
+    def advance(self, group: dict[str, Any], dtypes: list[Any]) -> None:
+        """``t += 1``, and this step's step size ``lr * sqrt(bc2) / bc1`` and eps term
+        ``eps * sqrt(bc2)`` for each of ``dtypes``, by ops on the device (PyTorch's
+        ``bc = 1 - beta**t``); the only scalars in them are the group's hyper-parameters."""
+        lr, eps = float(group["lr"]), float(group["eps"])
+        beta1, beta2 = (float(b) for b in group["betas"])
+        xp = self.xp
+        self.beta1_power *= beta1
+        self.beta2_power *= beta2
+        root_bc2 = xp.sqrt(1.0 - self.beta2_power)
+        step_size = lr * root_bc2 / (1.0 - self.beta1_power)
+        eps_term = eps * root_bc2
+        # In the parameter's dtype: a float64 0-d array would promote a float32 parameter.
+        self.terms = [
+            (dtype, xp.astype(step_size, dtype, copy=False), xp.astype(eps_term, dtype, copy=False))
+            for dtype in dtypes
+        ]
+
+    def terms_for(self, dtype: Any) -> tuple[Any, Any]:
+        """This step's step size and eps term in ``dtype``."""
+        for known, step_size, eps_term in self.terms:
+            if known == dtype:
+                return step_size, eps_term
+        raise AssertionError(f"internal: no Adam step terms for {dtype} at this step")
+
+
+def _copy_to(value: Any, array: Any, xp: Any) -> Any:
+    """A new array with ``value``'s contents where ``array`` lives."""
+    moved = follow(value, array, xp)
+    return moved if moved is not value else xp.asarray(value, copy=True)

@@ -89,12 +89,21 @@ class Optimizer:
                 loss = closure()
         with no_grad():
             for group in self.param_groups:
+                stepping = []
                 for param in group["params"]:
                     grad = param.grad if param.requires_grad else None
-                    if grad is None:
-                        continue
-                    self._update(param, grad.array, group, self._state_of(param))
+                    if grad is not None:
+                        stepping.append((param, grad.array, self._state_of(param)))
+                self._begin_group(group, [(param, state) for param, _, state in stepping])
+                for param, grad_array, state in stepping:
+                    self._update(param, grad_array, group, state)
         return loss
+
+    def _begin_group(self, group: dict[str, Any],
+                     stepping: list[tuple[Tensor, dict[str, Any]]]) -> None:  # fmt: skip
+        """Called inside ``no_grad()`` once per group per step, before its ``_update`` calls,
+        with the parameters that have a gradient and their state: where a subclass computes
+        what the whole group shares at this step (Adam's bias corrections)."""
 
     def _update(self, param: Tensor, grad: Any, group: dict[str, Any],
                 state: dict[str, Any]) -> None:  # fmt: skip
@@ -106,13 +115,18 @@ class Optimizer:
         state = self.state.setdefault(param, {})
         array = param.array
         for key, value in state.items():
-            # Another array type, or the same type on another device (a second server): moved.
-            # Local attribute reads only, as this runs for every parameter at every step.
-            if hasattr(value, "__array_namespace__") and (
-                type(value) is not type(array) or value.device != array.device
-            ):
-                state[key] = param.namespace.xp.asarray(np.array(value, copy=True))
+            if hasattr(value, "__array_namespace__"):
+                state[key] = follow(value, array, param.namespace.xp)
         return state
+
+
+def follow(value: Any, array: Any, xp: Any) -> Any:
+    """``value`` (an array) where ``array`` lives: itself, or, if ``array`` is of another type
+    or on another device (a model moved to a server), a copy moved there through numpy."""
+    # Local attribute reads only, as this runs for every state array at every step.
+    if type(value) is not type(array) or value.device != array.device:
+        return xp.asarray(np.array(value, copy=True))
+    return value
 
 
 def _check_parameter(index: int, param: Any) -> None:

@@ -2,6 +2,12 @@
 
 A scheduler writes each group's ``"lr"`` on the client; the optimizer reads it at its next
 step, as a Python float that travels inside the ops. Nothing is sent to a device.
+
+So a new rate changes the ops a step sends (the only step-to-step change in an optimizer's
+ops: Adam's bias corrections live on the device). A step captured as a graph and replayed
+keeps the rate of its capture: after ``schedule.step()`` changes the rate, the step must be
+captured again (the capture decorator re-records when asked), or the schedule only moves the
+rate between captures (per epoch, say).
 """
 
 from __future__ import annotations
