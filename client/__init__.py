@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+from . import capture as capture
 from .array import RemoteArray as RemoteArray
 from .device import AsyncRemoteDevice as AsyncRemoteDevice
 from .device import Device as Device
@@ -27,3 +28,4 @@ from .errors import TensorwireError as TensorwireError
 from .errors import VersionMismatchError as VersionMismatchError
 from .namespace import Namespace as Namespace
 from .namespace import namespace as namespace
+from .specs import open_device as open_device

@@ -10,6 +10,9 @@ Exception tree::
     │   ├── AuthenticationError             missing or wrong token (HTTP 401 on the upgrade)
     │   └── ServerBusyError                 the server's connection limit is reached (503)
     ├── ServerProtocolError                 the server said a message of ours was malformed
+    ├── CaptureError (RuntimeError)         a capture scope refused what it was asked to record
+    ├── GraphFileError (ValueError)         a graph file that is malformed, hostile or of another
+    │                                       format version; nothing of it runs
     └── ConnectionLost (ConnectionError)    the connection closed or broke; pending work fails;
                                             ``code`` says why when the server said so
 
@@ -35,6 +38,17 @@ class RemoteError(TensorwireError, RuntimeError):
         self.code = error.code
         self.op = error.op
         self.error = error
+
+
+class CaptureError(TensorwireError, RuntimeError):
+    """A capture scope (``client.capture``) was asked to record what a graph cannot hold: a
+    capture inside a capture, a read of a value a record-only capture never computed, an input
+    used but not declared, an output the graph never produced, a data-dependent shape."""
+
+
+class GraphFileError(TensorwireError, ValueError):
+    """A graph file (``Graph.load``) that cannot be used: not a graph, truncated, another
+    format version, or a graph that does not hold together. Nothing of it runs."""
 
 
 class HandshakeError(TensorwireError):
