@@ -28,7 +28,7 @@ from ._report import Figure, markdown, print_table, write_json
 
 WORKLOADS = (
     "transfer", "upload-memory", "latency", "pipelined", "matmul", "clients", "idle-load",
-    "cycles", "sessions", "consumer", "training",
+    "cycles", "sessions", "consumer", "training", "replay",
 )  # fmt: skip
 Tick = Callable[[], None]
 
@@ -70,6 +70,8 @@ def _plan(p: Params, url: str, ports: dict[str, int], dev: client.RemoteDevice) 
             dev, training.DIGITS, p.training_steps, p.training_reps, t)
             + training.steps_per_second(
                 dev, training.WIDE, p.training_wide_steps, p.training_reps, t)),
+        "replay": (p.training_reps, lambda t: training.replayed_steps(
+            url, p.training_steps, p.training_reps, t)),
     }  # fmt: skip
 
 

@@ -25,7 +25,8 @@ import numpy as np
 
 import client
 from client import nn, optim
-from client.autodiff import Autodiff
+from client.autodiff import Autodiff, Tensor
+from client.capture import jit
 
 from ._report import Figure, Goal, Stat
 
@@ -69,16 +70,20 @@ class Trainer:
         self.order = np.random.default_rng(2)
         self.losses: list[float] = []
 
-    def run(self, steps: int) -> None:
+    def step(self, index: Tensor) -> Tensor:
+        """One training step on the batch ``index`` selects; its loss."""
         ad = self.ad
+        loss = nn.cross_entropy(self.net(ad.take(self.x, index, axis=0)),
+                                ad.take(self.y, index, axis=0))  # fmt: skip
+        self.opt.zero_grad()
+        loss.backward()
+        self.opt.step()
+        return loss
+
+    def run(self, steps: int) -> None:
         for _ in range(steps):
-            index = ad.asarray(self.order.integers(0, self.x.shape[0] or 0, self.batch))
-            loss = nn.cross_entropy(self.net(ad.take(self.x, index, axis=0)),
-                                    ad.take(self.y, index, axis=0))  # fmt: skip
-            self.opt.zero_grad()
-            loss.backward()
-            self.opt.step()
-            self.losses.append(float(loss))  # the step's one read
+            index = self.ad.asarray(self.order.integers(0, self.x.shape[0] or 0, self.batch))
+            self.losses.append(float(self.step(index)))  # the step's one read
 
 
 def _timed(trainer: Trainer, steps: int) -> float:
@@ -115,3 +120,52 @@ def steps_per_second(dev: client.RemoteDevice, model: Model, steps: int, reps: i
         figures.append(Figure(name, "client CPU, us per step", cpu.median, None, cpu,
                               local_step, "local numpy's whole step"))  # fmt: skip
     return figures
+
+
+class ReplayedTrainer(Trainer):
+    """The same model and data, its step recorded once (``client.capture.jit``) and run by id
+    on the server: one ``run_graph`` op per step beside the batch's indices."""
+
+    def __init__(self, ad: Autodiff, model: Model, samples: int) -> None:
+        super().__init__(ad, model, samples)
+        self.jitted = jit(super().step)
+
+    def step(self, index: Tensor) -> Tensor:
+        result: Tensor = self.jitted(index)
+        return result
+
+
+def _sent(dev: client.RemoteDevice) -> int:
+    return int(dev._conn._ws.sent_bytes)  # noqa: SLF001 - the transport's own count
+
+
+def replayed_steps(url: str, steps: int, reps: int, tick: Tick) -> list[Figure]:
+    """The digits MLP's step direct and replayed by id, in interleaved rounds on two sessions
+    of one server: steps per second and bytes sent per step, with the losses compared."""
+    samples = 1797  # the size of scikit-learn's digits dataset, resident on the server
+    with client.RemoteDevice(url) as d1, client.RemoteDevice(url) as d2:
+        direct = Trainer(Autodiff(client.namespace(d1)), DIGITS, samples)
+        replayed = ReplayedTrainer(Autodiff(client.namespace(d2)), DIGITS, samples)
+        for trainer in (direct, replayed):
+            trainer.run(3)  # warm-up, record, first replay
+        times: dict[str, list[float]] = {"direct": [], "replayed": []}
+        sent: dict[str, list[float]] = {"direct": [], "replayed": []}
+        for _ in range(reps):
+            for name, trainer, dev in (("direct", direct, d1), ("replayed", replayed, d2)):
+                before = _sent(dev)
+                times[name].append(_timed(trainer, steps) / steps)
+                sent[name].append((_sent(dev) - before) / steps)
+            tick()
+        if direct.losses != replayed.losses:
+            raise AssertionError("the replayed step trained differently from the direct one")
+    name = f"step replay: {DIGITS.title}"
+    fast = Stat.of([1 / s for s in times["replayed"]], "steps/s")
+    slow = Stat.of([1 / s for s in times["direct"]], "steps/s")
+    few = Stat.of(sent["replayed"], "B/step")
+    many = Stat.of(sent["direct"], "B/step")
+    return [
+        Figure(name, "replayed steps/s / direct", fast.median / slow.median, Goal(">=", 2.0),
+               fast, slow, "direct"),
+        Figure(name, "direct bytes sent per step / replayed", many.median / few.median,
+               Goal(">=", 10.0), many, few, "replayed"),
+    ]  # fmt: skip

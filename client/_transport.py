@@ -87,6 +87,7 @@ class Transport:
         self.protocol = opened.protocol
         self._lock = threading.Lock()  # the protocol's state and the FIFO
         self._send_lock = threading.Lock()  # who writes the FIFO to the socket
+        self.sent_bytes = 0  # data frames written, headers included (the bench reads it)
         self._out: collections.deque[bytes] = collections.deque()
         self._events: collections.deque[Frame] = collections.deque(opened.early)
         self._rbuf = bytearray()  # read from the socket, not parsed yet, from _rpos on
@@ -128,8 +129,10 @@ class Transport:
         none."""
         mask = os.urandom(4)
         masked = apply_mask(payload, mask)
+        head = frame_header(opcode, fin, len(payload), mask)
+        self.sent_bytes += len(head) + len(masked)
         try:
-            self._send_parts(frame_header(opcode, fin, len(payload), mask), masked)
+            self._send_parts(head, masked)
         except OSError as exc:
             raise Closed(f"send failed: {exc}") from exc
 
