@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -116,6 +117,11 @@ def test_stdout_after_the_first_line_is_drained_too() -> None:
     with start_child([sys.executable, "-c", code]) as proc:
         assert proc.line == "ready"
         assert proc.stderr.wait_for("wrote it all", timeout=60)
+        # The write returned once the last bytes were in the pipe; the draining thread may
+        # still be reading them (a loaded machine made this race visible): wait for it.
+        deadline = time.monotonic() + 30
+        while proc.stdout.total < len("ready\n") + 1_000_000 and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert proc.stdout.total == len("ready\n") + 1_000_000
         assert len(proc.stdout.text()) <= TAIL_BYTES
     assert proc.process.returncode == -signal.SIGTERM  # when the block ended
