@@ -121,7 +121,16 @@ def _declare(graph: GraphDef) -> tuple[dict[int, TensorMeta], set[int]]:
     return metas, {c.id for c in graph.constants}
 
 
+# Ops whose result may be a view of their first input (numpy decides: a reshape of a
+# contiguous array is one, a basic index is one, astype to the same dtype is the array).
+_VIEW_KINDS = frozenset({"reshape", "getitem", "permute_dims", "axes", "moveaxis",
+                         "broadcast_to", "astype"})  # fmt: skip
+_VIEW_NAMES = frozenset({"real", "imag"})  # unary ops that give a real array itself
+
+
 def _check_op(index: int, op: AnyOp, metas: dict[int, TensorMeta], constants: set[int]) -> None:
+    """Refuse what a graph cannot hold. ``constants`` holds the constants' ids and every id
+    that may share a constant's memory; this adds ``op``'s outputs when they may."""
     where = f"op {index} ({op.describe()})"
     if isinstance(op, FromBuffer | RunGraph):
         raise GraphError(f"{where}: a graph holds no {op.kind} op (constants are declared)")
@@ -129,11 +138,16 @@ def _check_op(index: int, op: AnyOp, metas: dict[int, TensorMeta], constants: se
     if missing:
         raise GraphError(f"{where} reads #{missing[0]}, which no input, constant or op made")
     if op.inplace and op.out in constants:
-        raise GraphError(f"{where} writes into constant #{op.out}: the next replay would see it")
+        raise GraphError(
+            f"{where} writes into constant #{op.out} (or a view of one): the next replay would "
+            "see the change; copy the constant first"
+        )
     if not op.inplace:
         taken = [i for i in op.outputs() if i in metas]
         if taken:
             raise GraphError(f"{where} makes #{taken[0]}, which exists already")
+        if (op.kind in _VIEW_KINDS or op.name() in _VIEW_NAMES) and op.inputs()[0] in constants:
+            constants.update(op.outputs())
 
 
 def check_graph(graph: GraphDef) -> GraphCheck:
@@ -144,7 +158,7 @@ def check_graph(graph: GraphDef) -> GraphCheck:
             (an upload, a nested ``run_graph``, a data-dependent shape), an in-place write to
             a constant, an output that no op produced, or a declared meta its ops contradict.
     """
-    metas, constants = _declare(graph)
+    metas, constants = _declare(graph)  # constants grows by the views of them
     op_metas: list[tuple[TensorMeta, ...]] = []
     last_use: dict[int, int] = {}
     for index, op in enumerate(graph.ops):
@@ -197,17 +211,16 @@ def _peak_bytes(graph: GraphDef, metas: dict[int, TensorMeta], last_use: dict[in
     declared: list[GraphTensor | GraphConstant] = [*graph.inputs, *graph.constants]
     live = sum(_nbytes(t.meta) for t in declared)
     peak = live
-    ends: dict[int, int] = {}
+    ending: dict[int, list[int]] = {}  # op index -> the ids whose last use it is
     for index, op in enumerate(graph.ops):
         if not op.inplace:
             for tensor_id in op.outputs():
                 live += _nbytes(metas[tensor_id])
                 if tensor_id not in kept:
-                    ends[tensor_id] = last_use.get(tensor_id, index)
+                    ending.setdefault(last_use.get(tensor_id, index), []).append(tensor_id)
         peak = max(peak, live)
-        for tensor_id in [i for i, end in ends.items() if end == index]:
+        for tensor_id in ending.pop(index, ()):
             live -= _nbytes(metas[tensor_id])
-            del ends[tensor_id]
     return peak
 
 

@@ -202,8 +202,8 @@ class ServerConfig(BaseSettings):
     )
     max_graph_bytes: Size = Field(
         default=256 * 2**20,
-        description="bytes of constants one session's registered graphs may hold, counted in "
-        "its quota too",
+        description="bytes one session's registered graphs may hold (their constants, and 1 KiB "
+        "an op), counted in its quota too",
     )
     session_quota: Annotated[Size | None, BeforeValidator(_size)] = Field(
         default=None,

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -41,6 +41,10 @@ _IN_PLACE: dict[type, Runner] = {
 }
 
 Expect = tuple[tuple[int, ...], np.dtype[Any]]  # a result's shape and numpy dtype
+# The least cost a step counts for: about the loop's own time per step (1 us) in element
+# operations at numpy's speed; a graph of over INLINE_COST / MIN_STEP_COST ops (1024) runs
+# in a worker thread whatever its arrays' sizes.
+MIN_STEP_COST = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +74,7 @@ class Plan:
     steps: tuple[Step, ...]
     cost: int  # executor.cost of every op, summed
     scratch: int  # bytes reserved per replay: the peak of live bytes less inputs, constants
-    constant_bytes: int
+    held_bytes: int  # what the registration holds: its constants, OP_BYTES an op (graphs.py)
     op_counts: Counter[str]
 
 
@@ -83,16 +87,25 @@ class ReplayError(Exception):
         self.mismatch = isinstance(exc, executor.InferenceMismatch)
 
 
-def replay(plan: Plan, slots: list[Any]) -> tuple[Array, ...]:
+class Stopped(Exception):
+    """The session closed (the per-op deadline, a drain) while its graph ran."""
+
+
+def replay(plan: Plan, slots: list[Any], stopped: Callable[[], bool]) -> tuple[Array, ...]:
     """Run ``plan``'s steps on ``slots`` (inputs bound) and return its outputs, verified.
-    The caller holds ``np.errstate(all="ignore")``.
+    ``stopped()`` is asked before each step: a closed session's replay ends there, so a long
+    graph in a worker thread holds its slot no longer than its current step. The caller holds
+    ``np.errstate(all="ignore")``.
 
     Raises:
-        ReplayError: a step raised, or gave a result that is not the inferred one.
+        ReplayError: a step raised, gave a result that is not the inferred one, or the
+            session stopped (its cause is :class:`Stopped`).
     """
     step: Step | None = None
     try:
         for step in plan.steps:
+            if stopped():
+                raise Stopped("the session closed while its graph ran")
             raw = step.run(step.op, [slots[i] for i in step.reads], ())
             results = raw if type(raw) is tuple else (raw,)
             if len(results) != len(step.writes):
@@ -127,7 +140,11 @@ def _shaped(meta: TensorMeta) -> Array:
 
 
 def build_plan(
-    graph: GraphDef, check: GraphCheck, constants: Sequence[Array], constant_bytes: int
+    graph: GraphDef,
+    check: GraphCheck,
+    constants: Sequence[Array],
+    constant_bytes: int,
+    held_bytes: int,
 ) -> Plan:
     """The :class:`Plan` of a checked ``graph`` whose constants are ``constants``."""
     declared = [t.id for t in graph.inputs] + [c.id for c in graph.constants]
@@ -149,7 +166,12 @@ def build_plan(
         expect = tuple((m.shape, to_numpy(m.dtype)) for m in metas)
         writes = tuple(slot[o] for o in op.outputs())
         steps.append(Step(index, op, run, reads, writes, expect, tuple(frees.get(index, ()))))
-        cost += executor.cost(op, metas[0], [_shaped(check.metas[i]) for i in op.inputs()])
+        # At least MIN_STEP_COST a step: ops on empty arrays cost nothing to numpy but not to
+        # the loop, and a long enough graph of them must not run on it.
+        cost += max(
+            MIN_STEP_COST,
+            executor.cost(op, metas[0], [_shaped(check.metas[i]) for i in op.inputs()]),
+        )
     template: list[Array | None] = [None] * len(slot)
     for constant, array in zip(graph.constants, constants, strict=True):
         template[slot[constant.id]] = array
@@ -166,7 +188,7 @@ def build_plan(
         steps=tuple(steps),
         cost=cost,
         scratch=max(0, check.peak_bytes - held),
-        constant_bytes=constant_bytes,
+        held_bytes=held_bytes,
         op_counts=check.op_counts,
     )
 

@@ -99,7 +99,8 @@ class Session:
         self.closed = False  # set by close(); the ops loop stops at the next op
         self._in_thread = False  # a worker thread runs this session's ops now
         self._fast = FastPath(self.outcomes, INLINE_COST)  # Unary and Binary ops
-        self.graphs = Graphs(self.outcomes, INLINE_COST)  # registered graphs, run_graph
+        # registered graphs, run_graph; a replay stops at its next step once the session closed
+        self.graphs = Graphs(self.outcomes, INLINE_COST, lambda: self.closed)
 
     @property
     def ops_run(self) -> int:

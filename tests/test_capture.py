@@ -381,3 +381,44 @@ def test_the_onnx_export_of_a_captured_forward_pass_matches_the_direct_run(
     expected = graph.replay(dev, feeds)["log_probs"].numpy()
     np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-12)
     assert direct.shape == got.shape
+
+
+def test_a_write_through_a_view_of_a_constant_is_refused(dev, xp) -> None:
+    """A replay must not see what an earlier one wrote into a constant, through a view of it
+    either (the server keeps constants read-only: a write would silently go to a copy)."""
+    x = xp.asarray(np.ones(4))
+    with pytest.raises(CaptureError, match="constant"), Capture(dev) as cap:
+        c = xp.asarray(np.zeros(4))
+        view = xp.reshape(c, (2, 2))
+        view += 1.0
+        cap.output("y", cap.input("x", x) + c)
+    with Capture(dev) as cap:  # a copy of the constant may be written
+        c = xp.asarray(np.zeros(4)) + 0.0
+        view = xp.reshape(c, (2, 2))
+        view += 1.0
+        cap.output("y", cap.input("x", x) + c)
+    np.testing.assert_array_equal(cap.graph.register(dev).run([np.ones(4)])["y"].numpy(), 2.0)
+
+
+def test_checking_a_long_graph_takes_linear_time() -> None:
+    import time
+
+    from protocol.graphs import GraphDef, GraphTensor, check_graph
+    from protocol.ops import Binary, Unary
+
+    def chain(n: int) -> GraphDef:  # half the ops make tensors, the other half consume them
+        ops: list = [Unary(op="negative", out=1 + i, x=0) for i in range(n)]
+        ops += [Binary(op="add", out=1 + n + i, x1=1 + i, x2=0) for i in range(n)]
+        x = GraphTensor(name="x", id=0, shape=(2,), dtype="float64")
+        out = GraphTensor(name="y", id=2 * n, shape=(2,), dtype="float64")
+        return GraphDef(inputs=[x], outputs=[out], ops=ops)
+
+    small, large = chain(2_000), chain(32_000)
+    times = []
+    for graph in (small, large):
+        start = time.process_time()
+        check_graph(graph)
+        times.append(time.process_time() - start)
+    # 16x the ops: about 16x the time when linear, 256x when quadratic (as it was: 5.5 s for
+    # 40k ops). A complexity guard with a wide margin, not a speed goal.
+    assert times[1] < 64 * max(times[0], 1e-3)

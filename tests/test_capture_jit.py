@@ -167,3 +167,32 @@ def test_a_captured_training_step_replays_locally_and_remotely(url: str) -> None
                 np.testing.assert_array_equal(outputs["loss"].numpy(), direct_loss)
                 for i, array in zip(bound, inputs[1:], strict=True):
                     np.testing.assert_array_equal(array.numpy(), after[i])  # updated in place
+
+
+def test_jit_keys_values_by_type_and_arrays_by_aliasing(dev) -> None:
+    xp = client.namespace(dev)
+    x = xp.asarray(np.array([1, 2, 3]))
+
+    @jit
+    def scale(a: Any, factor: Any) -> Any:
+        return a * factor
+
+    for factor in (2, 2, 2.0, True):
+        result = scale(x, factor)
+        expected = np.array([1, 2, 3]) * factor
+        assert result.dtype == expected.dtype
+        np.testing.assert_array_equal(result.numpy(), expected)
+    assert scale.recorded == 3  # 2 (call 2), 2.0, True: equal values, three signatures
+
+    @jit
+    def combine(a: Any, b: Any) -> Any:
+        return a + 2 * b
+
+    y = xp.asarray(np.array([10, 20, 30]))
+    for first, second in ((x, y), (x, y), (x, x), (y, y), (x, y)):
+        expected = first.numpy() + 2 * second.numpy()
+        np.testing.assert_array_equal(combine(first, second).numpy(), expected)
+    assert combine.recorded == 2  # (x, y) and the same array twice
+
+    with pytest.raises(CaptureError, match="ndarray"):
+        combine(x, np.ones(3))

@@ -24,12 +24,13 @@ from protocol.ops import (
     RunGraph,
     Unary,
 )
+from server.graphs import OP_BYTES
 
 from .polling import wait_until
 from .servers import ServerProcess, run_server
 
 F64 = "float64"
-GRAPH_LIMITS = ("--max-graphs", "2", "--max-graph-bytes", "1KiB", "--session-quota", "256KiB",
+GRAPH_LIMITS = ("--max-graphs", "2", "--max-graph-bytes", "16KiB", "--session-quota", "256KiB",
                 "--max-op-bytes", "64KiB")  # fmt: skip
 
 
@@ -267,7 +268,9 @@ def test_drop_graph_returns_the_stats_to_their_baseline(
     before = settled(dev)
     graph_id = register(dev, graph, c)
     held = dev.stats()
-    assert held.server_tensor_bytes == before.server_tensor_bytes + c.nbytes
+    # the constants, and what each registered op holds in the server (server.graphs.OP_BYTES)
+    expected = c.nbytes + OP_BYTES * len(graph.ops)
+    assert held.server_tensor_bytes == before.server_tensor_bytes + expected
     dev.drop_graph(graph_id)
     after = dev.stats()
     assert after == before
@@ -323,14 +326,14 @@ def test_the_count_limit_refuses_registration(small: client.RemoteDevice) -> Non
 
 def test_the_bytes_limit_refuses_registration(small: client.RemoteDevice) -> None:
     xp = client.namespace(small)
-    big = np.ones(200)  # 1600 bytes of constants; --max-graph-bytes 1KiB
+    big = np.ones(2100)  # 16800 bytes of constants; --max-graph-bytes 16KiB
     graph = GraphDef(
-        inputs=[_tensor("x", 0, (200,))],
-        constants=[GraphConstant(id=1, shape=(200,), dtype=F64)],
+        inputs=[_tensor("x", 0, (2100,))],
+        constants=[GraphConstant(id=1, shape=(2100,), dtype=F64)],
         ops=[Binary(op="add", out=2, x1=0, x2=1)],
-        outputs=[_tensor("y", 2, (200,))],
+        outputs=[_tensor("y", 2, (2100,))],
     )
-    x = xp.asarray(np.ones(200))
+    x = xp.asarray(np.ones(2100))
     before = settled(small)
     graph_id = register(small, graph, big)
     (y,) = run(small, graph_id, graph, x)
@@ -338,6 +341,21 @@ def test_the_bytes_limit_refuses_registration(small: client.RemoteDevice) -> Non
     assert error.code == ErrorCode.LIMIT_EXCEEDED and "--max-graph-bytes" in str(error)
     del y
     assert small.stats() == before  # the constants' bytes are not held
+
+
+def test_registered_ops_count_against_the_bytes_limit(small: client.RemoteDevice) -> None:
+    """What a registered op holds in the server (about 1 KiB) counts as bytes: many small
+    graphs of many ops cannot hold memory that nothing counts."""
+    xp = client.namespace(small)
+    n = 17  # 17 ops of OP_BYTES each: over the 16 KiB of --max-graph-bytes, no constant
+    ops = [Unary(op="negative", out=1 + i, x=i) for i in range(n)]
+    graph = GraphDef(inputs=[_tensor("x", 0, (2,))], ops=ops, outputs=[_tensor("y", n, (2,))])
+    before = settled(small)
+    (y,) = run(small, register(small, graph), graph, xp.asarray(np.ones(2)))
+    error = remote_error(y)
+    assert error.code == ErrorCode.LIMIT_EXCEEDED and "for each of its 17 ops" in str(error)
+    del y
+    assert small.stats() == before
 
 
 def test_the_per_op_cap_refuses_a_graph_with_a_large_op(small: client.RemoteDevice) -> None:
@@ -379,3 +397,59 @@ def test_a_quota_failure_during_a_run_returns_the_accounting(small: client.Remot
     after = small.stats()
     assert (after.tensors, after.tensor_bytes) == (before.tensors, before.tensor_bytes)
     assert after.server_tensor_bytes == before.server_tensor_bytes
+
+
+# --- what keeps a graph from holding the server (review findings, checked in process) ---------
+
+
+def _chain(n: int, shape: tuple[int, ...]) -> GraphDef:
+    ops = [Unary(op="negative", out=1 + i, x=i) for i in range(n)]
+    return GraphDef(inputs=[_tensor("x", 0, shape)], ops=ops, outputs=[_tensor("y", n, shape)])
+
+
+def test_a_long_graph_of_empty_arrays_runs_in_a_worker_thread() -> None:
+    """Ops on empty arrays cost numpy nothing but the event loop about a microsecond each:
+    every step counts for MIN_STEP_COST, so a long graph never runs on the loop."""
+    from protocol.graphs import check_graph
+    from server.plans import MIN_STEP_COST, build_plan
+    from server.session import INLINE_COST
+
+    graph = _chain(2000, (0,))
+    plan = build_plan(graph, check_graph(graph), [], 0, 0)
+    assert plan.cost >= 2000 * MIN_STEP_COST > INLINE_COST
+
+
+def test_a_replay_stops_at_its_next_step_once_the_session_closed() -> None:
+    from protocol.graphs import check_graph
+    from server.plans import ReplayError, Stopped, build_plan, replay
+
+    graph = _chain(50, (3,))
+    plan = build_plan(graph, check_graph(graph), [], 0, 0)
+    asked: list[int] = []
+
+    def stopped() -> bool:
+        asked.append(1)
+        return len(asked) > 10  # the deadline closed the session during step 10
+
+    slots = list(plan.slots)
+    slots[plan.input_slots[0]] = np.ones(3)
+    with pytest.raises(ReplayError) as caught:
+        replay(plan, slots, stopped)
+    assert isinstance(caught.value.__cause__, Stopped) and len(asked) == 11
+
+
+def test_an_input_no_tensor_could_have_is_refused_at_registration(
+    small: client.RemoteDevice,
+) -> None:
+    xp = client.namespace(small)
+    graph = GraphDef(  # its one op's output is small: only the declared input is absurd
+        inputs=[_tensor("x", 0, (2**40, 2**40))],
+        ops=[Reduce(op="sum", out=1, x=0)],
+        outputs=[_tensor("y", 1, ())],
+    )
+    before = settled(small)
+    (y,) = run(small, register(small, graph), graph, xp.asarray(np.ones(2)))
+    error = remote_error(y)
+    assert error.code == ErrorCode.LIMIT_EXCEEDED and "input 'x'" in str(error)
+    del y
+    assert small.stats() == before

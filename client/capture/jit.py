@@ -83,12 +83,26 @@ def _fill(template: Any, values: list[Any]) -> Any:
 
 
 def _static(template: Any) -> Hashable:
-    """The non-array part of the arguments, as a hashable key."""
+    """The non-array part of the arguments, as a hashable key: each value with its type (so
+    that ``2`` and ``2.0``, or ``1`` and ``True``, record apart).
+
+    Raises:
+        CaptureError: an argument that is neither an array of the device nor hashable (a
+            numpy array would be uploaded inside the step and frozen into the graph).
+    """
     if isinstance(template, tuple | list):
         return (type(template).__name__, tuple(_static(v) for v in template))
     if isinstance(template, dict):
         return ("dict", tuple((k, _static(v)) for k, v in template.items()))
-    return template if isinstance(template, Hashable) else id(template)
+    if isinstance(template, _Slot) or template is None:
+        return template
+    if not isinstance(template, Hashable) or hasattr(template, "__array__"):
+        raise CaptureError(
+            f"a jitted function's argument of type {type(template).__name__} can be neither "
+            "bound as an input (pass an array of the device) nor keyed as a constant "
+            "(pass a hashable value)"
+        )
+    return (type(template), template)
 
 
 @dataclass
@@ -121,9 +135,11 @@ class Jitted(Generic[P, R]):
         leaves: list[Any] = []
         template = _flatten((args, kwargs), leaves)
         arrays = [_raw(leaf) for leaf in leaves]
+        first: dict[int, int] = {}  # which arguments are the same array: part of the signature
         signature = (
             _static(template),
             tuple((a.meta, id(a.device)) for a in arrays if a is not None),
+            tuple(first.setdefault(a.tensor_id, n) for n, a in enumerate(arrays) if a is not None),
             self.key() if self.key is not None else None,
         )
         replay = self._replays.get(signature)

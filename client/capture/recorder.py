@@ -12,6 +12,9 @@ user's line: a capture inside a capture, a read of a value that a record-only ca
 computed, an input used but not declared, an output the graph never produced, and an op whose
 output shape depends on the data (a replay could differ).
 
+The hooks are the device's, not the thread's: another thread's ops on the same device during a
+capture are recorded too. Capture on a device no other thread is using meanwhile.
+
 ``implicit=True`` (used by :func:`client.capture.jit`) turns "an input used but not declared"
 into an input the graph binds by identity: the arrays a training step reads but is not given
 (parameters, optimizer state, a dataset) are the same arrays at every replay.
