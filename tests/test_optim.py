@@ -169,7 +169,8 @@ def counted(dev: client.RemoteDevice, monkeypatch: pytest.MonkeyPatch) -> Iterat
         (lambda ps: optim.Adam(ps), np.float64, 12, 8),
         (lambda ps: optim.Adam(ps), np.float32, 12, 10),  # +2: the terms cast to float32
         (lambda ps: optim.Adam(ps, weight_decay=0.1), np.float64, 14, 8),
-        (lambda ps: optim.AdamW(ps), np.float64, 13, 8),
+        (lambda ps: optim.AdamW(ps), np.float64, 13, 10),  # +2: 1 - lr * weight_decay
+        (lambda ps: optim.AdamW(ps), np.float32, 13, 13),  # +3: and the casts to float32
     ],
 )  # fmt: skip
 def test_ops_per_parameter_and_per_group_per_step_are_as_documented(
@@ -227,12 +228,14 @@ def test_a_training_step_sends_the_same_ops_every_step_after_the_first(
     ad: Autodiff, counted: list[Any], make: Callable[[list[Tensor]], optim.Optimizer]
 ) -> None:
     """What makes a step replayable: step 3 sends exactly step 2's ops, scalars included, so
-    a graph captured at step 2 replays step 3 (and the rest) as direct execution would. A
-    step-dependent Python scalar (Adam's bias corrections as floats) fails this."""
+    a graph captured at step 2 replays step 3 (and the rest) as direct execution would, the
+    rate changed between steps by a schedule (its writes are ops of their own, not the
+    step's). A step-dependent Python scalar (Adam's bias corrections, the rate) fails this."""
     rng = np.random.default_rng(3)
     model = nn.Sequential(nn.Linear(8, 16, ad=ad, rng=rng), nn.ReLU(),
                           nn.Linear(16, 4, ad=ad, rng=rng))  # fmt: skip
     opt = make(list(model.parameters()))
+    schedule = optim.CosineAnnealingLR(opt, T_max=5)
     x = ad.asarray(rng.standard_normal((32, 8)).astype(np.float32))
     y = ad.asarray(rng.integers(0, 4, 32))
     steps = []
@@ -243,6 +246,7 @@ def test_a_training_step_sends_the_same_ops_every_step_after_the_first(
         loss.backward()
         opt.step()
         steps.append(normalised(counted))
+        schedule.step()  # a new rate for every step
     assert steps[0] != steps[1]  # the first step makes the state
     assert steps[1] == steps[2] == steps[3]
     assert float(loss) < 2.0  # and it is a real step: the server ran every op

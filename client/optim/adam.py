@@ -5,9 +5,11 @@ Replay-safe: no value that changes from step to step travels as a Python scalar 
 The bias corrections, which do (``1 - beta**t``), are computed on the device from ``beta1**t``
 and ``beta2**t`` kept there as 0-d arrays and multiplied in place each step, so every step
 after the first sends the same ops with the same scalars, and a graph captured from one step
-replays the next ones exactly as running them would. The hyper-parameters travel as Python
-scalars: a learning-rate schedule that changes ``lr`` changes the ops (see
-:mod:`client.optim.schedule`).
+replays the next ones exactly as running them would. The learning rate, which a schedule
+changes, is read from the group's 0-d array on the device (:mod:`client.optim.optimizer`), in
+the powers' float64, so the step size and AdamW's decay factor are computed in float64 from
+the same double as the Python float would be, and cast to the parameter's dtype as before.
+The other hyper-parameters travel as Python scalars: constant, the same in every step.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any
 
 from client.autodiff import Tensor
 
-from .optimizer import Optimizer, Params, check_nonnegative, follow
+from .optimizer import Optimizer, Params, check_nonnegative, follow, lives_with
 
 
 class Adam(Optimizer):
@@ -40,8 +42,10 @@ class Adam(Optimizer):
     5 for p: ``sqrt``, ``+=`` eps term, ``*`` step size, ``/``, ``p -=``), +2 with Adam's
     weight decay, +1 with AdamW's; 8 per group (``*=`` twice for the powers, then ``1 -``,
     ``sqrt``, ``lr *``, ``1 -``, ``/``, ``eps *``), +2 per parameter dtype other than the
-    powers' (``astype``), once per step count where parameters skipped steps. The first step
-    also makes the state: +2 per parameter (the zeros), +2 per group (the ones).
+    powers' (``astype``), once per step count where parameters skipped steps; with AdamW's
+    weight decay +2 per group (``lr * weight_decay``, ``1 -``), +1 per parameter dtype other
+    than the powers'. The first step also makes the state: +2 per parameter (the zeros), +3
+    per group (the ones, the learning rate).
     """
 
     _decoupled = False  # AdamW: weight decay applied to the parameter, not the gradient
@@ -60,6 +64,8 @@ class Adam(Optimizer):
             "weight_decay": weight_decay,
         }
         super().__init__(params, defaults)
+        # AdamW's 1 - lr * weight_decay at this group's step: (an array where it lives, factor)
+        self._decay_factors: list[tuple[Any, Any]] = []
 
     def _begin_group(self, group: dict[str, Any],
                      stepping: list[tuple[Tensor, dict[str, Any]]]) -> None:  # fmt: skip
@@ -90,12 +96,36 @@ class Adam(Optimizer):
                 powers.members += 1
                 state["bias_powers"] = powers
         for _, powers, dtypes in advancing:
-            powers.advance(group, dtypes)
+            powers.advance(group, self.lr_array(group, powers.xp, powers.beta1_power), dtypes)
+        if self._decoupled and float(group["weight_decay"]) != 0:
+            self._decay_factors = self._decay_factors_for(group, stepping)
+
+    def _decay_factors_for(self, group: dict[str, Any],
+                           stepping: list[tuple[Tensor, dict[str, Any]]],
+                           ) -> list[tuple[Any, Any]]:  # fmt: skip
+        """AdamW's ``1 - lr * weight_decay`` for this step, computed as PyTorch's Python float
+        is (in float64, where the device has it) once per device, and cast to each parameter
+        dtype there, as numpy casts the float beside the parameter. Each with a parameter's
+        array, which says where it lives (numpy makes scalars of 0-d results)."""
+        weight_decay = float(group["weight_decay"])
+        wide: list[tuple[Any, Any]] = []  # one per device, in the dtype of the bias powers
+        factors: list[tuple[Any, Any]] = []
+        for param, _ in stepping:
+            array, xp = param.array, param.namespace.xp
+            if any(a.dtype == array.dtype and lives_with(a, array) for a, _ in factors):
+                continue
+            factor = next((f for a, f in wide if lives_with(a, array)), None)
+            if factor is None:
+                lr = self.lr_array(group, xp, array, _widest_float(xp, array))
+                factor = 1.0 - lr * weight_decay
+                wide.append((array, factor))
+            factors.append((array, xp.astype(factor, array.dtype, copy=False)))
+        return factors
 
     def _update(self, param: Tensor, grad: Any, group: dict[str, Any],
                 state: dict[str, Any]) -> None:  # fmt: skip
         # Python floats: a numpy float64 hyper-parameter would promote float32 arrays.
-        lr, weight_decay = float(group["lr"]), float(group["weight_decay"])
+        weight_decay = float(group["weight_decay"])
         beta1, beta2 = (float(b) for b in group["betas"])
         xp = param.namespace.xp
         if "step" not in state:  # the state so far: its bias powers, from _begin_group
@@ -106,7 +136,9 @@ class Adam(Optimizer):
         g = grad  # never changed in place: it is the user's .grad
         if weight_decay != 0:
             if self._decoupled:
-                param *= 1.0 - lr * weight_decay
+                array = param.array
+                param *= next(f for a, f in self._decay_factors
+                              if a.dtype == array.dtype and lives_with(a, array))  # fmt: skip
             else:
                 g = g + weight_decay * param.array
         m, v = state["exp_avg"], state["exp_avg_sq"]
@@ -155,11 +187,7 @@ class _BiasPowers:
         the others, which keep theirs), or ones (``t = 0``) for a parameter's first step."""
         xp, array = param.namespace.xp, param.array
         if parting is None:
-            floats = xp.__array_namespace_info__().dtypes(device=array.device,
-                                                          kind="real floating")  # fmt: skip
-            # float64 where the device has it: beta**t by repeated products stays exact to
-            # float64's precision over many steps, whatever the parameters' dtype.
-            dtype = floats.get("float64", array.dtype)
+            dtype = _widest_float(xp, array)
             return cls(xp, *(xp.ones((), dtype=dtype, device=array.device) for _ in "12"))
         copies = (
             _copy_to(power, array, xp) for power in (parting.beta1_power, parting.beta2_power)
@@ -168,13 +196,14 @@ class _BiasPowers:
 
     def lives_with(self, array: Any) -> bool:
         """Whether these arrays are where ``array`` is (the same type and device)."""
-        return type(self.beta1_power) is type(array) and self.beta1_power.device == array.device
+        return lives_with(self.beta1_power, array)
 
-    def advance(self, group: dict[str, Any], dtypes: list[Any]) -> None:
+    def advance(self, group: dict[str, Any], lr: Any, dtypes: list[Any]) -> None:
         """``t += 1``, and this step's step size ``lr * sqrt(bc2) / bc1`` and eps term
         ``eps * sqrt(bc2)`` for each of ``dtypes``, by ops on the device (PyTorch's
-        ``bc = 1 - beta**t``); the only scalars in them are the group's hyper-parameters."""
-        lr, eps = float(group["lr"]), float(group["eps"])
+        ``bc = 1 - beta**t``), ``lr`` the group's rate there in the powers' dtype; the only
+        scalars in them are the group's other hyper-parameters, constant."""
+        eps = float(group["eps"])
         beta1, beta2 = (float(b) for b in group["betas"])
         xp = self.xp
         self.beta1_power *= beta1
@@ -194,6 +223,14 @@ class _BiasPowers:
             if known == dtype:
                 return step_size, eps_term
         raise AssertionError(f"internal: no Adam step terms for {dtype} at this step")
+
+
+def _widest_float(xp: Any, array: Any) -> Any:
+    """float64 where ``array``'s device has it (else ``array``'s dtype): the bias powers'
+    dtype, in which beta**t by repeated products stays exact to float64's precision over
+    many steps, and the step size is computed, whatever the parameters' dtype."""
+    floats = xp.__array_namespace_info__().dtypes(device=array.device, kind="real floating")
+    return floats.get("float64", array.dtype)
 
 
 def _copy_to(value: Any, array: Any, xp: Any) -> Any:

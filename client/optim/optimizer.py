@@ -5,10 +5,25 @@ An optimizer's state (momentum buffers, Adam's moments) is made with the paramet
 namespace, so it lives where the parameter lives: on the server for a remote model, where the
 updates run as in-place ops and nothing travels but the ops. Each op is one message to a remote
 device, so each optimizer says how many it issues per parameter per step.
+
+The learning rate lives there too, as tinygrad keeps it: besides ``group["lr"]`` (the Python
+float that schedulers and users read), each group holds it as 0-d arrays, one per array type,
+device and dtype its updates use, made at the first step that needs one. The update ops read
+those arrays, never the float, so a step sends the same ops whatever the rate, and a step
+recorded once (``client.capture.jit``) and replayed by id follows a schedule: a replay runs no
+Python, but it reads the arrays, whose values :meth:`Optimizer.set_lr` (which schedulers call)
+writes in place between steps. An array of the parameter's dtype holds exactly the value
+numpy would have cast the float to beside that parameter, so the results are those of the
+float, bit for bit. ``step()`` also writes a ``group["lr"]`` assigned directly since the last
+write, which is right without a recorded step but not under replay: change the rate of a
+jitted step with ``set_lr`` or a scheduler, between steps.
 """
 
 from __future__ import annotations
 
+import math
+import numbers
+import operator
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -21,11 +36,14 @@ Params = Iterable[Tensor] | Iterable[Mapping[str, Any]]
 
 class Optimizer:
     """The base of every optimizer: ``param_groups`` (dicts with ``"params"`` and the
-    hyper-parameters, ``"lr"`` among them, which schedulers set) and ``state`` (a dict per
-    parameter, keyed by the parameter tensor itself: tensors hash by identity).
+    hyper-parameters, ``"lr"`` among them, which :meth:`set_lr` and schedulers set) and
+    ``state`` (a dict per parameter, keyed by the parameter tensor itself: tensors hash by
+    identity).
 
     A subclass defines ``_update(param, grad, group, state)``, called inside ``no_grad()``
-    for every parameter that has a gradient, with the gradient's raw array.
+    for every parameter that has a gradient, with the gradient's raw array. Its ops take the
+    rate from :meth:`lr_array`, not from ``group["lr"]``, so that a recorded step follows a
+    schedule (module docstring).
     """
 
     def __init__(self, params: Params, defaults: Mapping[str, Any]) -> None:
@@ -37,6 +55,9 @@ class Optimizer:
         self.defaults: dict[str, Any] = dict(defaults)
         self.param_groups: list[dict[str, Any]] = []
         self.state: dict[Tensor, dict[str, Any]] = {}
+        # Each group's rate on the devices, beside (not inside) its dict: a group dict copied
+        # into another optimizer must not share them.
+        self._rates: list[_DeviceRate] = []
         given = list(params)
         if not given:
             raise ValueError("the optimizer got an empty parameter list")
@@ -87,6 +108,11 @@ class Optimizer:
         if closure is not None:
             with enable_grad():
                 loss = closure()
+        # A rate assigned to group["lr"] since the last write (see the module docstring), every
+        # group's checked before any is written.
+        rates = [_checked_lr(group["lr"]) for group in self.param_groups]
+        for group, rate in zip(self.param_groups, rates, strict=True):
+            self._rate_of(group).write(rate, group["params"])
         with no_grad():
             for group in self.param_groups:
                 stepping = []
@@ -98,6 +124,43 @@ class Optimizer:
                 for param, grad_array, state in stepping:
                     self._update(param, grad_array, group, state)
         return loss
+
+    def set_lr(self, lr: float, group_index: int | None = None) -> None:
+        """Set the learning rate of group ``group_index`` (of every group when None):
+        ``group["lr"]``, and the group's arrays on the devices, written in place now (two ops
+        per array on a remote device, none when the rate is unchanged). Schedulers call it;
+        call it between steps, not inside a recorded one. Raises ValueError for a negative
+        or NaN rate, TypeError for one that is not a real number, IndexError for a group
+        that does not exist; nothing is written then."""
+        value = _checked_lr(lr)
+        if group_index is None:
+            groups = self.param_groups
+        else:
+            index, count = operator.index(group_index), len(self.param_groups)
+            if not -count <= index < count:
+                raise IndexError(
+                    f"group_index {index} is out of range: the optimizer has {count} "
+                    f"parameter group{'s' if count != 1 else ''}"
+                )
+            groups = [self.param_groups[index]]
+        for group in groups:
+            group["lr"] = value
+            self._rate_of(group).write(value, group["params"])
+
+    def lr_array(self, group: dict[str, Any], xp: Any, like: Any, dtype: Any = None) -> Any:
+        """``group``'s learning rate as a 0-d array of ``xp`` where ``like`` (an array) lives,
+        in ``dtype`` (``like``'s when None): the one the group holds there, made the first
+        time it is asked for (one op). An update op uses it where it would use
+        ``group["lr"]``; it holds what ``group["lr"]`` held at this step's start."""
+        return self._rate_of(group).array(xp, like, like.dtype if dtype is None else dtype)
+
+    def _rate_of(self, group: dict[str, Any]) -> _DeviceRate:
+        for rate in self._rates:
+            if rate.group is group:
+                return rate
+        rate = _DeviceRate(group, _checked_lr(group["lr"]))  # at its first step or set_lr()
+        self._rates.append(rate)
+        return rate
 
     def _begin_group(self, group: dict[str, Any],
                      stepping: list[tuple[Tensor, dict[str, Any]]]) -> None:  # fmt: skip
@@ -120,6 +183,44 @@ class Optimizer:
         return state
 
 
+class _DeviceRate:
+    """One group's learning rate on the devices: 0-d arrays, one per (array type, device,
+    dtype) asked for, and the value they all hold (the last written)."""
+
+    __slots__ = ("group", "value", "arrays")
+
+    def __init__(self, group: dict[str, Any], value: float) -> None:
+        self.group, self.value = group, value
+        self.arrays: list[Any] = []
+
+    def array(self, xp: Any, like: Any, dtype: Any) -> Any:
+        """The array where ``like`` lives in ``dtype``; made (one op) if there is none yet."""
+        for array in self.arrays:
+            if array.dtype == dtype and lives_with(array, like):
+                return array
+        made = xp.full((), self.value, dtype=dtype, device=like.device)
+        self.arrays.append(made)
+        return made
+
+    def write(self, value: float, params: list[Tensor]) -> None:
+        """Hold ``value`` from now on: written into each array (in place, so a recorded step
+        that reads it sees the new value) where one of ``params`` still lives; an array left
+        behind by parameters that moved (``Module.to``) is dropped, not written."""
+        if value == self.value and math.copysign(1.0, value) == math.copysign(1.0, self.value):
+            return  # the same float, its sign of zero included: nothing to write
+        self.arrays = [a for a in self.arrays if any(lives_with(a, p.array) for p in params)]
+        for array in self.arrays:
+            # A Python float assigned to an array takes its dtype as it would beside it in
+            # an op (the same rounding), 0.0 included.
+            array[...] = value
+        self.value = value
+
+
+def lives_with(value: Any, array: Any) -> bool:
+    """Whether ``value`` (an array) is where ``array`` is: the same type, the same device."""
+    return type(value) is type(array) and value.device == array.device
+
+
 def follow(value: Any, array: Any, xp: Any) -> Any:
     """``value`` (an array) where ``array`` lives: itself, or, if ``array`` is of another type
     or on another device (a model moved to a server), a copy moved there through numpy."""
@@ -139,6 +240,15 @@ def _check_parameter(index: int, param: Any) -> None:
         )
     # A parameter that does not require grad (frozen) is accepted and skipped by step(), as
     # PyTorch's optimizers do: unfreezing it later makes it train.
+
+
+def _checked_lr(lr: Any) -> float:
+    """``lr`` as a float; a TypeError if it is not a real number, a ValueError if negative."""
+    if isinstance(lr, bool) or not isinstance(lr, numbers.Real):
+        raise TypeError(f"the learning rate must be a real number, not {type(lr).__name__}")
+    value = float(lr)
+    check_nonnegative(lr=value)
+    return value
 
 
 def check_nonnegative(**values: float) -> None:

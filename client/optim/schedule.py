@@ -1,13 +1,15 @@
 """Learning-rate schedules: ``StepLR`` and ``CosineAnnealingLR``, PyTorch's closed forms.
 
-A scheduler writes each group's ``"lr"`` on the client; the optimizer reads it at its next
-step, as a Python float that travels inside the ops. Nothing is sent to a device.
-
-So a new rate changes the ops a step sends (the only step-to-step change in an optimizer's
-ops: Adam's bias corrections live on the device). A step captured as a graph and replayed
-keeps the rate of its capture: after ``schedule.step()`` changes the rate, the step must be
-captured again (the capture decorator re-records when asked), or the schedule only moves the
-rate between captures (per epoch, say).
+A scheduler computes each group's rate on the client and sets it with
+:meth:`Optimizer.set_lr`: ``group["lr"]``, and the group's 0-d learning-rate arrays where its
+parameters live, written in place (two ops per array on a remote device, none while the rate
+stays the same). The optimizer's update ops read those arrays, not the float (tinygrad's
+design: the rate is a device tensor and schedules assign into it), so a step sends the same
+ops whatever the rate, and a step recorded once (``client.capture.jit``) and replayed by id
+uses the rate of each step, as running it would, bit for bit. Call ``schedule.step()``
+between steps, outside the jitted function: its writes are ops of their own, and a replay
+runs no Python. Assigning ``group["lr"]`` directly works without a recorded step (the
+optimizer's next ``step()`` writes it) but not under replay.
 """
 
 from __future__ import annotations
@@ -42,11 +44,12 @@ class LRScheduler:
         return [self.lr_at(base, self.last_epoch) for base in self.base_lrs]
 
     def step(self) -> None:
-        """Advance one step and write the new rates into the optimizer's groups."""
+        """Advance one step and set the new rates in the optimizer's groups, on the client
+        and on the devices (:meth:`Optimizer.set_lr`)."""
         self.last_epoch += 1
         rates = self.get_lr()
-        for group, rate in zip(self.optimizer.param_groups, rates, strict=True):
-            group["lr"] = rate
+        for index, (_, rate) in enumerate(zip(self.optimizer.param_groups, rates, strict=True)):
+            self.optimizer.set_lr(rate, group_index=index)
         self._last_lr = rates
 
     def get_last_lr(self) -> list[float]:

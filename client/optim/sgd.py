@@ -18,10 +18,12 @@ class SGD(Optimizer):
       * g``; ``g = g + momentum * buf`` with ``nesterov``, else ``g = buf``.
 
     The momentum buffer is an array of the parameter's namespace (on the server for a remote
-    parameter), updated in place. Ops per parameter per step, each one message to a remote
-    device: 2 (``lr * g``, ``p -=``); +2 with weight decay; +2 with momentum (``buf *=``,
-    ``buf +=``; the first step ``zeros_like``, ``buf +=``), +1 more with dampening; +2 more
-    with Nesterov.
+    parameter), updated in place; ``lr`` is the group's 0-d array of the gradient's dtype
+    there (:meth:`Optimizer.lr_array`). Ops per parameter per step, each one message to a
+    remote device: 2 (``lr * g``, ``p -=``); +2 with weight decay; +2 with momentum
+    (``buf *=``, ``buf +=``; the first step ``zeros_like``, ``buf +=``), +1 more with
+    dampening; +2 more with Nesterov. None per group, but the first step's ``full`` for each
+    learning-rate array.
     """
 
     def __init__(self, params: Params, lr: float, momentum: float = 0.0,
@@ -45,7 +47,7 @@ class SGD(Optimizer):
     def _update(self, param: Tensor, grad: Any, group: dict[str, Any],
                 state: dict[str, Any]) -> None:  # fmt: skip
         # Python floats: a numpy float64 hyper-parameter would promote float32 arrays.
-        lr, momentum = float(group["lr"]), float(group["momentum"])
+        momentum, xp = float(group["momentum"]), param.namespace.xp
         dampening, weight_decay = float(group["dampening"]), float(group["weight_decay"])
         g = grad  # never changed in place: it is the user's .grad
         if weight_decay != 0:
@@ -53,11 +55,12 @@ class SGD(Optimizer):
         if momentum != 0:
             buf = state.get("momentum_buffer")
             if buf is None:  # buf = g, as a new array of its own (g may be the user's .grad)
-                buf = param.namespace.xp.zeros_like(param.array)
+                buf = xp.zeros_like(param.array)
                 buf += g
             else:
                 buf *= momentum
                 buf += g if dampening == 0 else (1.0 - dampening) * g
             state["momentum_buffer"] = buf
             g = g + momentum * buf if group["nesterov"] else buf
+        lr = self.lr_array(group, xp, param.array, g.dtype)  # the float's value in g's dtype
         param -= lr * g  # in place on the tensor: the same array, its version bumped
