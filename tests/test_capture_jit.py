@@ -196,3 +196,12 @@ def test_jit_keys_values_by_type_and_arrays_by_aliasing(dev) -> None:
 
     with pytest.raises(CaptureError, match="ndarray"):
         combine(x, np.ones(3))
+
+
+def test_off_a_device_the_same_jitted_code_just_runs() -> None:
+    """Training code written with jit runs on numpy too, with nothing to record, and trains
+    exactly as without jit."""
+    direct, jitted = Classifier(Autodiff(np)), Classifier(Autodiff(np))
+    step = jit(jitted.step)
+    assert _train(direct, direct.step, 4) == _train(jitted, step, 4)
+    assert step.recorded == 0

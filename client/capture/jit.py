@@ -10,21 +10,25 @@
         opt.step()
         return loss
 
-The first call runs the function as it is (it creates what a first step creates: optimizer
-state, momentum buffers). From then on, the first call with a new signature (the shapes,
-dtypes and devices of the array arguments, the values of the other arguments, and
-``key()`` if given) records the function while it runs (``client.capture`` with implicit
-inputs) and registers the graph in the device's session; later calls with that signature
-send one ``run_graph`` op and return its outputs, wrapped as the recorded call's were.
+Off a Tensorwire device (numpy arrays, autodiff tensors over numpy) the function just runs, so
+the same training code runs locally. The first call runs the function as it is (it creates
+what a first step creates: optimizer state, momentum buffers). From then on, the first call
+with a new signature (the shapes, dtypes and devices of the array arguments, the values of
+the other arguments, and ``key()`` if given) records the function while it runs
+(``client.capture`` with implicit inputs) and registers the graph in the device's session;
+later calls with that signature send one ``run_graph`` op and return its outputs, wrapped as
+the recorded call's were.
 
 What a replay repeats is the recorded ops, nothing of the Python around them:
 - arrays the function reads but is not given (parameters, optimizer state, a resident
   dataset) are bound by identity: updates to them must be in place (``client.optim``'s are),
   and replacing such an array (assigning a new one) is not seen by the graph;
 - a Python value computed inside the function is frozen at its recorded value: pass a value
-  that changes (a learning rate) as an argument, or name it in ``key``, so that a change
-  records a new graph; Python-side state (``state["step"]``, ``.grad`` attributes) does not
-  advance under replay;
+  that changes as an argument, or name it in ``key``, so that a change records a new graph.
+  ``client.optim`` keeps what changes from step to step on the device for this reason (Adam's
+  bias corrections; the learning rate, which schedulers and ``opt.set_lr`` write between
+  steps), so a scheduled learning rate needs neither; Python-side state (``state["step"]``,
+  ``.grad`` attributes) does not advance under replay;
 - reads inside the function happen when it is recorded only; return what you need instead.
 """
 
@@ -45,6 +49,13 @@ from .recorder import Capture
 
 P = ParamSpec("P")
 R = TypeVar("R")
+
+
+def _local(args: Any, kwargs: Any) -> bool:
+    """Whether the arguments hold an array of another namespace (numpy's, or an autodiff
+    tensor over one): the same training code then runs as it is, with nothing to record."""
+    values = [*args, *kwargs.values()]
+    return any(hasattr(getattr(v, "array", v), "__array_namespace__") for v in values)
 
 
 def _raw(leaf: Any) -> RemoteArray | None:
@@ -135,6 +146,8 @@ class Jitted(Generic[P, R]):
         leaves: list[Any] = []
         template = _flatten((args, kwargs), leaves)
         arrays = [_raw(leaf) for leaf in leaves]
+        if not leaves and _local(args, kwargs):  # numpy's arrays: no ops to record, run it
+            return self.fn(*args, **kwargs)
         first: dict[int, int] = {}  # which arguments are the same array: part of the signature
         signature = (
             _static(template),
