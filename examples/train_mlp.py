@@ -7,6 +7,7 @@ accuracy, for the progress bar. ``--local`` runs the same code on numpy, for com
     python examples/train_mlp.py --url ws://127.0.0.1:8765      # token: TENSOR_SERVER_TOKEN
     python examples/train_mlp.py --token-file ./token --plot curves.png
     python examples/train_mlp.py --local
+    python examples/train_mlp.py --jit      # the step recorded once, then one op per step
 
 Needs scikit-learn (the digits ship with it: no download), rich (the progress bar) and
 matplotlib (the curves): ``pip install -e '.[examples]'``. Exit status 0 when the held-out
@@ -31,6 +32,7 @@ import numpy as np
 import client
 from client import nn, optim
 from client.autodiff import Autodiff, no_grad
+from client.capture import jit
 
 TOKEN_FILE_ENV = "TENSOR_SERVER_TOKEN_FILE"  # noqa: S105 - the variable's name, not a token
 GOAL = 0.95
@@ -88,18 +90,25 @@ def train(ad: Autodiff, data: tuple[np.ndarray, ...], args: argparse.Namespace,
     schedule = optim.CosineAnnealingLR(opt, T_max=args.epochs * per_epoch)
     order = np.random.default_rng(args.seed)
     curves = Curves()
+
+    def step(index: Any) -> Any:
+        """One step on the batch ``index`` selects: its loss and accuracy, in one array."""
+        logits, labels = model(ad.take(x, index, axis=0)), ad.take(y, index)
+        loss = nn.cross_entropy(logits, labels)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        with no_grad():  # one read for both numbers
+            return xp.stack([loss.array, accuracy(ad, logits, labels)])
+
+    # --jit: the step is recorded once and then runs on the server as one op (the schedule
+    # writes its rate into the optimizer's device arrays between steps; on numpy jit just runs)
+    run_step = jit(step) if args.jit else step
     with _progress(args.epochs * per_epoch) as advance:
         for epoch in range(args.epochs):
             for batch in np.array_split(order.permutation(len(x_train)), per_epoch):
-                index = ad.asarray(batch)
-                logits, labels = model(ad.take(x, index, axis=0)), ad.take(y, index)
-                loss = nn.cross_entropy(logits, labels)
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
+                both = run_step(ad.asarray(batch))
                 schedule.step()
-                with no_grad():  # one read for both numbers
-                    both = xp.stack([loss.array, accuracy(ad, logits, labels)])
                 step_loss, step_accuracy = (float(v) for v in np.asarray(both))
                 curves.loss.append(step_loss)
                 curves.accuracy.append(step_accuracy)
@@ -205,6 +214,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="a few epochs (for tests)")
+    p.add_argument("--jit", action="store_true",
+                   help="record the step once, then run it by id (client.capture.jit)")
     p.add_argument("--plot", type=Path, default=Path("train_mlp.png"), help="PNG of the curves")
     p.add_argument("--save", type=Path, default=None, help="write the weights (safetensors)")
     args = p.parse_args(argv)

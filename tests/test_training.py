@@ -72,6 +72,10 @@ def test_train_mlp_reaches_95_percent_remotely_exactly_as_on_numpy(tmp_path: Pat
     with run_server("--token", "mlp-token") as proc:
         remote = _train_mlp("--url", proc.url, "--token-file", str(token), "--plot", str(plot),
                             "--save", str(weights), cwd=tmp_path)  # fmt: skip
+        # the step recorded once and run by id: the same training, epoch for epoch
+        jitted = _train_mlp("--url", proc.url, "--token-file", str(token), "--jit",
+                            "--plot", str(tmp_path / "jit.png"), cwd=tmp_path)  # fmt: skip
+    assert jitted.returncode == 0, jitted.stdout + jitted.stderr
     assert remote.returncode == 0, remote.stdout + remote.stderr
     lines = remote.stdout.splitlines()
     assert lines[0].startswith(f"training on {proc.url} (server ")
@@ -85,6 +89,7 @@ def test_train_mlp_reaches_95_percent_remotely_exactly_as_on_numpy(tmp_path: Pat
     assert local.returncode == 0, local.stdout + local.stderr
     epochs = [line for line in lines if line.startswith("epoch")]
     assert len(epochs) == 20
+    assert [line for line in jitted.stdout.splitlines() if line.startswith("epoch")] == epochs
     assert epochs == [line for line in local.stdout.splitlines() if line.startswith("epoch")]
 
 
