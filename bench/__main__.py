@@ -70,8 +70,9 @@ def _plan(p: Params, url: str, ports: dict[str, int], dev: client.RemoteDevice) 
             dev, training.DIGITS, p.training_steps, p.training_reps, t)
             + training.steps_per_second(
                 dev, training.WIDE, p.training_wide_steps, p.training_reps, t)),
-        "replay": (p.training_reps, lambda t: training.replayed_steps(
-            url, p.training_steps, p.training_reps, t)),
+        "replay": (2 * p.training_reps, lambda t: training.replayed_steps(
+            url, p.training_steps, p.training_reps, t) + [training.replayed_against_local(
+                dev, training.WIDE, p.training_wide_steps, p.training_reps, t)]),
     }  # fmt: skip
 
 

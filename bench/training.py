@@ -169,3 +169,24 @@ def replayed_steps(url: str, steps: int, reps: int, tick: Tick) -> list[Figure]:
         Figure(name, "direct bytes sent per step / replayed", many.median / few.median,
                Goal(">=", 10.0), many, few, "replayed"),
     ]  # fmt: skip
+
+
+def replayed_against_local(dev: client.RemoteDevice, model: Model, steps: int, reps: int,
+                           tick: Tick) -> Figure:  # fmt: skip
+    """The model's step replayed by id on the server against local numpy's, interleaved
+    rounds: what the remote device costs once a step's messages and building are gone."""
+    remote = ReplayedTrainer(Autodiff(client.namespace(dev)), model, 4 * model.batch)
+    local = Trainer(Autodiff(np), model, 4 * model.batch)
+    remote.run(3)  # warm-up, record, first replay
+    local.run(3)
+    ours, theirs = [], []
+    for _ in range(reps):
+        ours.append(_timed(remote, steps) / steps)
+        theirs.append(_timed(local, steps) / steps)
+        tick()
+    if remote.losses != local.losses:
+        raise AssertionError("the replayed step trained differently from local numpy")
+    fast = Stat.of([1 / s for s in ours], "steps/s")
+    slow = Stat.of([1 / s for s in theirs], "steps/s")
+    return Figure(f"step replay: {model.title}", "replayed steps/s / local numpy",
+                  fast.median / slow.median, model.goal, fast, slow, "local numpy")  # fmt: skip
