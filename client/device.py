@@ -279,29 +279,13 @@ def _stats(reply: StatsReply) -> SessionStats:
     )
 
 
-class RemoteDevice(Device):
-    """A device on a Tensorwire server, for synchronous code::
-
-        with client.RemoteDevice("ws://127.0.0.1:8765") as dev:
-            xp = client.namespace(dev)
-
-    ``url`` is ``ws://HOST:PORT`` (or ``wss://``), or the same as a device spec,
-    ``remote:ws://HOST:PORT``. ``index`` picks one of the server's devices. ``token`` defaults
-    to the ``TENSOR_SERVER_TOKEN`` environment variable; it travels as
-    ``Authorization: Bearer TOKEN`` on the upgrade request. For ``wss://`` the server's
-    certificate is verified against ``ca_file`` (a PEM file) or the system's CAs.
-
-    Raises:
-        AuthenticationError: the token is missing or wrong.
-        ServerBusyError: the server's connection limit is reached.
-        HandshakeError: (another subclass of) the server refused the session.
-        ConnectionLost: the server cannot be reached, or TLS verification failed.
-    """
-
-    _conn: Connection  # made by __init__: a connection to a server
+class SyncDevice(Device):
+    """What a device for synchronous code offers beside the op API: ``sync``, ``stats``,
+    ``flush``, ``close`` and the context manager (:class:`RemoteDevice`, and the in-process
+    ``client.local.LocalDevice``)."""
 
     def sync(self) -> None:
-        """Wait until every op submitted so far has run on the server.
+        """Wait until every op submitted so far has run.
 
         Raises:
             ConnectionLost: the connection closed or broke.
@@ -322,13 +306,35 @@ class RemoteDevice(Device):
         """Send what is pending and close the session. Idempotent."""
         self._close()
 
-    def __enter__(self) -> RemoteDevice:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(
         self, typ: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
+
+
+class RemoteDevice(SyncDevice):
+    """A device on a Tensorwire server, for synchronous code::
+
+        with client.RemoteDevice("ws://127.0.0.1:8765") as dev:
+            xp = client.namespace(dev)
+
+    ``url`` is ``ws://HOST:PORT`` (or ``wss://``), or the same as a device spec,
+    ``remote:ws://HOST:PORT``. ``index`` picks one of the server's devices. ``token`` defaults
+    to the ``TENSOR_SERVER_TOKEN`` environment variable; it travels as
+    ``Authorization: Bearer TOKEN`` on the upgrade request. For ``wss://`` the server's
+    certificate is verified against ``ca_file`` (a PEM file) or the system's CAs.
+
+    Raises:
+        AuthenticationError: the token is missing or wrong.
+        ServerBusyError: the server's connection limit is reached.
+        HandshakeError: (another subclass of) the server refused the session.
+        ConnectionLost: the server cannot be reached, or TLS verification failed.
+    """
+
+    _conn: Connection  # made by __init__: a connection to a server
 
 
 class AsyncRemoteDevice(Device):

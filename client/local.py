@@ -33,7 +33,6 @@ import secrets
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -47,8 +46,6 @@ from protocol import (
     ReadReply,
     RequestFailed,
     SessionError,
-    Stats,
-    Sync,
     Welcome,
     to_numpy,
 )
@@ -58,7 +55,7 @@ from protocol.ops import AnyOp
 
 from ._connection import FLUSH_BYTES, FLUSH_OPS
 from ._pending import Pending
-from .device import Device, SessionStats, _stats
+from .device import SyncDevice
 from .errors import ConnectionLost, DeviceIndexError, RemoteError, ServerProtocolError
 
 if TYPE_CHECKING:
@@ -337,7 +334,7 @@ def _new_session(index: int, config: ServerConfig) -> Session:
     return Session(secrets.token_hex(8), index, store, limits)
 
 
-class LocalDevice(Device):
+class LocalDevice(SyncDevice):
     """The ``ndarray`` device ``index`` (of ``count``, the spec ``ndarray:COUNT``), in this
     process: the server's session and executor, run in the calling thread::
 
@@ -369,29 +366,3 @@ class LocalDevice(Device):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(index={self.index}, count={self.device_count})"
-
-    def sync(self) -> None:
-        """Run every op submitted so far. Raises ``ConnectionLost`` (the device is closed) and
-        ``ServerProtocolError`` (a batch was malformed: an op reused a live tensor's id)."""
-        self._conn.request(lambda rid: Sync(request_id=rid)).result()
-        self._raise_server_error()
-
-    def stats(self) -> SessionStats:
-        """The session's count of its tensors and bytes, after every op so far."""
-        return _stats(self._conn.request(lambda rid: Stats(request_id=rid)).result())
-
-    def flush(self) -> None:
-        """Run pending ops now."""
-        self._conn.flush()
-
-    def close(self) -> None:
-        """Run what is pending and drop the session's tensors. Idempotent."""
-        self._close()
-
-    def __enter__(self) -> LocalDevice:
-        return self
-
-    def __exit__(
-        self, typ: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
