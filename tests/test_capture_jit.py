@@ -16,7 +16,7 @@ import pytest
 import client
 from client import nn, optim
 from client.autodiff import Autodiff, Tensor
-from client.capture import Capture, jit
+from client.capture import Capture, Graph, jit
 from client.errors import CaptureError
 
 STEPS = 8
@@ -205,3 +205,21 @@ def test_off_a_device_the_same_jitted_code_just_runs() -> None:
     step = jit(jitted.step)
     assert _train(direct, direct.step, 4) == _train(jitted, step, 4)
     assert step.recorded == 0
+
+
+def test_a_jitted_step_must_return_an_array(dev) -> None:
+    xp = client.namespace(dev)
+    w = xp.asarray(np.ones(3))
+
+    @jit
+    def update(g: Any) -> None:
+        w[...] = w - g  # in place: nothing to return
+
+    g = xp.asarray(np.full(3, 0.5))
+    update(g)
+    with pytest.raises(CaptureError, match="at least one output"):
+        update(g)
+    with Capture(dev) as cap:
+        cap.output("y", xp.exp(cap.input("g", g)))
+    with pytest.raises(ValueError, match="at least one output"):
+        Graph(cap.graph.definition.model_copy(update={"outputs": []}), []).register(dev)

@@ -233,6 +233,10 @@ class RegisteredGraph:
     """A graph registered in one device's session: :meth:`run` costs one op on the wire."""
 
     def __init__(self, graph: Graph, device: Device) -> None:
+        if not graph.outputs:  # run_graph names its outputs' ids, as any op does
+            raise GraphError(
+                "a graph run by id needs at least one output (replay() runs one without)"
+            )
         self.graph = graph
         self.device = device
         self.graph_id = device.new_graph_id()

@@ -176,6 +176,11 @@ class Jitted(Generic[P, R]):
             result = self.fn(*args, **kwargs)
             leaves: list[Any] = []
             template = _flatten(result, leaves)
+            if not leaves:
+                raise CaptureError(
+                    f"{self.fn.__name__} returned no array of the device: a jitted step runs "
+                    "as one op, which needs at least one output (return the loss)"
+                )
             for index, leaf in enumerate(leaves):
                 raw = _raw(leaf)
                 assert raw is not None
