@@ -1,0 +1,256 @@
+"""``python -m bench.soak [--seconds N] [--json PATH]``: issue 17's soak, on loopback.
+
+One server with small limits (``--memory-budget 256MiB --session-quota 64MiB``). Beside it, for
+``--seconds`` (default 600), attackers of the issue's kinds 1, 2, 5, 6 and 7 run, each in its
+own process, while well-behaved sessions in this process do what training code does and check
+every result, and a prober opens a new connection every second:
+
+1. ops estimated cheap that are not: batches of ``unique_values`` on 65,536 elements and
+   ``fft`` with a prime length;
+2. large batches of tiny ops (100k ``add`` ops in one message, sent raw);
+5. reads of a 64 MiB ``broadcast_to`` view of 8 bytes, 24 at once;
+6. tensors by the million: empty ``full`` ops never freed;
+7. uploads of 120 MiB declared and left half sent, on new connections again and again.
+
+The goals (the issue's): the well-behaved sessions' p99 read latency under 100 ms, no new
+connection waiting more than 1 s, the server's RSS under 1.5x the memory budget plus its RSS
+at rest, and every well-behaved result correct. The figures are printed and written as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import client
+from protocol import Batch
+from protocol.codec import byte_view, encode, encode_header, to_frames
+from protocol.framing import Opcode
+from protocol.ops import AnyOp, Binary, Full, Unique
+from protocol.scalars import scalar_from_python
+
+from . import _procs
+
+MIB = 2**20
+BUDGET, QUOTA = 256 * MIB, 64 * MIB
+SERVER_FLAGS = ("--memory-budget", "256MiB", "--session-quota", "64MiB", "--max-connections", "64")
+RAW_IDS = 10**12  # ids of the raw attackers' ops, far from the client's own
+
+
+def _until(deadline: float, attack: Callable[[], None]) -> None:
+    """Run ``attack`` until ``deadline``; a refused or broken session is opened again."""
+    while time.time() < deadline:
+        try:
+            attack()
+        except (client.TensorwireError, ConnectionError, ValueError, TypeError):
+            time.sleep(0.05)
+
+
+def _costly_ops(url: str) -> None:  # kind 1
+    with client.RemoteDevice(url) as dev:
+        xp = client.namespace(dev)
+        x = xp.asarray(np.random.default_rng(1).integers(0, 1000, 65_536))
+        for _ in range(200):
+            dev.submit(Unique(op="unique_values", out=dev.new_id(), x=x.tensor_id))
+        xp.fft.fft(xp.astype(x, xp.float64), n=65_521)
+        dev.sync()
+
+
+def _large_batches(url: str) -> None:  # kind 2
+    with client.RemoteDevice(url) as dev:
+        x = client.namespace(dev).ones(16)
+        dev.sync()
+        ops: list[AnyOp] = [Binary(op="add", out=RAW_IDS + i, x1=x.tensor_id, x2=x.tensor_id)
+                            for i in range(100_000)]  # fmt: skip
+        frames = to_frames(encode(Batch(ops=ops, frees=[op.out for op in ops])))
+        transport = dev._conn._ws  # noqa: SLF001 - an attacker writes what it likes
+        for _ in range(20):
+            with transport.send_lock:
+                transport.send(frames)
+        dev.sync()
+
+
+def _view_reads(url: str) -> None:  # kind 5
+    with client.RemoteDevice(url) as dev:
+        xp = client.namespace(dev)
+        view = xp.broadcast_to(xp.zeros(1), (8 * MIB,))  # 64 MiB of float64 from 8 bytes
+        for future in [dev.submit_read(view.tensor_id) for _ in range(24)]:
+            try:
+                future.result()
+            except client.RemoteError:
+                pass  # refused: what the server should do
+
+
+def _many_tensors(url: str) -> None:  # kind 6
+    with client.RemoteDevice(url) as dev:
+        empty = scalar_from_python(0.0)
+        for _ in range(1_000_000):  # never freed: the handles are not even made
+            dev.submit(Full(out=dev.new_id(), shape=(0,), dtype="float64", value=empty))
+        dev.sync()
+
+
+def _stalled_uploads(url: str) -> None:  # kind 7
+    with client.RemoteDevice(url) as dev:
+        head = encode_header(Batch(buffers=[120 * MIB] * 8), aligned=True)
+        transport = dev._conn._ws  # noqa: SLF001 - an attacker writes what it likes
+        with transport.send_lock:
+            transport._write_frame(Opcode.BINARY, False, head)  # noqa: SLF001
+            block = byte_view(np.zeros(MIB, np.uint8))
+            for _ in range(60):  # half of the first buffer, then nothing more
+                transport._write_frame(Opcode.CONT, False, block)  # noqa: SLF001
+        time.sleep(20)
+
+
+ATTACKS: dict[str, Callable[[str], None]] = {
+    "1 costly ops": _costly_ops,
+    "2 large batches": _large_batches,
+    "5 view reads": _view_reads,
+    "6 many tensors": _many_tensors,
+    "7 stalled uploads": _stalled_uploads,
+}
+
+
+def _attacker(name: str, url: str, deadline: float) -> None:
+    _until(deadline, lambda: ATTACKS[name](url))
+
+
+# --- the well-behaved side ------------------------------------------------------------------
+
+
+class Observed:
+    """What the well-behaved sessions, the prober and the sampler saw."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.reads: list[float] = []  # seconds, one per well-behaved read
+        self.wrong = 0  # results that differed from numpy's
+        self.failed: list[str] = []  # well-behaved calls that raised
+        self.connects: list[float] = []  # seconds to open a new session
+        self.rss: list[int] = []
+
+
+def _well_behaved(url: str, seed: int, deadline: float, seen: Observed) -> None:
+    """A training-like loop: upload, a few ops, one read, checked against numpy."""
+    rng = np.random.default_rng(seed)
+    with client.RemoteDevice(url) as dev:
+        xp = client.namespace(dev)
+        w = rng.standard_normal((32, 8))
+        weights = xp.asarray(w)
+        while time.time() < deadline:
+            x = rng.standard_normal((16, 32))
+            start = time.perf_counter()
+            try:
+                got = xp.sum(xp.tanh(xp.asarray(x) @ weights) * 0.5, axis=0).numpy()
+            except (client.TensorwireError, ConnectionError) as exc:
+                with seen.lock:
+                    seen.failed.append(f"{type(exc).__name__}: {exc}")
+                return
+            took = time.perf_counter() - start
+            expected = np.sum(np.tanh(x @ w) * 0.5, axis=0)
+            with seen.lock:
+                seen.reads.append(took)
+                seen.wrong += int(not np.allclose(got, expected, rtol=1e-12, atol=1e-12))
+            time.sleep(0.01)
+
+
+def _prober(url: str, deadline: float, seen: Observed) -> None:
+    while time.time() < deadline:
+        start = time.perf_counter()
+        try:
+            with client.RemoteDevice(url, open_timeout=30) as dev:
+                dev.sync()
+        except (client.TensorwireError, ConnectionError) as exc:
+            with seen.lock:
+                seen.failed.append(f"connect: {type(exc).__name__}: {exc}")
+        with seen.lock:
+            seen.connects.append(time.perf_counter() - start)
+        time.sleep(1.0)
+
+
+def _sampler(pid: int, deadline: float, seen: Observed) -> None:
+    while time.time() < deadline:
+        seen.rss.append(_procs.rss(pid))
+        time.sleep(0.5)
+
+
+def soak(seconds: float, sessions: int = 3) -> dict[str, Any]:
+    """Run the soak for ``seconds``; the figures (see the module docstring)."""
+    with _procs.server(*SERVER_FLAGS) as (url, proc):
+        time.sleep(1.0)
+        at_rest = _procs.rss(proc.pid)
+        deadline = time.time() + seconds
+        seen = Observed()
+        spawn = multiprocessing.get_context("spawn")
+        attackers = [spawn.Process(target=_attacker, args=(name, url, deadline), daemon=True)
+                     for name in ATTACKS]  # fmt: skip
+        threads = [threading.Thread(target=_well_behaved, args=(url, n, deadline, seen))
+                   for n in range(sessions)]  # fmt: skip
+        threads += [threading.Thread(target=_prober, args=(url, deadline, seen)),
+                    threading.Thread(target=_sampler, args=(proc.pid, deadline, seen))]  # fmt: skip
+        for attacker in attackers:
+            attacker.start()
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        for attacker in attackers:
+            attacker.join(timeout=30)
+            if attacker.is_alive():
+                attacker.kill()
+        alive = proc.process.poll() is None
+    reads = np.array(seen.reads or [float("nan")])
+    return {
+        "seconds": seconds,
+        "server_alive": alive,
+        "well_behaved_reads": len(seen.reads),
+        "read_p50_ms": float(np.percentile(reads, 50) * 1e3),
+        "read_p99_ms": float(np.percentile(reads, 99) * 1e3),
+        "read_max_ms": float(reads.max() * 1e3),
+        "wrong_results": seen.wrong,
+        "failed_calls": seen.failed[:10],
+        "connects": len(seen.connects),
+        "connect_max_s": max(seen.connects, default=float("nan")),
+        "rss_at_rest_mib": at_rest / MIB,
+        "rss_peak_mib": max(seen.rss, default=0) / MIB,
+        "rss_limit_mib": (1.5 * BUDGET + at_rest) / MIB,
+    }
+
+
+def verdict(figures: dict[str, Any]) -> dict[str, bool]:
+    """Each goal of the issue, met or not."""
+    return {
+        "p99 read < 100 ms": figures["read_p99_ms"] < 100,
+        "new connection < 1 s": figures["connect_max_s"] < 1.0,
+        "RSS < 1.5x budget + at rest": figures["rss_peak_mib"] < figures["rss_limit_mib"],
+        "every result correct": figures["wrong_results"] == 0 and not figures["failed_calls"],
+        "server alive": figures["server_alive"],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.soak", description=__doc__)
+    parser.add_argument("--seconds", type=float, default=600.0)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args(argv)
+    figures = soak(args.seconds)
+    met = verdict(figures)
+    for key, value in figures.items():
+        print(f"{key:22} {value}")
+    for goal, ok in met.items():
+        print(f"{'met' if ok else 'MISSED':7} {goal}")
+    if args.json is not None:
+        args.json.write_text(json.dumps({"figures": figures, "goals": met}, indent=2) + "\n")
+    return 0 if all(met.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
