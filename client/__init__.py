@@ -23,7 +23,9 @@ from .errors import DeviceIndexError as DeviceIndexError
 from .errors import HandshakeError as HandshakeError
 from .errors import RemoteError as RemoteError
 from .errors import ServerBusyError as ServerBusyError
+from .errors import ServerNotResponding as ServerNotResponding
 from .errors import ServerProtocolError as ServerProtocolError
+from .errors import ServerShuttingDownError as ServerShuttingDownError
 from .errors import TensorwireError as TensorwireError
 from .errors import VersionMismatchError as VersionMismatchError
 from .namespace import Namespace as Namespace

@@ -8,7 +8,9 @@ sans-I/O protocol over a socket that the calling threads read and write themselv
 crosses no thread: the reading thread writes its batch and reads its own reply. A daemon
 *keeper* thread answers the server's pings while no thread is reading (every
 :data:`KEEPALIVE_POLL` seconds it takes the reader's place if it is free and processes what
-the socket holds, without blocking).
+the socket holds, without blocking), and watches the server in turn (``client._liveness``):
+it pings a silent server, and gives up on one that answers no ping within ``ping_timeout``
+or leaves a call waiting past ``timeout``, with :class:`ServerNotResponding`.
 
 Callers (any thread) append ops to a pending batch (``client._pending``) under a lock; nothing
 waits. A *flush* turns the pending ops and graph registrations, the ids freed and graphs
@@ -25,8 +27,8 @@ request id before their batch is sent. Replies are read by whichever thread wait
 dispatches every reply it receives, its own and other threads', until its own has come; other
 waiters sleep until theirs is resolved or the reader steps down. When the connection closes or
 breaks, every pending reply fails with :class:`ConnectionLost`, and so does every later call:
-nothing hangs (a reader blocked on the socket wakes when it closes, and :meth:`Connection.close`
-cuts the socket after :data:`CLOSE_TIMEOUT` if the server does not answer).
+nothing hangs (a reader or sender blocked on the socket wakes when it is cut: by the keeper
+when the server stopped answering, by :meth:`Connection.close` after :data:`CLOSE_TIMEOUT`).
 
 Large replies are received into buffers of a :class:`~client._buffers.BufferPool`, reused
 once the caller has dropped them; the keeper lets go of the ones left idle.
@@ -39,37 +41,26 @@ from __future__ import annotations
 
 import itertools
 import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, InvalidStateError
 from functools import partial
 from typing import Any
 
-import numpy as np
-
-from protocol import (
-    SERVER_ADAPTER,
-    DecodeError,
-    DescribeReply,
-    ReadReply,
-    RequestFailed,
-    SessionError,
-    StatsReply,
-    SyncReply,
-    Welcome,
-    encode,
-    to_numpy,
-)
+from protocol import SERVER_ADAPTER, DecodeError, SessionError, Welcome, encode
 from protocol.codec import Buffer, requests_only, to_frames
 from protocol.graphs import GraphDef
 from protocol.messages import Request
 from protocol.ops import AnyOp
 
 from ._buffers import BufferPool, PooledDecoder
+from ._liveness import DEFAULT_LIVENESS, Liveness, Traffic, Watch
 from ._opening import close_code, handshake, open_transport
 from ._pending import COPY_BELOW as COPY_BELOW
 from ._pending import Pending
+from ._replies import Reply, resolve
 from ._transport import Closed
-from .errors import ConnectionLost, RemoteError, ServerProtocolError
+from .errors import ConnectionLost, ServerNotResponding, ServerProtocolError
 
 FLUSH_OPS = 2048
 FLUSH_BYTES = 1 << 20
@@ -79,30 +70,8 @@ KEEPALIVE_POLL = 1.0  # seconds between the keeper's looks at an idle socket (se
 Frames = bytes | list[bytes | memoryview]
 
 
-class Reply(Future[Any]):
-    """The future reply to one request. ``result()`` reads the connection while it waits, so
-    call it (or :meth:`Connection.wait`) from a thread that may block; an asyncio caller runs
-    it in a worker thread. ``add_done_callback`` on a pending reply (as ``asyncio.wrap_future``
-    does) starts a daemon thread that waits for it, so a callback alone also gets its answer.
-    """
-
-    def __init__(self, conn: Connection) -> None:
-        super().__init__()
-        self._conn = conn
-
-    def result(self, timeout: float | None = None) -> Any:
-        if not self.done():
-            self._conn.wait(self)
-        return super().result(timeout)
-
-    def add_done_callback(self, fn: Callable[[Future[Any]], object]) -> None:
-        super().add_done_callback(fn)
-        if not self.done():
-            threading.Thread(target=self._conn.wait, args=(self,), daemon=True).start()
-
-
 class Connection:
-    """A session with device ``index`` of the server at ``url``.
+    """A session with device ``index`` of the server at ``url``, watched within ``liveness``.
 
     Raises:
         HandshakeError: (a subclass of) the server refused the session.
@@ -116,8 +85,10 @@ class Connection:
         token: str | None = None,
         open_timeout: float = 10.0,
         ca_file: str | None = None,
+        liveness: Liveness = DEFAULT_LIVENESS,
     ) -> None:
         self.url = url
+        self._liveness = liveness
         self._lock = threading.Lock()  # the pending batch, ids, state
         self._reading = threading.Condition(threading.Lock())  # leader/follower of replies
         self._reader: threading.Thread | None = None  # the thread reading replies now
@@ -125,9 +96,11 @@ class Connection:
         self._tensor_ids = itertools.count(1)
         self.new_graph_id: Callable[[], int] = itertools.count(1).__next__  # graph ids
         self._request_ids = itertools.count(1)
-        self._waiters: dict[int, Future[Any]] = {}
+        self._waiters: dict[int, Reply] = {}
         self._waiters_lock = threading.Lock()  # alone, so a reader never waits for a flush
         self._error: ConnectionLost | None = None
+        self._batches = 0  # messages made (flushes)
+        self._answered = 0  # the last of them known to have run (its request was answered)
         self._server_error: ServerProtocolError | None = None
         self._closing = False
         self._closed: Future[None] = Future()  # fails when the connection ends
@@ -144,9 +117,13 @@ class Connection:
         self._keeper.start()
 
     def _keep(self) -> None:
-        """The keeper thread: while no thread reads, process what the socket holds (pings)."""
-        while not self._stop.wait(KEEPALIVE_POLL):
+        """The keeper thread: watch the server (:meth:`_look`) and, while no thread reads,
+        process what the socket holds (pongs, the server's pings)."""
+        watch = Watch(self._liveness, time.monotonic())
+        while not self._stop.wait(self._liveness.tick(KEEPALIVE_POLL)):
             self._pool.release_idle()
+            if not self._look(watch):
+                return
             with self._reading:
                 if self._reader is not None:
                     continue
@@ -160,6 +137,22 @@ class Connection:
                 with self._reading:
                     self._reader = None
                     self._reading.notify_all()
+
+    def _look(self, watch: Watch) -> bool:
+        """Ping the server when due; give up on it (False) once it stopped answering."""
+        ws, now = self._ws, time.monotonic()
+        unanswered = self._batches - self._answered
+        traffic = Traffic(ws.received_bytes, ws.sent_bytes, ws.send_lock.locked(), unanswered)
+        with self._waiters_lock:
+            waits = [r.waiting_since for r in self._waiters.values() if r.waiting_since is not None]
+        reason = watch.look(now, traffic, min(waits, default=None))
+        if reason is not None:  # fail everything, then cut: blocked readers and senders wake
+            self._fail(ServerNotResponding(f"connection to {self.url} lost: {reason}"))
+            self._ws.abort()
+            return False
+        if watch.ping_due(now) and ws.ping():
+            watch.pinged(now)
+        return True
 
     # --- receiving: whichever thread waits reads ---------------------------------------------
 
@@ -209,26 +202,23 @@ class Connection:
             return None
         with self._waiters_lock:
             future = self._waiters.pop(message.request_id, None)
-        if future is None:
-            return None
-        if isinstance(message, ReadReply):
-            array = np.frombuffer(buffers[0], dtype=to_numpy(message.dtype))
-            if not (array.flags.writeable and array.flags.aligned):
-                array = array.copy()  # compiled code (SciPy's) refuses unaligned arrays
-            future.set_result(array.reshape(message.shape))
-        elif isinstance(message, RequestFailed):
-            future.set_exception(RemoteError(message.error))
-        elif isinstance(message, StatsReply | SyncReply | DescribeReply):
-            future.set_result(message)
+        if future is not None:  # the server ran its message, and every one before
+            resolve(future, message, buffers)
+            self._answered = max(self._answered, future.batch)
         return future
 
     def _broken(self, exc: BaseException, *also: Future[Any]) -> None:
         """Fail every pending reply (and ``also``) and every later call with ConnectionLost."""
+        reason = "closed" if self._closing else f"lost ({exc})"
+        code = None if self._closing else close_code(self._ws)
+        self._fail(ConnectionLost(f"connection to {self.url} {reason}", code=code), *also)
+
+    def _fail(self, error: ConnectionLost, *also: Future[Any]) -> None:
+        """Fail every pending reply (and ``also``) and every later call with the connection's
+        first error: ``error``, unless it failed before."""
         with self._waiters_lock:  # not _lock: a flush may hold it, waiting on the socket
             if self._error is None:
-                reason = "closed" if self._closing else f"lost ({exc})"
-                code = None if self._closing else close_code(self._ws)
-                self._error = ConnectionLost(f"connection to {self.url} {reason}", code=code)
+                self._error = error
             waiters, self._waiters = self._waiters, {}
         for future in (*waiters.values(), *also, self._closed):
             try:
@@ -312,6 +302,7 @@ class Connection:
                 self._check_open()
                 self._waiters[request_id] = future
             frames = self._flush_locked((make(request_id),))
+            future.batch = self._batches
         self._send(frames)
         return future
 
@@ -337,6 +328,7 @@ class Connection:
         """Encode the pending batch and take the send lock, which the caller must release by
         passing the frames to :meth:`_send` once it has let go of ``_lock``.
         """
+        self._batches += 1
         if not self._batch:
             self._ws.send_lock.acquire()  # under _lock: batches go out in the order made
             return requests_only(requests)

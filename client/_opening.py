@@ -20,8 +20,10 @@ from protocol import (
     ErrorInfo,
     Hello,
     Refused,
+    RemoteSpec,
     Welcome,
     encode,
+    parse_device_spec,
 )
 from protocol.codec import Buffer, to_frames
 
@@ -29,6 +31,23 @@ from ._transport import Closed, InvalidHandshake, InvalidURI, Transport
 from .errors import ConnectionLost, HandshakeError, handshake_error
 
 MAX_MESSAGE = 2**31
+
+
+def url_of(target: str) -> str:
+    """A websocket URL from a URL or a device spec (``remote:ws://HOST:PORT``).
+
+    Raises:
+        ValueError: the spec names a device a client cannot connect to (ndarray, capture).
+    """
+    if target.startswith(("ws://", "wss://")):
+        return target
+    spec = parse_device_spec(target)
+    if not isinstance(spec, RemoteSpec):
+        raise ValueError(
+            f"a RemoteDevice connects to a server: give ws://HOST:PORT or remote:ws://HOST:PORT, "
+            f"not {target!r}"
+        )
+    return spec.url
 
 
 def open_transport(

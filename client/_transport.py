@@ -1,13 +1,14 @@
 """A websocket client connection driven by the threads that use it: no thread of its own.
 
 It knows nothing of Tensorwire messages. websockets' sans-I/O
-:class:`~websockets.client.ClientProtocol` does the opening handshake, pings and the close
-handshake; data frames are framed and parsed with ``protocol.framing`` (shared with the
-server), so that a payload is masked with one copy and received straight into its array; this
-module owns the socket. Sending is done by
-the sending thread; receiving by whichever thread calls :meth:`Transport.receive` (the caller
-must let one thread at a time do that). Nothing crosses a thread on the way, which halves a
-small round trip's cost against websockets' threaded clients on a 2-core machine.
+:class:`~websockets.client.ClientProtocol` does the opening handshake, pongs and the close
+handshake; data frames and the client's own pings are framed and parsed with
+``protocol.framing`` (shared with the server; the headers checked in ``client._frames``), so
+that a payload is masked with one copy and received straight into its array; this module owns
+the socket. Sending is done by the sending thread; receiving by whichever thread calls
+:meth:`Transport.receive` (the caller must let one thread at a time do that). Nothing crosses
+a thread on the way, which halves a small round trip's cost against websockets' threaded
+clients on a 2-core machine.
 
 Bytes the protocol produces (frames being sent, and pongs and close replies made while
 receiving) go through one FIFO, written in order by whichever thread holds the send lock, so a
@@ -23,22 +24,13 @@ import socket
 import ssl
 import threading
 from collections.abc import Mapping
-from typing import Protocol
 
 from websockets.exceptions import InvalidHandshake, InvalidURI
 from websockets.frames import Frame
 
-from protocol.framing import (
-    MAX_HEADER,
-    FrameError,
-    FrameHeader,
-    Opcode,
-    apply_mask,
-    frame_header,
-    header_size,
-    parse_header,
-)
+from protocol.framing import MAX_HEADER, Opcode, apply_mask, frame_header, header_size
 
+from ._frames import Closed, Sink, parsed
 from ._upgrade import RECV_SIZE, upgrade
 
 # The first read of a message: a small reply whole in one call, and little of a large one,
@@ -47,23 +39,6 @@ from ._upgrade import RECV_SIZE, upgrade
 # downloads 3-8% faster in three runs, 8 MiB 4%; 200 KiB downloads and reads unchanged.
 FIRST_BITE = 1 << 16
 SMALL_FRAME = 1 << 16  # over TLS, frames below this go out in one write, header and payload joined
-
-
-class Sink(Protocol):
-    """Where :meth:`Transport.receive` puts a message's payload."""
-
-    def feed(self, chunk: bytes | bytearray | memoryview) -> None:
-        """Take the next ``chunk`` of the payload."""
-
-    def writable(self) -> memoryview | None:
-        """Room for the next payload bytes, written in place, or None."""
-
-    def advance(self, n: int) -> None:
-        """``n`` bytes were written at the start of the last :meth:`writable` room."""
-
-
-class Closed(Exception):
-    """The connection is closed or broken; ``str()`` says why."""
 
 
 class Transport:
@@ -88,6 +63,8 @@ class Transport:
         self._lock = threading.Lock()  # the protocol's state and the FIFO
         self._send_lock = threading.Lock()  # who writes the FIFO to the socket
         self.sent_bytes = 0  # data frames written, headers included (the bench reads it)
+        self.received_bytes = 0  # read from the socket (client._liveness: any byte answers)
+        self.pings = 0  # keepalive pings sent
         self._out: collections.deque[bytes] = collections.deque()
         self._events: collections.deque[Frame] = collections.deque(opened.early)
         self._rbuf = bytearray()  # read from the socket, not parsed yet, from _rpos on
@@ -176,6 +153,23 @@ class Transport:
         except OSError as exc:
             raise Closed(f"send failed: {exc}") from exc
 
+    def ping(self) -> bool:
+        """Send a keepalive ping unless that could block (a thread holds :attr:`send_lock`, or
+        the socket is full); whether it went out. Its pong shows in :attr:`received_bytes`."""
+        if not self._send_lock.acquire(blocking=False):
+            return False
+        try:  # an empty ping is its masked header alone, framed here as data frames are
+            writable = select.select([], [self.socket], [], 0)[1]
+            if not writable or self.protocol.state.name != "OPEN":
+                return False
+            self.socket.sendall(frame_header(Opcode.PING, True, 0, os.urandom(4)))
+        except (OSError, ValueError):  # ValueError: another thread closed the socket (fd -1)
+            return False
+        finally:
+            self.release_send_lock()
+        self.pings += 1
+        return True
+
     def _flush_if_free(self) -> None:
         """Write what receiving produced (pongs, a close reply) unless a sender holds the lock:
         that sender writes it before it lets go, and every thread that lets go looks again."""
@@ -228,7 +222,7 @@ class Transport:
             size = header_size(head[0], head[1])
             if size > 2:
                 head += self._take(size - 2, 16)
-            frame = _parsed(head)
+            frame = parsed(head)
             assert frame is not None  # the whole header was taken
             if frame.control:
                 self._control(head + self._take(frame.length, RECV_SIZE))
@@ -257,7 +251,7 @@ class Transport:
     def _whole_control_frame(self) -> bytearray | None:
         """The control frame at the front of the read buffer, taken off it, if it is whole."""
         buf, pos = self._rbuf, self._rpos
-        frame = _parsed(bytes(buf[pos : pos + MAX_HEADER]))
+        frame = parsed(bytes(buf[pos : pos + MAX_HEADER]))
         if frame is None or not frame.control or len(buf) - pos < frame.size + frame.length:
             return None
         return self._take(frame.size + frame.length, 0)
@@ -320,6 +314,7 @@ class Transport:
             raise self._ended(exc) from exc
         if not data:
             raise self._ended(None)
+        self.received_bytes += len(data)
         return data
 
     def _recv_into(self, target: memoryview) -> int:
@@ -329,6 +324,7 @@ class Transport:
             raise self._ended(exc) from exc
         if not got:
             raise self._ended(None)
+        self.received_bytes += got
         return got
 
     def _ended(self, error: OSError | None) -> Closed:
@@ -367,19 +363,6 @@ class Transport:
         """Release the socket. Call once no other thread uses this transport."""
         self.abort()
         self.socket.close()
-
-
-def _parsed(head: bytes | bytearray) -> FrameHeader | None:
-    """The server frame header at the start of ``head`` (None while it is not whole).
-
-    Raises:
-        Closed: a frame that breaks RFC 6455 (a masked one: servers never mask, 5.1; a
-            reserved bit; a control frame too long or fragmented).
-    """
-    try:
-        return parse_header(head, masked=False)
-    except FrameError as exc:
-        raise Closed(str(exc)) from None
 
 
 __all__ = ["Closed", "InvalidHandshake", "InvalidURI", "Transport"]

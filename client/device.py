@@ -26,22 +26,14 @@ from typing import TYPE_CHECKING, Any, Protocol, Self
 
 import numpy as np
 
-from protocol import (
-    Describe,
-    Read,
-    RemoteSpec,
-    Stats,
-    StatsReply,
-    Sync,
-    TensorMeta,
-    Welcome,
-    parse_device_spec,
-)
+from protocol import Describe, Read, Stats, StatsReply, Sync, TensorMeta, Welcome
 from protocol.graphs import GraphDef
 from protocol.messages import Request
 from protocol.ops import AnyOp
 
 from ._connection import Connection
+from ._liveness import PING_INTERVAL, PING_TIMEOUT, Liveness
+from ._opening import url_of
 from .errors import ServerProtocolError
 
 if TYPE_CHECKING:
@@ -134,11 +126,16 @@ class Device:
         *,
         open_timeout: float = 10.0,
         ca_file: str | None = None,
+        timeout: float | None = None,
+        ping_interval: float | None = PING_INTERVAL,
+        ping_timeout: float | None = PING_TIMEOUT,
     ) -> None:
         if token is None:
             token = os.environ.get(TOKEN_ENV) or None
-        url = _url_of(url)
-        self._attach(Connection(url, index, token, open_timeout, ca_file), url, index)
+        url = url_of(url)
+        liveness = Liveness(ping_interval, ping_timeout, timeout)  # checked before connecting
+        conn = Connection(url, index, token, open_timeout, ca_file, liveness)
+        self._attach(conn, url, index)
 
     @classmethod
     def from_connection(cls, conn: DeviceConnection, url: str, index: int = 0) -> Self:
@@ -244,23 +241,6 @@ class Device:
             raise error
 
 
-def _url_of(target: str) -> str:
-    """A websocket URL from a URL or a device spec (``remote:ws://HOST:PORT``).
-
-    Raises:
-        ValueError: the spec names a device a client cannot connect to (ndarray, capture).
-    """
-    if target.startswith(("ws://", "wss://")):
-        return target
-    spec = parse_device_spec(target)
-    if not isinstance(spec, RemoteSpec):
-        raise ValueError(
-            f"a RemoteDevice connects to a server: give ws://HOST:PORT or remote:ws://HOST:PORT, "
-            f"not {target!r}"
-        )
-    return spec.url
-
-
 def _describe(request_id: int, tensor: int) -> Describe:
     return Describe(request_id=request_id, tensor=tensor)
 
@@ -327,11 +307,21 @@ class RemoteDevice(SyncDevice):
     ``Authorization: Bearer TOKEN`` on the upgrade request. For ``wss://`` the server's
     certificate is verified against ``ca_file`` (a PEM file) or the system's CAs.
 
+    The client watches the server (seconds; None turns a bound off): after ``ping_interval``
+    without a byte from the server it sends a ping, which the server answers even while it
+    runs a long op, and a ping unanswered for ``ping_timeout`` means the server stopped (so a
+    stopped or unreachable server is found within about 26 s). ``timeout`` (off by default)
+    bounds how long one call (a read, sync, stats or describe, or a send the server does not
+    take) waits for the server, long ops included. Either ends the session: every pending and
+    later call raises :class:`~client.ServerNotResponding`, a ``ConnectionLost``.
+
     Raises:
         AuthenticationError: the token is missing or wrong.
-        ServerBusyError: the server's connection limit is reached.
+        ServerBusyError: the server's connection limit is reached, or (its subclass
+            ServerShuttingDownError) the server is shutting down.
         HandshakeError: (another subclass of) the server refused the session.
         ConnectionLost: the server cannot be reached, or TLS verification failed.
+        ValueError: ``timeout``, ``ping_interval`` or ``ping_timeout`` is not positive.
     """
 
     _conn: Connection  # made by __init__: a connection to a server
@@ -359,10 +349,15 @@ class AsyncRemoteDevice(Device):
         *,
         open_timeout: float = 10.0,
         ca_file: str | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 - the device's bound, not this call's
+        ping_interval: float | None = PING_INTERVAL,
+        ping_timeout: float | None = PING_TIMEOUT,
     ) -> AsyncRemoteDevice:
-        """Connect without blocking the running loop. Raises as :class:`RemoteDevice` does."""
+        """Connect without blocking the running loop. The parameters, and what is raised, are
+        :class:`RemoteDevice`'s."""
+        bounds = {"timeout": timeout, "ping_interval": ping_interval, "ping_timeout": ping_timeout}
         return await asyncio.to_thread(
-            cls, url, index, token, open_timeout=open_timeout, ca_file=ca_file
+            cls, url, index, token, open_timeout=open_timeout, ca_file=ca_file, **bounds
         )
 
     async def read(self, array: RemoteArray) -> np.ndarray[Any, Any]:
@@ -371,7 +366,8 @@ class AsyncRemoteDevice(Device):
 
         Raises:
             RemoteError: the op that produced ``array``, or one it depends on, failed.
-            ConnectionLost: the connection closed or broke.
+            ConnectionLost: the connection closed or broke (``ServerNotResponding``: the
+                server stopped answering).
         """
         return await asyncio.to_thread(self.submit_read(array.tensor_id).result)
 

@@ -8,13 +8,17 @@ Exception tree::
     │   ├── VersionMismatchError            protocol versions differ
     │   ├── DeviceIndexError (IndexError)   no such device index on the server
     │   ├── AuthenticationError             missing or wrong token (HTTP 401 on the upgrade)
-    │   └── ServerBusyError                 the server's connection limit is reached (503)
+    │   └── ServerBusyError                 the server takes no session now (503): its
+    │       │                               connection limit is reached, or
+    │       └── ServerShuttingDownError     it is shutting down (draining)
     ├── ServerProtocolError                 the server said a message of ours was malformed
     ├── CaptureError (RuntimeError)         a capture scope refused what it was asked to record
     ├── GraphFileError (ValueError)         a graph file that is malformed, hostile or of another
     │                                       format version; nothing of it runs
     └── ConnectionLost (ConnectionError)    the connection closed or broke; pending work fails;
-                                            ``code`` says why when the server said so
+        │                                   ``code`` says why when the server said so
+        └── ServerNotResponding             the server stopped answering (a ping, a reply or
+            (TimeoutError)                  a message's bytes not taken in time)
 
 Shape and dtype errors of ops are raised locally, before anything is sent, as the protocol's
 ``OpShapeError`` (a ``ValueError``) and ``OpDTypeError`` (a ``TypeError``).
@@ -73,7 +77,12 @@ class AuthenticationError(HandshakeError):
 
 
 class ServerBusyError(HandshakeError):
-    pass
+    """The server takes no new session now (HTTP 503); another server, or a later try, may."""
+
+
+class ServerShuttingDownError(ServerBusyError):
+    """The server is shutting down (``shutting_down``): it finishes its sessions' work and
+    takes no new one; a restarted server, or a replica, will."""
 
 
 class ServerProtocolError(TensorwireError):
@@ -97,11 +106,19 @@ class ConnectionLost(TensorwireError, ConnectionError):
         self.code = code
 
 
+class ServerNotResponding(ConnectionLost, TimeoutError):
+    """The server stopped answering within the client's bounds (``RemoteDevice``'s
+    ``ping_timeout`` and ``timeout``): the message says what was waited for and how long. The
+    client cut the connection; every pending and later call raises this error. The server may
+    be stopped, hung, unreachable, or (``timeout``) still running a long op."""
+
+
 def handshake_error(error: ErrorInfo) -> HandshakeError:
     kinds: dict[ErrorCode, type[HandshakeError]] = {
         ErrorCode.VERSION_MISMATCH: VersionMismatchError,
         ErrorCode.BAD_DEVICE_INDEX: DeviceIndexError,
         ErrorCode.AUTH_FAILED: AuthenticationError,
         ErrorCode.TOO_MANY_CONNECTIONS: ServerBusyError,
+        ErrorCode.SHUTTING_DOWN: ServerShuttingDownError,
     }
     return kinds.get(error.code, HandshakeError)(error)
