@@ -276,7 +276,8 @@ class LocalConnection:
         future = futures.pop(reply.request_id)
         if isinstance(reply, ReadReply):
             # a copy, as a reply off the wire is: the session's memory stays its own
-            flat = np.frombuffer(data[0], dtype=to_numpy(reply.dtype))
+            sent = data[0] if data[0].c_contiguous else data[0].tobytes()  # a strided view
+            flat = np.frombuffer(sent, dtype=to_numpy(reply.dtype))
             future.set_result(flat.reshape(reply.shape).copy())
         elif isinstance(reply, RequestFailed):
             future.set_exception(RemoteError(reply.error))

@@ -17,7 +17,7 @@ one and copies buffer bytes straight into preallocated arrays.
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from typing import Any, Generic, TypeVar
 
 import numpy as np
@@ -25,6 +25,7 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from .errors import DecodeError, MessageLimitError
 from .messages import Batch, Message, Request, Sync
+from .stepwise import describe, validate_stepwise
 
 MAX_HEADER = 64 * 2**20
 MAX_BUFFERS = 2**16  # raw buffers one message may declare
@@ -68,13 +69,6 @@ def _empty(nbytes: int) -> np.ndarray[Any, np.dtype[np.uint8]]:
     return np.empty(nbytes, dtype=np.uint8)
 
 
-def _describe(exc: ValidationError) -> str:
-    first = exc.errors()[0]
-    where = ".".join(str(p) for p in first["loc"]) or "message"
-    more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-    return f"{where}: {first['msg']}{more}"
-
-
 class MessageDecoder(Generic[M]):
     """Decodes one message fed as one or more chunks (websocket fragments).
 
@@ -90,6 +84,10 @@ class MessageDecoder(Generic[M]):
     written before :meth:`finish` returns. After any error the caller must stop feeding this decoder
     (and drain the rest of the websocket message to keep the stream intact).
 
+    A header longer than ``stepwise_over`` bytes is validated in steps
+    (``protocol/stepwise.py``), so that the caller can do other work between them: while
+    :attr:`stepping`, call :meth:`step` until it returns False, and feed nothing meanwhile.
+
     Raises:
         DecodeError: from ``feed`` or ``finish``, for a bad header, more bytes than declared,
             or fewer (truncated).
@@ -104,8 +102,12 @@ class MessageDecoder(Generic[M]):
         check: Callable[[M], None] | None = None,
         max_buffers: int = MAX_BUFFERS,
         allocate: Callable[[int], np.ndarray[Any, np.dtype[np.uint8]]] | None = None,
+        stepwise_over: int | None = None,
     ) -> None:
         self._adapter = adapter
+        self._stepwise_over = stepwise_over
+        self._steps: Generator[None, None, M] | None = None  # while the header is validated
+        self._rest = memoryview(b"")  # what followed it in the first chunk
         self._max_header = max_header
         self._max_buffer_bytes = max_buffer_bytes
         self._max_buffers = max_buffers
@@ -121,8 +123,36 @@ class MessageDecoder(Generic[M]):
     def feed(self, chunk: bytes | bytearray | memoryview) -> None:
         view = memoryview(chunk).cast("B")
         if self.message is None:
+            if self._steps is not None:
+                raise RuntimeError("fed while the header is being validated in steps")
             view = self._start(view)
         self._fill(view)
+
+    @property
+    def stepping(self) -> bool:
+        """Whether the header is being validated in steps (see :meth:`step`)."""
+        return self._steps is not None
+
+    def step(self) -> bool:
+        """Validate the header one step further; True while steps remain. After the last, the
+        message stands as if its first chunk had just been fed whole.
+
+        Raises:
+            DecodeError: a bad header; MessageLimitError: its declared buffers exceed a limit.
+        """
+        assert self._steps is not None, "no header is being validated in steps"
+        try:
+            next(self._steps)
+            return True
+        except StopIteration as done:
+            self.message = done.value
+        except BaseException:
+            self._steps = None  # a bad header: nothing more to step
+            raise
+        self._steps = None
+        rest, self._rest = self._rest, memoryview(b"")
+        self._fill(self._begin(rest))
+        return False
 
     def _start(self, view: memoryview) -> memoryview:
         if len(view) < _LEN.size:
@@ -133,13 +163,23 @@ class MessageDecoder(Generic[M]):
         if len(view) < _LEN.size + length:
             raise DecodeError("the header must arrive whole in the first fragment")
         header = view[_LEN.size : _LEN.size + length]
+        rest = view[_LEN.size + length :]
+        if self._stepwise_over is not None and length > self._stepwise_over:
+            self._steps = validate_stepwise(self._adapter, header)
+            self._rest = memoryview(bytes(rest))  # the chunk may be the caller's buffer
+            return rest[len(rest) :]
         try:
             self.message = self._adapter.validate_json(bytes(header))
         except ValidationError as exc:
-            raise DecodeError(f"invalid message: {_describe(exc)}") from None
+            raise DecodeError(f"invalid message: {describe(exc)}") from None
+        return self._begin(rest)
+
+    def _begin(self, rest: memoryview) -> memoryview:
+        """Check the validated message's buffers against the limits and make room for them;
+        what of ``rest`` (the first chunk's bytes after the header) is left to fill them."""
+        assert self.message is not None
         self._sizes = tuple(getattr(self.message, "buffer_sizes", tuple)())
         self._check_limits(self.message)
-        rest = view[_LEN.size + length :]
         if len(rest) == sum(self._sizes):  # the whole message in one chunk: zero-copy views
             self._buffers = []
             start = 0

@@ -49,6 +49,7 @@ class ErrorCode(StrEnum):
     SEND_TIMEOUT = "send_timeout"  # the client did not take a reply in time
     ORIGIN_REFUSED = "origin_refused"  # handshake: a browser Origin that is not allowed
     UNKNOWN_GRAPH = "unknown_graph"  # run_graph names a graph the session has not registered
+    SHUTTING_DOWN = "shutting_down"  # the server drains: no new session; past its grace, cut off
 
 
 class ErrorInfo(BaseModel):

@@ -15,8 +15,11 @@ payloads are received straight into their arrays and sent from them.
 
 Plain HTTP requests on the same port get ``/healthz`` and ``/metrics`` (``server.endpoints``)
 from websockets' ``process_request`` hook, before any upgrade. Drain (``Server.drain``, on
-SIGTERM): upgrades get 503, each session keeps a count of messages received but not yet
-answered and is closed (1001) when that count is zero; past the grace, the rest are closed.
+SIGTERM): upgrades get 503 ``shutting_down`` (a JSON error, as the gate's refusals), each
+session keeps a count of messages received but not yet answered and is closed (1001,
+``shutting_down: ...``) when that count is zero; past the grace, the rest are closed: a session
+whose op was running in a worker thread with the code ``shutting_down`` too, one that does not
+read by cutting its connection.
 
 Guards (README, "Security"): the Origin, the token and the connection count are checked on the
 HTTP upgrade by :class:`server.guard.Gate`, before a session exists; the guards of a live
@@ -25,6 +28,7 @@ session (sizes, quota, deadline, send and idle timeouts) are ``server.connection
 
 from __future__ import annotations
 
+import http
 import logging
 import secrets
 
@@ -35,12 +39,15 @@ from websockets.asyncio.server import ServerConnection
 from websockets.asyncio.server import serve as ws_serve
 from websockets.http11 import Request, Response
 
+from protocol import ErrorCode
+
 from . import endpoints
 from .allocator import give_back_freed_memory, keep_freed_memory
 from .budget import MemoryBudget
 from .config import ServerConfig, validate_host_device, validate_security
 from .connection import Connections
-from .guard import Gate, tls_context
+from .errors import GOING_AWAY
+from .guard import Gate, refusal, tls_context
 from .logs import fields
 from .metrics import Metrics
 from .session import Session
@@ -198,11 +205,17 @@ class Server:
         on with the websocket handshake)."""
         with_metrics = self.config.metrics_port is None
         answer = self._endpoints.answer(request, draining=self.draining, with_metrics=with_metrics)
-        if answer is None and self.draining:
+        if answer is None and self.draining:  # a refusal like the gate's: the client types it
             self._connections.refused("draining", ws, "server is shutting down")
-            return endpoints.plain(503, "server is shutting down")
-        if answer is None and (refusal := self._gate(ws, request)) is not None:
-            limit, response = refusal
+            return refusal(
+                ws,
+                http.HTTPStatus.SERVICE_UNAVAILABLE,
+                ErrorCode.SHUTTING_DOWN,
+                "the server is shutting down: it takes no new session; connect to another "
+                "server, or retry once it is back",
+            )
+        if answer is None and (refused := self._gate(ws, request)) is not None:
+            limit, response = refused
             self._connections.refused(limit, ws, response.body.decode(errors="replace"))
             return response
         return answer
@@ -225,7 +238,7 @@ class Server:
                 async with anyio.create_task_group() as tg:
                     for live in list(self._live.values()):
                         if live.idle():
-                            tg.start_soon(live.ws.close, 1001, "server shutting down")
+                            tg.start_soon(live.ws.close, 1001, GOING_AWAY)
                 await self._connections.all_closed()
             reason = "grace" if scope.cancelled_caught else reason
         finally:

@@ -13,7 +13,21 @@ page, which costs more than receiving the bytes (``bench/README.md``). An array 
 again only when nothing but the budget refers to it (:func:`protocol.reuse.unused`: a read
 reply still being sent holds a view), and never without reference counts (PyPy).
 
-Threads: shared by every session, on the event loop and in worker threads, so it locks.
+Overhead: what the process spends to keep each tensor and failure record beyond its array's
+bytes (its id, record, array header) is counted too, in ``overhead`` (each session's
+:class:`Bookkeeping` charges it, a granule at a time), against the same limit but apart from
+``used``, which stays the tensor bytes that clients see (``server_tensor_bytes``). Without it
+the number of tensors was unbounded: 2.4M empty tensors took 1.7 GiB that no count saw.
+
+Upload holds: the buffer of an upload is counted from the moment the decoder allocates it
+(:meth:`MemoryBudget.hold`) until the op that stores it takes its bytes over
+(:meth:`MemoryBudget.take`) or the buffer is dropped (a finalizer gives them back). Checking
+queued uploads only against what was free, without holding it, let eight queued 120 MiB uploads
+of one session all be allocated under a 128 MiB quota.
+
+Threads: shared by every session, on the event loop and in worker threads, so it locks. The
+lock is reentrant: a hold's finalizer runs wherever its buffer dies, which may be inside a
+locked section of the same thread (a garbage collection there).
 """
 
 from __future__ import annotations
@@ -36,6 +50,63 @@ SPARE_MIN = 1 << 20  # smaller freed arrays are not kept: malloc reuses its own 
 SPARE_TTL = 10.0  # seconds a spare array is kept unused
 
 Spare = collections.deque[Pooled[np.ndarray[Any, Any]]]  # stamped when freed, oldest first
+GRANULE = 1 << 15  # bookkeeping bytes a session charges the budget at a time (Bookkeeping)
+
+
+class Holds:
+    """One session's upload buffers whose bytes the budget holds (:meth:`MemoryBudget.hold`):
+    their sum, counted in the session's quota, and each one's size and finalizer, by ``id``
+    of the buffer. Changed only under the budget's lock."""
+
+    __slots__ = ("nbytes", "by_buffer")
+
+    def __init__(self) -> None:
+        self.nbytes = 0
+        self.by_buffer: dict[int, tuple[int, weakref.finalize[Any, Any]]] = {}
+
+
+class Bookkeeping:
+    """One session's bookkeeping bytes (what its tensors' and failure records' entries cost,
+    ``server/store.py``): counted exactly in ``nbytes``, bounded by ``limit``, and charged to
+    ``budget`` (:meth:`MemoryBudget.charge`) a granule at a time, so its lock is taken once in
+    some 50 entries and not twice per op; up to two granules more than ``nbytes`` are charged.
+    Changed by one thread at a time, as its store."""
+
+    __slots__ = ("budget", "limit", "nbytes", "_charged", "_granule")
+
+    def __init__(self, budget: MemoryBudget, limit: int) -> None:
+        self.budget, self.limit = budget, limit
+        self.nbytes = self._charged = 0
+        self._granule = max(1, min(GRANULE, budget.limit >> 8))
+
+    def add(self, nbytes: int, headroom: int | None = None) -> bool:
+        """Count ``nbytes`` more; False, and nothing counted, if the budget refuses them
+        (``headroom``: as :meth:`MemoryBudget.charge` takes it; None: always counted)."""
+        need = self.nbytes + nbytes - self._charged
+        if need > 0:
+            more = -(-need // self._granule) * self._granule
+            if not self.budget.charge(more, headroom):
+                return False
+            self._charged += more
+        self.nbytes += nbytes
+        return True
+
+    def remove(self, nbytes: int) -> None:
+        """Count ``nbytes`` fewer (given back to the budget a granule at a time)."""
+        self.nbytes -= nbytes
+        granule = self._granule
+        if not self.nbytes:  # none left: all of it back
+            self.budget.discharge(self._charged)
+            self._charged = 0
+        elif self._charged - self.nbytes > 2 * granule:  # keep one granule charged
+            spare = (self._charged - self.nbytes) // granule * granule - granule
+            self.budget.discharge(spare)
+            self._charged -= spare
+
+    def close(self) -> None:
+        """Give everything back."""
+        self.budget.discharge(self._charged)
+        self.nbytes = self._charged = 0
 
 
 class MemoryBudget:
@@ -46,6 +117,10 @@ class MemoryBudget:
     ``clock``) is counted against ``limit`` too: ``used + spare_bytes <= limit`` always holds,
     because a reservation that does not fit drops spare arrays first (oldest first) and is
     refused only if it still does not fit.
+
+    ``overhead`` (bytes of the tensors' and failure records' bookkeeping, :meth:`charge`)
+    counts against ``limit`` as well: ``used + overhead + spare_bytes <= limit`` holds, but
+    for what :meth:`charge` forces past it.
 
     Thread-safe. ``sessions`` counts open sessions (for stats).
     """
@@ -59,6 +134,7 @@ class MemoryBudget:
     ) -> None:
         self.limit = limit
         self.used = 0
+        self.overhead = 0  # bookkeeping bytes of stored entries (charge, discharge)
         self.sessions = 0
         self.spare_limit = min(spare, limit) if REFCOUNTED else 0
         self.spare_ttl = spare_ttl
@@ -69,29 +145,102 @@ class MemoryBudget:
             weakref.WeakValueDictionary()
         )
         self._clock = clock
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # reentrant: see the module docstring
         self.reservations = 0  # bumped without the lock: read only to see whether it moved
 
     def reserve(self, nbytes: int) -> None:
         """Raises :class:`StoreError` (``server_memory_exhausted``) when ``nbytes`` do not fit."""
         self.reservations += 1  # every op reserves: how the server tells that it is idle
         with self._lock:
-            if self.used + nbytes > self.limit:
+            if self.used + self.overhead + nbytes > self.limit:
+                fits = self.used + nbytes <= self.limit  # but for the records: say so
+                records = f" and {self.overhead} by tensors' records" if fits else ""
                 raise StoreError(
                     ErrorCode.SERVER_MEMORY_EXHAUSTED,
                     f"the server's memory budget is full ({self.used} of {self.limit} bytes in "
-                    f"use, {nbytes} more needed); retry after tensors are freed, or raise "
-                    "--memory-budget",
+                    f"use{records}, {nbytes} more needed); retry after tensors are freed, or "
+                    "raise --memory-budget",
                 )
             self.used += nbytes
-            self._drop_spare(self.used + self.spare_bytes - self.limit, None)
+            self._drop_spare(self.used + self.overhead + self.spare_bytes - self.limit, None)
 
     def release(self, nbytes: int) -> None:
         with self._lock:
             self.used -= nbytes
 
     def free_bytes(self) -> int:
-        return self.limit - self.used
+        return self.limit - self.used - self.overhead
+
+    def charge(self, nbytes: int, headroom: int | None = None) -> bool:
+        """Count ``nbytes`` of bookkeeping (``overhead``). With ``headroom``, only if they fit
+        under the limit plus ``headroom``: False, and nothing counted, if not; without, always
+        (a record that must be kept)."""
+        with self._lock:
+            total = self.used + self.overhead + nbytes
+            if headroom is not None and total > self.limit + headroom:
+                return False
+            self.overhead += nbytes
+            self._drop_spare(total + self.spare_bytes - self.limit, None)
+            return True
+
+    def discharge(self, nbytes: int) -> None:
+        """Give back bookkeeping bytes that :meth:`charge` counted."""
+        with self._lock:
+            self.overhead -= nbytes
+
+    def hold(self, nbytes: int, holds: Holds) -> np.ndarray[Any, np.dtype[np.uint8]]:
+        """Reserve ``nbytes`` and allocate an upload's buffer of that size (:meth:`allocate`),
+        held for ``holds`` until :meth:`take` or until the buffer is dropped, which gives them
+        back.
+
+        Raises:
+            StoreError: ``server_memory_exhausted``, the budget or the process has no room.
+        """
+        self.reserve(nbytes)
+        try:
+            buffer = self.allocate(nbytes, reserved=True)
+        except MemoryError:
+            self.release(nbytes)
+            raise StoreError(
+                ErrorCode.SERVER_MEMORY_EXHAUSTED, f"no memory for an upload of {nbytes} bytes"
+            ) from None
+        with self._lock:
+            holds.nbytes += nbytes
+            key = id(buffer)
+            finalizer = weakref.finalize(buffer, self._unhold, holds, key, nbytes)
+            finalizer.atexit = False  # nothing to give back when the process ends
+            holds.by_buffer[key] = (nbytes, finalizer)
+        return buffer
+
+    def take(self, buffer: object, nbytes: int, holds: Holds) -> bool:
+        """Whether the ``nbytes`` held for ``buffer`` (an array :meth:`hold` made) were taken
+        off ``holds``: they stay in ``used``, now the caller's reservation. False (nothing
+        changes) for another object, another size, or bytes already given back."""
+        with self._lock:
+            held = holds.by_buffer.get(id(buffer))
+            if held is None or held[0] != nbytes or held[1].detach() is None:
+                return False  # detach() is None: the finalizer runs (or ran) already
+            del holds.by_buffer[id(buffer)]
+            holds.nbytes -= nbytes
+            return True
+
+    def release_holds(self, holds: Holds) -> None:
+        """Give back every byte ``holds`` still holds (its session closed): a buffer's death
+        may come much later, when the garbage collector breaks the cycle that a connection's
+        objects make, and the budget must not wait for it."""
+        with self._lock:
+            for nbytes, finalizer in holds.by_buffer.values():
+                if finalizer.detach() is not None:
+                    holds.nbytes -= nbytes
+                    self.used -= nbytes
+            holds.by_buffer.clear()
+
+    def _unhold(self, holds: Holds, key: int, nbytes: int) -> None:
+        """A held buffer died before an op took its bytes: give them back."""
+        with self._lock:
+            holds.by_buffer.pop(key, None)
+            holds.nbytes -= nbytes
+            self.used -= nbytes
 
     def release_root(self, root: np.ndarray[Any, Any]) -> None:
         """Give back the bytes of ``root``, a freed tensor's memory, and keep the array as
@@ -112,17 +261,21 @@ class MemoryBudget:
                 self._spare.append(Pooled(root, self._clock()))
                 self.spare_bytes += nbytes
 
-    def allocate(self, nbytes: int) -> np.ndarray[Any, np.dtype[np.uint8]]:
+    def allocate(self, nbytes: int, reserved: bool = False) -> np.ndarray[Any, np.dtype[np.uint8]]:
         """``nbytes`` of flat memory for an upload: a spare array of that size, else a fresh
         one (spare arrays are dropped first, as far as needed to fit it under the limit). The
-        bytes are not counted here: the upload's op reserves them. The contents are stale: the
-        caller must write every byte before anyone reads them (the decoder does)."""
+        bytes are not counted here (``reserved``: the caller reserved them already, as
+        :meth:`hold` does). The contents are stale: the caller must write every byte before
+        anyone reads them (the decoder does)."""
         if nbytes < SPARE_MIN or not self.spare_limit:
             return np.empty(nbytes, dtype=np.uint8)
         with self._lock:
             spare = self._take_spare(nbytes)
             if spare is None:
-                self._drop_spare(self.used + self.spare_bytes + nbytes - self.limit, None)
+                more = 0 if reserved else nbytes
+                self._drop_spare(
+                    self.used + self.overhead + self.spare_bytes + more - self.limit, None
+                )
         if spare is None:
             spare = np.empty(nbytes, dtype=np.uint8)
             with self._lock:

@@ -31,6 +31,11 @@ from protocol.codec import MAX_BUFFERS
 ENV_PREFIX = "TENSOR_SERVER_"
 CGROUP_MEMORY_MAX = Path("/sys/fs/cgroup/memory.max")  # cgroup v2: the container's memory limit
 AUTO_BUDGET_FRACTION = 0.75  # of the container's limit; the rest is Python, buffers, replies
+# Element operations one op may cost (``executor.cost``, about a nanosecond each here): the
+# default of ``--max-op-cost``. 2**35 is about 34 s of numpy's work on the measured 2-core VM;
+# it passes a 4096x4096 float32 matmul 8 times over, a 6000x6000 float64 one, and a reduction
+# over 2**34 elements, and refuses a 3e10-multiply-add int64 matmul (about 43 s).
+MAX_OP_COST = 2**35
 
 
 class UnsupportedDeviceError(ValueError):
@@ -84,6 +89,18 @@ def _origins(value: object) -> object:
 Size = Annotated[Annotated[int, Field(ge=0)], BeforeValidator(_size)]
 
 
+def _token(value: object) -> object:
+    """A token without its surrounding whitespace, as a token file's and as the server reads a
+    presented one (so ``--token " t "`` is reachable); refused when nothing is left, since an
+    empty ``Authorization: Bearer`` would then open a session. ``None`` passes (no token)."""
+    if not isinstance(value, str):
+        return value
+    token = value.strip()
+    if not token:
+        raise ValueError("the token is empty or only whitespace: give a token, or none at all")
+    return token
+
+
 def _budget(value: object) -> object:
     """``auto`` -> a fraction of the cgroup memory limit (None without one); ``3GiB`` -> int."""
     if isinstance(value, str) and value.strip().lower() == "auto":
@@ -120,7 +137,11 @@ class ServerConfig(BaseSettings):
     port: Annotated[int, Field(ge=0, le=65535)] = Field(
         default=8765, description="port to bind; 0 picks a free one"
     )
-    token: str | None = Field(default=None, description="token clients must present")
+    token: Annotated[str | None, BeforeValidator(_token)] = Field(
+        default=None,
+        description="token clients must present; surrounding whitespace is ignored, and an "
+        "empty one is refused",
+    )
     token_file: Path | None = Field(
         default=None,
         description="read the token from this file (a docker/compose secret); "
@@ -194,6 +215,12 @@ class ServerConfig(BaseSettings):
     max_op_bytes: Size = Field(
         default=2 * 2**30, description="largest output of one op, in bytes, checked before numpy"
     )
+    max_op_cost: Annotated[int, Field(ge=1)] = Field(
+        default=MAX_OP_COST,
+        description="most work one op may cost, in element operations (about a nanosecond of "
+        "numpy each), estimated and checked before numpy runs: sorts, FFTs, matmuls and "
+        "linalg count their real work, not only their output's size",
+    )
     max_ndim: Annotated[int, Field(ge=0, le=64)] = Field(
         default=64, description="most dimensions of any tensor"
     )
@@ -213,7 +240,7 @@ class ServerConfig(BaseSettings):
     op_deadline: Annotated[float, Field(gt=0)] = Field(
         default=600.0,
         description="seconds one op may run; past it the session is closed (numpy is not "
-        "interrupted: its result is discarded)",
+        "interrupted: its result is discarded when it returns, which --max-op-cost bounds)",
     )
     metrics_port: Annotated[int, Field(ge=0, le=65535)] | None = Field(
         default=None,

@@ -61,11 +61,12 @@ from protocol.messages import Message
 from .answering import Answering
 from .budget import MemoryBudget
 from .config import ServerConfig
-from .errors import Drop
+from .errors import GOING_AWAY, Drop
 from .limits import Limits
 from .logs import fields
 from .metrics import REFUSAL_LIMIT, Metrics
 from .outcome import Job
+from .receiving import STEPWISE_HEADER
 from .session import Session
 from .store import TensorStore
 from .websockets_adapter import when_lost
@@ -77,10 +78,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("tensorwire.server")
 
+REPLIES_PER_TURN = 64  # replies sent before other connections have a turn (~1-2 ms of them)
 _DROP_LIMIT = {  # refusals_total label of each reason a session is dropped
     ErrorCode.IDLE_TIMEOUT: "idle",
     ErrorCode.SEND_TIMEOUT: "send_timeout",
     ErrorCode.DEADLINE_EXCEEDED: "deadline",
+    ErrorCode.SHUTTING_DOWN: "shutdown",
 }
 
 
@@ -130,6 +133,7 @@ class Connections:
             max_ndim=config.max_ndim,
             max_graphs=config.max_graphs,
             max_graph_bytes=config.max_graph_bytes,
+            max_op_cost=config.max_op_cost,
         )
         self._all_closed: anyio.Event | None = None  # set when the last session leaves
 
@@ -160,7 +164,7 @@ class Connections:
                 session = await self._handshake(ws)
         except TimeoutError:
             self.refused("handshake_timeout", ws, "no hello in time")
-            await ws.close(1008, f"{ErrorCode.IDLE_TIMEOUT}: no hello within {timeout} s")
+            await ws.close_silent(1008, f"{ErrorCode.IDLE_TIMEOUT}: no hello within {timeout} s")
             return
         except ConnectionClosed:
             return  # the peer left before its hello
@@ -175,7 +179,7 @@ class Connections:
         )
         try:
             if self._draining():
-                await ws.close(1001, "server shutting down")
+                await ws.close(1001, GOING_AWAY)
             await self._run(live)
         except ConnectionClosed:
             pass  # the peer went away, or was cut off, while a reply was being sent
@@ -234,7 +238,8 @@ class Connections:
             max_buffer_bytes=config.max_message_size,
             check=lambda m: session.check_upload(m) if isinstance(m, Batch) else None,
             max_buffers=config.max_buffers,
-            allocate=self._budget.allocate,
+            allocate=session.store.hold_upload,  # counted from allocation (server/budget.py)
+            stepwise_over=STEPWISE_HEADER,  # a longer header: validated in slices of the loop
         )
 
     def _check_hello(self, hello: Hello) -> ErrorInfo | None:
@@ -292,7 +297,7 @@ class Connections:
             if drop.code is ErrorCode.SEND_TIMEOUT or ws.write_paused:
                 ws.abort()  # the client does not read: a close frame would not pass
             else:
-                await ws.close(1008, drop.reason)
+                await ws.close(drop.close_code, drop.reason)
         finally:
             self._answering.detach(ws)
 
@@ -335,8 +340,10 @@ class Connections:
             await self._off_loop(live, job)
         if session.closed:
             raise Drop(ErrorCode.INTERNAL, "a worker step failed; see the server log")
-        for reply, buffers in session.finish(job):
+        for n, (reply, buffers) in enumerate(session.replies(job), 1):
             await self._send(ws, reply, tuple(buffers))
+            if not n % REPLIES_PER_TURN:  # a turn of the loop for others (100k replies: 3 s)
+                await anyio.lowlevel.checkpoint()
         reads = sum(isinstance(r, Read) for r in item.message.requests)
         self._metrics.read_done(reads, time.perf_counter() - item.at)
 
@@ -379,7 +386,7 @@ class Connections:
         it sent waits."""
         live.in_flight -= 1
         if self._draining() and live.idle():
-            await live.ws.close(1001, "server shutting down")
+            await live.ws.close(1001, GOING_AWAY)
 
 
 def peer(ws: ServerConnection) -> str:

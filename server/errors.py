@@ -37,10 +37,15 @@ class StoreError(ServerError):
 
 
 class Drop(ServerError):
-    """End this session and close its connection; ``reason`` starts with the ErrorCode (it is
-    the websocket close reason, at most 123 bytes)."""
+    """End this session and close its connection with ``close_code`` (1008, policy violation,
+    unless the server is going away: 1001); ``reason`` starts with the ErrorCode (it is the
+    websocket close reason, at most 123 bytes)."""
 
-    def __init__(self, code: ErrorCode, message: str) -> None:
+    def __init__(self, code: ErrorCode, message: str, close_code: int = 1008) -> None:
         super().__init__(f"{code}: {message}"[:120])
         self.code = code
         self.reason = str(self)
+        self.close_code = close_code
+
+
+GOING_AWAY = f"{ErrorCode.SHUTTING_DOWN}: the server is shutting down"  # a drain's close reason

@@ -148,8 +148,11 @@ class FastPath:
             return None
         if UNKNOWN in meta.shape:
             return None
+        work = executor.cost(op, meta, args)
+        if work > self._limits.max_op_cost:
+            return None  # the general path refuses it (limit_exceeded)
         if len(self._rules) >= RULES_CACHED:
             self._rules.clear()
-        entry = (meta, nbytes, executor.cost(op, meta, args), to_numpy(meta.dtype))
+        entry = (meta, nbytes, work, to_numpy(meta.dtype))
         self._rules[key] = entry
         return entry

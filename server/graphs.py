@@ -2,11 +2,12 @@
 
 Registration (:meth:`Graphs.register`, from ``Session.start``, before the batch's ops): the
 graph is checked once, as its ops would be (:func:`~protocol.graphs.check_graph`:
-``invalid_op``; the per-op caps on each op's outputs and on the graph's outputs together:
-``limit_exceeded``), then against the session's bounds (``Limits.max_graphs`` graphs,
-``Limits.max_graph_bytes`` of constants: ``limit_exceeded``); its constants' bytes are reserved
-in the store (``quota_exceeded``, ``server_memory_exhausted``) until it is dropped or the
-session closes, and copied out of the message into read-only arrays. A registration that fails
+``invalid_op``; the per-op caps on each op's outputs and on the graph's outputs together,
+and on each op's work (``--max-op-cost``): ``limit_exceeded``), then against the session's
+bounds (``Limits.max_graphs`` graphs, ``Limits.max_graph_bytes`` of constants:
+``limit_exceeded``); its constants' bytes are reserved in the store (``quota_exceeded``,
+``server_memory_exhausted``) until it is dropped or the session closes, and copied out of the
+message into read-only arrays. A registration that fails
 is remembered with its error (the :data:`FAILURES_KEPT` newest), and every ``run_graph`` of it
 fails with that error, as an op fails. A graph id in use refuses the new registration and
 leaves the graph alone (the error is answered on its own, as for a taken tensor id).
@@ -42,7 +43,7 @@ from protocol.ops import RunGraph
 
 from .errors import StoreError
 from .executor.base import Array
-from .limits import output_bytes
+from .limits import check_cost, output_bytes
 from .logs import fields
 from .outcome import Job, Outcomes
 from .plans import Plan, ReplayError, build_plan, constant_array, replay
@@ -142,6 +143,7 @@ class Graphs:
                 for c, b in zip(graph.constants, data, strict=True)
             ]
             plan = build_plan(graph, check, constants, constant_bytes, nbytes)
+            check_cost(plan.largest_step, limits)  # each op, as if it came alone
         except BaseException:
             self._store.cancel(nbytes)
             raise

@@ -6,10 +6,14 @@ upgraded and before any session exists (protocol/README.md, "Upgrade"). A refusa
 HTTP response whose body is one JSON :class:`~protocol.ErrorInfo`, so a client can raise a
 typed error instead of guessing from a status code:
 
-- a browser ``Origin`` header that is not allowed: 403 ``origin_refused``;
-- a missing or wrong ``Authorization: Bearer TOKEN``: 401 ``auth_failed`` (compared in
-  constant time with :func:`hmac.compare_digest`);
-- the connection limit reached: 503 ``too_many_connections``.
+- a browser ``Origin`` header that is not allowed, or more than one: 403 ``origin_refused``;
+- a missing, wrong or repeated ``Authorization: Bearer TOKEN``: 401 ``auth_failed`` (compared
+  in constant time with :func:`hmac.compare_digest`);
+- the connection limit reached: 503 ``too_many_connections``;
+- the server draining (``server.app``): 503 ``shutting_down``.
+
+A header sent twice is refused, never an error: two values could disagree, and which one a
+proxy in front checked is unknown.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ def refusal(
     """An HTTP refusal whose body is the JSON of ``ErrorInfo(code, message)``."""
     body = ErrorInfo(code=code, message=message).model_dump_json()
     response = connection.respond(status, body)
+    del response.headers["Content-Type"]  # respond() set text/plain; setting would add a second
     response.headers["Content-Type"] = "application/json"
     if status is http.HTTPStatus.UNAUTHORIZED:
         response.headers["WWW-Authenticate"] = 'Bearer realm="tensorwire"'
@@ -40,11 +45,13 @@ def refusal(
 
 
 def token_matches(request: Request, expected: str) -> bool:
-    """True when the request carries ``Authorization: Bearer <expected>``, compared in constant
-    time. The one token check of the server (the upgrade and ``GET /metrics`` use it)."""
-    scheme, _, presented = request.headers.get("Authorization", "").partition(" ")
+    """True when the request carries one ``Authorization: Bearer <expected>`` header, compared
+    in constant time; never for an empty ``expected`` (the settings refuse one). The one token
+    check of the server (the upgrade and ``GET /metrics`` use it)."""
+    values = request.headers.get_all("Authorization")
+    scheme, _, presented = (values[0] if len(values) == 1 else "").partition(" ")
     matches = hmac.compare_digest(presented.strip().encode(), expected.encode())
-    return scheme.lower() == "bearer" and matches
+    return scheme.lower() == "bearer" and matches and bool(expected)
 
 
 class Gate:
@@ -63,22 +70,29 @@ class Gate:
         self, connection: ServerConnection, request: Request
     ) -> tuple[str, Response] | None:
         config = self._config
-        origin = request.headers.get("Origin")
-        if origin is not None and origin not in config.allowed_origins:
+        origins = request.headers.get_all("Origin")
+        if len(origins) > 1:
             return "origin", refusal(
                 connection,
                 http.HTTPStatus.FORBIDDEN,
                 ErrorCode.ORIGIN_REFUSED,
-                f"Origin {origin!r} is not allowed; start the server with "
-                f"--allowed-origins {origin}",
+                f"{len(origins)} Origin headers; a request may carry one",
+            )
+        if origins and origins[0] not in config.allowed_origins:
+            return "origin", refusal(
+                connection,
+                http.HTTPStatus.FORBIDDEN,
+                ErrorCode.ORIGIN_REFUSED,
+                f"Origin {origins[0]!r} is not allowed; start the server with "
+                f"--allowed-origins {origins[0]}",
             )
         if config.token is not None and not token_matches(request, config.token):
             return "auth", refusal(
                 connection,
                 http.HTTPStatus.UNAUTHORIZED,
                 ErrorCode.AUTH_FAILED,
-                "missing or wrong token: pass RemoteDevice(url, token=...) or set "
-                "TENSOR_SERVER_TOKEN",
+                "missing, wrong or repeated token: pass RemoteDevice(url, token=...) or set "
+                "TENSOR_SERVER_TOKEN (one Authorization header)",
             )
         if self._open_connections() >= config.max_connections:
             return "connections", refusal(

@@ -75,6 +75,20 @@ def received(decoder: Decoder, error: DecodeError | None, nbytes: int) -> Receiv
     return Received(message, buffers, nbytes=nbytes)
 
 
+def step_header(message: MessageBeingRead, until: float) -> bool:
+    """Validate ``message``'s header in steps (``MessageDecoder.step``) until it is done (True)
+    or ``time.monotonic()`` reaches ``until`` (False: call again later). A refused header
+    becomes ``message.error`` (the rest of the message is drained)."""
+    assert message.decoder is not None  # only a decoder steps
+    try:
+        while message.decoder.step():
+            if time.monotonic() >= until:
+                return False
+    except DecodeError as exc:
+        message.error = exc
+    return True
+
+
 def unmask_into(decoder: Decoder, data: memoryview, mask: bytes, pos: int) -> None:
     """Unmask ``data`` (a frame's payload from byte ``pos`` on, masked with ``mask``) into
     ``decoder``: copied once into the room it offers and unmasked there, else fed as a fresh
@@ -95,4 +109,12 @@ def unmask_into(decoder: Decoder, data: memoryview, mask: bytes, pos: int) -> No
         data, pos = data[n:], pos + n
 
 
-__all__ = ["Decoder", "FrameBeingRead", "MessageBeingRead", "Received", "received", "unmask_into"]
+__all__ = [
+    "Decoder",
+    "FrameBeingRead",
+    "MessageBeingRead",
+    "Received",
+    "received",
+    "step_header",
+    "unmask_into",
+]

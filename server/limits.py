@@ -1,5 +1,6 @@
-"""Per-op caps, checked on an op's inferred outputs before numpy runs (ARCHITECTURE.md,
-invariants 4 and 8), and a session's bounds on the graphs it registers (``server/graphs.py``)."""
+"""Per-op caps, checked on an op's inferred outputs and on the work numpy would do for it
+(:func:`check_cost`) before numpy runs (ARCHITECTURE.md, invariants 4 and 8), and a session's
+bounds on the graphs it registers (``server/graphs.py``)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from dataclasses import dataclass
 from protocol import DTYPES, ErrorCode, TensorMeta, to_numpy
 from protocol.ops import UNKNOWN, numel
 
+from .config import MAX_OP_COST
 from .errors import StoreError
 
 _ITEMSIZE = {name: to_numpy(name).itemsize for name in DTYPES}
@@ -16,13 +18,15 @@ _ITEMSIZE = {name: to_numpy(name).itemsize for name in DTYPES}
 
 @dataclass(frozen=True)
 class Limits:
-    """Per-op caps checked on the inferred output before numpy runs, and the bounds on one
-    session's registered graphs: how many, and their constants' bytes."""
+    """Per-op caps checked on the inferred output before numpy runs (its bytes, its dimensions,
+    and the work numpy would do for it), and the bounds on one session's registered graphs: how
+    many, and their constants' bytes."""
 
     max_op_bytes: int = 2**63
     max_ndim: int = 64
     max_graphs: int = 64
     max_graph_bytes: int = 256 * 2**20
+    max_op_cost: int = MAX_OP_COST
 
 
 def output_bytes(metas: Sequence[TensorMeta], limits: Limits) -> int:
@@ -55,3 +59,18 @@ def output_bytes(metas: Sequence[TensorMeta], limits: Limits) -> int:
             f"the output {shapes} needs {total} bytes; the per-op limit is {limits.max_op_bytes}",
         )
     return total
+
+
+def check_cost(work: int, limits: Limits) -> None:
+    """Refuse an op that would cost numpy ``work`` element operations (``executor.cost``) over
+    the per-op cap, before it runs: numpy cannot be interrupted once it has started.
+
+    Raises:
+        StoreError: ``limit_exceeded``.
+    """
+    if work > limits.max_op_cost:
+        raise StoreError(
+            ErrorCode.LIMIT_EXCEEDED,
+            f"the op would cost about {work:.3g} element operations; the per-op limit is "
+            f"{limits.max_op_cost:.3g} (--max-op-cost)",
+        )

@@ -10,7 +10,9 @@ and comes out as one of::
     {"ts": "2026-11-29T22:10:00.123Z", "level": "INFO", "event": "session opened", ...}
 
 This is the standard library's ``logging`` with two small formatters; a logging library would
-bring more than the forty lines it saves.
+bring more than the forty lines it saves. Events that anyone who can reach the port causes at
+will (refusals of the upgrade, websockets' and asyncio's own complaints about a peer) pass a
+:class:`Throttle`, so a flood of bad requests cannot flood the log.
 """
 
 from __future__ import annotations
@@ -19,9 +21,13 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Literal
 
 FIELDS = "tw_fields"  # the ``extra`` key that carries an event's fields
+THROTTLED_EVENTS = frozenset({"refused"})  # ours; every event of these loggers is throttled too
+THROTTLED_LOGGERS = ("websockets", "asyncio")
 
 
 def fields(**values: object) -> dict[str, dict[str, object]]:
@@ -68,10 +74,53 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(line, default=str)
 
 
+@dataclass
+class _Window:
+    start: float
+    passed: int = 0
+    dropped: int = 0
+
+
+class Throttle(logging.Filter):
+    """Passes at most ``burst`` lines of each throttled event per ``period`` seconds (an event
+    of ours named in :data:`THROTTLED_EVENTS`, by its ``limit`` field; any of the loggers in
+    :data:`THROTTLED_LOGGERS`, by message); the first line after a window that dropped some
+    carries ``suppressed=N``. Other events always pass. Keys are event names and limits, a
+    small fixed set, so the filter's memory is bounded."""
+
+    def __init__(
+        self, burst: int = 10, period: float = 1.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        super().__init__()
+        self._burst, self._period, self._clock = burst, period, clock
+        self._windows: dict[tuple[str, str, str], _Window] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        values: dict[str, Any] = getattr(record, FIELDS, {})
+        if isinstance(record.msg, str) and record.msg in THROTTLED_EVENTS:
+            key = (record.name, str(record.msg), str(values.get("limit", "")))
+        elif record.name.split(".")[0] in THROTTLED_LOGGERS:
+            key = (record.name, str(record.msg), "")
+        else:
+            return True
+        now = self._clock()
+        window = self._windows.get(key)
+        if window is None or now - window.start >= self._period:
+            if window is not None and window.dropped:
+                setattr(record, FIELDS, {**values, "suppressed": window.dropped})
+            window = self._windows[key] = _Window(now)
+        window.passed += 1
+        if window.passed > self._burst:
+            window.dropped += 1
+            return False
+        return True
+
+
 def configure(level: str, fmt: Literal["text", "json"]) -> None:
     """Send every ``tensorwire.*`` event at ``level`` or above to stderr, one line each."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    handler.addFilter(Throttle())
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,7 +53,11 @@ class Job:
     next: int = 0  # index of the next op to run
     errors: list[ErrorInfo] = field(default_factory=list)
     op_started: float | None = None  # time.monotonic() when the running op began
+    paused: bool = False  # Session.step stopped inline to give the loop a turn, not for a heavy op
     frees_after: dict[int, list[int]] = field(default_factory=dict)  # op index -> ids it frees
+    # the batch's frees (server/frees.py): to plan or apply before the next op, and once all ran
+    chores: Iterator[None] | None = None
+    ending: Iterator[None] | None = None
 
 
 class Outcomes:

@@ -73,6 +73,7 @@ class Plan:
     guarded: bool  # some op writes in place: inputs are made safe to write first
     steps: tuple[Step, ...]
     cost: int  # executor.cost of every op, summed
+    largest_step: int  # the most one op costs: a registration over --max-op-cost is refused
     scratch: int  # bytes reserved per replay: the peak of live bytes less inputs, constants
     held_bytes: int  # what the registration holds: its constants, OP_BYTES an op (graphs.py)
     op_counts: Counter[str]
@@ -135,8 +136,8 @@ def constant_array(shape: tuple[int, ...], dtype: Any, buffer: Buffer) -> Array:
 
 
 def _shaped(meta: TensorMeta) -> Array:
-    """An array of ``meta``'s shape that holds no memory, for ``executor.cost``."""
-    return np.broadcast_to(np.zeros((), dtype=np.uint8), meta.shape)
+    """An array of ``meta``'s shape and dtype that holds no memory, for ``executor.cost``."""
+    return np.broadcast_to(np.zeros((), dtype=to_numpy(meta.dtype)), meta.shape)
 
 
 def build_plan(
@@ -159,7 +160,7 @@ def build_plan(
             if out not in kept:
                 frees.setdefault(check.last_use.get(out, index), []).append(slot[out])
     steps: list[Step] = []
-    cost = 0
+    cost = largest_step = 0
     for index, (op, metas) in enumerate(zip(graph.ops, check.op_metas, strict=True)):
         reads = tuple(slot[i] for i in op.inputs())
         run = _IN_PLACE[type(op)] if op.inplace else executor.runner(op)
@@ -168,10 +169,9 @@ def build_plan(
         steps.append(Step(index, op, run, reads, writes, expect, tuple(frees.get(index, ()))))
         # At least MIN_STEP_COST a step: ops on empty arrays cost nothing to numpy but not to
         # the loop, and a long enough graph of them must not run on it.
-        cost += max(
-            MIN_STEP_COST,
-            executor.cost(op, metas[0], [_shaped(check.metas[i]) for i in op.inputs()]),
-        )
+        step_cost = executor.cost(op, metas[0], [_shaped(check.metas[i]) for i in op.inputs()])
+        largest_step = max(largest_step, step_cost)
+        cost += max(MIN_STEP_COST, step_cost)
     template: list[Array | None] = [None] * len(slot)
     for constant, array in zip(graph.constants, constants, strict=True):
         template[slot[constant.id]] = array
@@ -187,6 +187,7 @@ def build_plan(
         guarded=bool(targets),
         steps=tuple(steps),
         cost=cost,
+        largest_step=largest_step,
         scratch=max(0, check.peak_bytes - held),
         held_bytes=held_bytes,
         op_counts=check.op_counts,

@@ -6,13 +6,19 @@ all of a reply's frames go straight to the socket in gathered ``sendmsg`` calls 
 would make two sends per frame, and copy what the socket did not take); the rest goes through
 the transport, whose write buffer limit (``write_limit``) is the backpressure. A reply's send
 deadline is a loop timer made only while it waits (``AdaptedConnection.wait_writable``).
+
+A strided buffer (a read of a ``broadcast_to`` view, a slice, a transpose: the session hands
+the view, not a copy) is copied into each fragment only as that fragment is sent, so a reply
+holds at most one fragment beyond the transport's write limit, whatever the tensor's size.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
+
+import numpy as np
 
 from protocol.codec import to_frames
 from protocol.framing import Opcode, frame_header
@@ -21,6 +27,7 @@ from .websockets_adapter import AdaptedConnection
 
 SMALL_SEND = 1 << 18  # frames below this go out in one write, header and payload joined
 IOV_MAX = 1024  # buffers one sendmsg takes (Linux)
+FRAGMENT = 1 << 18  # bytes of a large message's fragments (as protocol.codec.to_frames cuts)
 
 
 class SendingConnection(AdaptedConnection):
@@ -42,12 +49,18 @@ class SendingConnection(AdaptedConnection):
                 connection is then in the middle of a message: the caller must drop it).
         """
         deadline = None if within is None else self.loop.time() + within
+        total = sum(memoryview(c).nbytes for c in chunks)
+        if total > FRAGMENT and any(map(_strided, chunks)):  # copied as it is sent
+            async with self._send_lock:
+                for header, payload in _fragments(chunks):
+                    await self._write(header, payload, 0, deadline)
+            return total
         headers, parts = _framed(chunks)
         async with self._send_lock:
             first, skip = self._send_now(headers, parts)
             for i in range(first, len(parts)):
                 await self._write(headers[i], parts[i], skip if i == first else 0, deadline)
-        return sum(memoryview(c).nbytes for c in chunks)
+        return total
 
     def can_send_now(self) -> bool:
         """Whether :meth:`send_message_now` may send: the connection is open and nothing is
@@ -116,7 +129,7 @@ class SendingConnection(AdaptedConnection):
     ) -> None:
         """Write one frame (less its first ``skip`` bytes, already sent) to the transport;
         wait while the transport is over its write limit."""
-        if not self.is_open:
+        if not self.is_open or self.is_dropped:  # a dead transport would log each write
             await self.raise_if_closing()
         self._write_to_transport(header, payload, skip)
         if self.write_paused:  # over the write limit: wait for the client to take bytes
@@ -133,9 +146,33 @@ class SendingConnection(AdaptedConnection):
             self.transport.write(payload)
 
 
+def _strided(chunk: bytes | memoryview) -> bool:
+    return isinstance(chunk, memoryview) and not chunk.c_contiguous
+
+
+def _fragments(chunks: Sequence[bytes | memoryview]) -> Iterator[tuple[bytes, bytes | memoryview]]:
+    """The frame header and payload of each fragment of one binary message, as
+    :func:`_framed` cuts it, a strided buffer's fragment copied only when it is taken."""
+    spans = [(c, at) for c in chunks[1:] for at in range(0, memoryview(c).nbytes, FRAGMENT)]
+    last = len(spans)
+    yield frame_header(Opcode.BINARY, not last, len(chunks[0])), chunks[0]
+    for i, (chunk, at) in enumerate(spans, 1):
+        view = memoryview(chunk)
+        if view.c_contiguous:
+            payload = view.cast("B")[at : at + FRAGMENT]
+        else:  # a fragment holds whole elements: every itemsize divides FRAGMENT
+            array = np.asarray(view)
+            size = array.itemsize
+            payload = array.flat[at // size : (at + FRAGMENT) // size].view(np.uint8).data
+        yield frame_header(Opcode.CONT, i == last, len(payload)), payload
+
+
 def _framed(chunks: Sequence[bytes | memoryview]) -> tuple[list[bytes], list[bytes | memoryview]]:
     """The frame headers and payloads of one binary message: one frame, or 256 KiB fragments
-    that a client receives in place (payloads are byte views: their len() is their bytes)."""
+    that a client receives in place (payloads are byte views: their len() is their bytes). A
+    strided buffer is copied whole here: a small one, or one sent with :meth:`send_message_now`
+    (small by its contract)."""
+    chunks = [c.tobytes() if _strided(c) else c for c in chunks]  # type: ignore[union-attr]
     frames = to_frames(chunks)
     parts: list[bytes | memoryview] = [frames] if isinstance(frames, bytes) else list(frames)
     last = len(parts) - 1

@@ -8,9 +8,9 @@ its dropped graphs dropped after its frees), and all settle each op's outcome th
 
 Theory of operation: the transport hands each decoded :class:`~protocol.Batch` to
 :meth:`Session.start`, then calls :meth:`Session.step` until it returns True — on the event loop
-with ``inline=True`` (cheap ops run at once, the call stops before the first heavy op), and in a
-worker thread with ``inline=False`` for the rest — then :meth:`Session.finish` applies the frees
-and answers the requests. Ops run strictly in submission order (ARCHITECTURE.md, invariant 6).
+with ``inline=True`` (cheap ops at once; it stops before the first heavy op, or pauses so that
+other sessions have the loop), then in a worker thread with ``inline=False`` for the rest; then
+:meth:`Session.finish` answers. Ops run strictly in submission order (ARCHITECTURE.md, invariant 6).
 A failed op stores a :class:`Failure` under its output id; ops that read a failed tensor
 inherit the failure unchanged, so a read names the op that really failed (ARCHITECTURE.md,
 invariant 5).
@@ -27,16 +27,19 @@ copied first. An in-place op (``setitem``) writes into its target's memory, so t
 share it see the write, as in numpy; the store first moves memory that a read reply still
 sends from, and only a read-only view is written into a counted copy
 (:meth:`TensorStore.prepare_write`).
+Work (:meth:`_over_cost`): an op whose estimated work (:func:`executor.cost`) is over
+``Limits.max_op_cost`` fails (``limit_exceeded``); one over :data:`INLINE_COST` runs in a thread.
 Deadline: :attr:`Job.op_started` is the monotonic time the running op began; the transport
 watches it and, past the deadline, closes the session (:meth:`close`): the op itself cannot be
-interrupted, so its result is discarded when numpy returns.
+interrupted, so its result is discarded when numpy returns, which the work cap bounds.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -57,22 +60,23 @@ from protocol import (
     StatsReply,
     SyncReply,
     TensorMeta,
-    byte_view,
 )
 from protocol.codec import Buffer
 from protocol.messages import Request
-from protocol.ops import AnyOp, RunGraph
+from protocol.ops import AnyOp, FromBuffer, RunGraph
 
-from . import executor
+from . import executor, frees
 from .errors import StoreError
 from .fastpath import FAST_OPS, FastPath
 from .graphs import Graphs
 from .limits import Limits as Limits
-from .limits import output_bytes
+from .limits import check_cost, output_bytes
 from .outcome import Job, Outcomes
-from .store import Failure, Stored, TensorStore
+from .store import Failure, Stored, TensorStore, sent_view
 
-INLINE_COST = 1 << 16  # element operations an op may cost and still run on the event loop
+INLINE_COST = 1 << 16  # executor.cost (about 1 ns each) that may run on the loop: ~65 us
+INLINE_SLICE = 0.002  # seconds step(inline=True) runs before it pauses (100k ops held it 1-4 s)
+FIRST_SLICE = 0.02  # a batch's first: a client's flush of 2048 cheap ops (~18 ms) runs whole
 
 Reply = tuple[
     ReadReply | SyncReply | StatsReply | DescribeReply | RequestFailed | SessionError,
@@ -133,29 +137,16 @@ class Session:
     ) -> Job:
         """A job for ``batch``; with ``rejected``, every op of it fails with that error.
 
-        Frees of tensors that no op of the batch uses are applied at once, and the others
-        right after the last op that uses them (:meth:`step`), as numpy frees a temporary: memory
-        freed and allocated in one batch counts against the quota only once, and the next
-        result reuses the block while it is still in the cache (a training step's batches,
-        replayed in one process: 24.0 ms a step with every free at the end, 21.1 with each at
-        its last use; ``bench/README.md``, "Training"). :meth:`finish` frees every id of the
-        batch again (frees are idempotent), so nothing outlives a batch that stopped early.
+        Its frees are planned and applied by :meth:`step` (``server/frees.py``: those of
+        tensors no op uses before the first op, the others right after their last use, and all
+        of them again once the ops ran), a part at a time.
         """
-        job = Job(batch, buffers, rejected)
+        job = Job(batch, executor.uploads_kept_apart(batch.ops, buffers), rejected)
         for request in batch.graphs:  # before the ops, which may run them
             self.graphs.register(request, buffers, job)
-        if not batch.frees:
-            return job
-        frees = set(batch.frees)
-        # An in-place op reads its target, so inputs() cover every use; a later index wins.
-        last_use = {tensor_id: index for index, op in enumerate(batch.ops)
-                    for tensor_id in op.inputs() if tensor_id in frees}  # fmt: skip
-        for tensor_id in frees:
-            last = last_use.get(tensor_id)
-            if last is None:
-                self.store.free(tensor_id)
-            else:
-                job.frees_after.setdefault(last, []).append(tensor_id)
+        if batch.frees:
+            job.chores = frees.planned(self.store, job)
+            job.ending = frees.freed_again(self.store, batch.frees)
         return job
 
     def check_upload(self, batch: Batch) -> None:
@@ -180,13 +171,25 @@ class Session:
 
     def step(self, job: Job, inline: bool) -> bool:
         """Run ops from ``job.next``. With ``inline``, stop before the first op whose cost
-        exceeds :data:`INLINE_COST`. Returns True when every op has run.
+        exceeds :data:`INLINE_COST`, or pause (``job.paused``: go on inline on a later turn of
+        the loop) once it ran for :data:`INLINE_SLICE` seconds (:data:`FIRST_SLICE` from a
+        batch's first op: pausing every client batch cost 8% of pipelined throughput). Returns
+        True when every op has run and the batch's frees are applied.
         """
         ops = job.batch.ops
+        first, job.paused = job.next, False
+        pause_at = (
+            time.monotonic() + (INLINE_SLICE if first else FIRST_SLICE) if inline else math.inf
+        )
+        if job.chores is not None and not frees.run_chores(job, pause_at):
+            return False
         with np.errstate(all="ignore"):  # once per step, for the fast path's numpy calls
             while job.next < len(ops) and not self.closed:
                 op = ops[job.next]
-                job.op_started = time.monotonic()
+                job.op_started = now = time.monotonic()
+                if now > pause_at and job.next > first:
+                    job.paused = True
+                    return False
                 if type(op) in FAST_OPS:
                     done = self._fast.run(op, job, inline)
                 elif isinstance(op, RunGraph):
@@ -201,6 +204,9 @@ class Session:
                     for tensor_id in job.frees_after.pop(job.next, ()):
                         self.store.free(tensor_id)  # its last use has run
                 job.next += 1
+        if job.ending is not None and not self.closed:
+            job.chores, job.ending = job.ending, None
+            return frees.run_chores(job, pause_at)
         return True
 
     def _general(self, op: AnyOp, job: Job, inline: bool) -> bool:
@@ -209,15 +215,40 @@ class Session:
         if checked is not None:
             args, metas, known = checked
             nbytes: int | None = known
-            if inline and executor.cost(op, metas[0], args) > INLINE_COST:
-                return False
-            resolved = executor.resolve(op, args, metas)  # O(inputs): bounded just above
+            settled = self._over_cost(op, metas, args, job, inline)
+            if settled is not None:
+                return settled
+            resolved = executor.resolve(op, args, metas)  # O(inputs): costed just above
             if resolved is not metas:
-                if inline and executor.cost(op, resolved[0], args) > INLINE_COST:
-                    return False
+                settled = self._over_cost(op, resolved, args, job, inline, resized=True)
+                if settled is not None:
+                    return settled
                 nbytes = None  # sized again from the resolved lengths
             self._execute(op, args, resolved, nbytes, job)
         return True
+
+    def _over_cost(
+        self,
+        op: AnyOp,
+        metas: tuple[TensorMeta, ...],
+        args: list[np.ndarray[Any, Any]],
+        job: Job,
+        inline: bool,
+        resized: bool = False,
+    ) -> bool | None:
+        """By its estimated work (:func:`executor.cost`): None, ``op`` may run now; True, it
+        failed, over the per-op cap (``limit_exceeded``: refused at once, even on the loop);
+        False, it is over :data:`INLINE_COST` and ``inline`` (a worker thread runs it).
+        ``resized``: lengths were resolved; the byte cap, whose message says more, goes first."""
+        work = executor.cost(op, metas[0], args)
+        try:
+            if resized:
+                output_bytes(metas, self.limits)
+            check_cost(work, self.limits)
+        except StoreError as exc:
+            self.outcomes.fail(op, exc.code, str(exc), job)
+            return True
+        return False if inline and work > INLINE_COST else None
 
     def _check(
         self, op: AnyOp, job: Job
@@ -268,7 +299,10 @@ class Session:
             if nbytes is None:
                 nbytes = output_bytes(metas, self.limits)
             reserved = 0 if in_place else nbytes
-            self.store.reserve(reserved)
+            if not isinstance(op, FromBuffer) or not self.store.take_upload(
+                job.buffers, op.buffer, reserved
+            ):  # an upload's buffer is counted since it was allocated: its op takes that over
+                self.store.reserve(reserved)
         except StoreError as exc:
             self.outcomes.fail(op, exc.code, str(exc), job)
             return
@@ -280,15 +314,18 @@ class Session:
         self.outcomes.keep(op, raw, metas, reserved, job, verified=True)
 
     def finish(self, job: Job) -> list[Reply]:
-        """Apply the batch's frees, drop its dropped graphs, then answer its requests in
-        order."""
-        for tensor_id in job.batch.frees:
-            self.store.free(tensor_id)
+        """Drop the batch's dropped graphs, then answer its requests in order (its frees were
+        applied by :meth:`step`); :meth:`replies` makes the same replies one at a time."""
+        return list(self.replies(job))
+
+    def replies(self, job: Job) -> Iterator[Reply]:
+        """:meth:`finish`'s replies, each made as it is taken (the caller may give the loop turns
+        between them: 100k read replies took 1.2 s), all taken before the session runs on."""
         for graph_id in job.batch.drop_graphs:
             self.graphs.drop(graph_id)
-        replies: list[Reply] = [(SessionError(error=e), ()) for e in job.errors]
-        replies.extend(self._answer(request) for request in job.batch.requests)
-        return replies
+        errors = [*job.errors, *self.store.take_unrecorded()]  # failures kept nowhere
+        yield from ((SessionError(error=e), ()) for e in errors)
+        yield from (self._answer(request) for request in job.batch.requests)
 
     def reply_bytes(self, batch: Batch) -> int:
         """The tensor bytes the replies to ``batch``'s reads will carry (as stored now)."""
@@ -340,14 +377,11 @@ class Session:
         value = self._stored(request)
         if not isinstance(value, Stored):
             return value
-        view = byte_view(value.array)
+        view = sent_view(value.array)  # not a copy: a strided view is copied as it is sent
         self.store.share(request.tensor, view)  # the reply's bytes are written later
-        reply = ReadReply(
-            request_id=request.request_id,
-            shape=value.meta.shape,
-            dtype=value.meta.dtype,
-            nbytes=view.nbytes,
-        )
+        meta = value.meta
+        reply = ReadReply(request_id=request.request_id, shape=meta.shape, dtype=meta.dtype,
+                          nbytes=view.nbytes)  # fmt: skip
         return reply, (view,)
 
     def close(self) -> None:

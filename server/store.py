@@ -11,6 +11,13 @@ server-wide budget (``server/budget.py``); the reservation becomes the new root,
 when the result is a view of a held root, or is cancelled if the op fails. When full, new work
 is refused (``quota_exceeded`` / ``server_memory_exhausted``); stored tensors are never dropped.
 
+Entries cost bookkeeping (``records``; RSS: 538 bytes an empty tensor, 822 a failure record),
+counted in the budget and bounded per session by the quota's size again, apart from tensor
+bytes (:meth:`TensorStore.entry_room`): an op needs room for its entry too. A failure record
+may use :data:`FAILURE_HEADROOM` more (invariant 5: its readers must learn the error); past
+that its outputs stay unknown ids, and :meth:`TensorStore.take_unrecorded` says so. An upload's
+buffer is counted from its allocation (:meth:`TensorStore.hold_upload`) until its op takes it.
+
 Views share memory, as in numpy (README, "Views"): an in-place op writes into its target's
 memory, so every tensor that views the same root sees the write. Two things must never see
 it, and :meth:`TensorStore.prepare_write` keeps them apart: a read reply whose bytes are not
@@ -32,15 +39,28 @@ shutdown) is discarded and its reservation given back.
 from __future__ import annotations
 
 import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from protocol import ErrorCode, ErrorInfo, TensorMeta
+from protocol import ErrorCode, ErrorInfo, MessageLimitError, TensorMeta, byte_view
 
-from .budget import MemoryBudget
+from .budget import Bookkeeping, Holds, MemoryBudget
 from .errors import StoreError
+
+ENTRY_BYTES = 640  # a stored tensor's bookkeeping: its id, record, array header and root
+FAILURE_BYTES = 768  # a failure record's, before the text of its error
+FAILURE_HEADROOM = 4 << 20  # failure records kept past full bookkeeping or budget (~4000)
+ENTRY_MIN = 1 << 20  # the bookkeeping a session may hold under the smallest quota (~1600)
+
+
+def sent_view(array: np.ndarray[Any, Any]) -> memoryview:
+    """What a read reply sends of ``array``: its bytes, or if it is strided a view of its own
+    (which :meth:`TensorStore.share` follows) that the sender copies a fragment at a time
+    (``server/sending.py``), never the whole (24 reads of a 63 MiB view took 1.5 GiB)."""
+    return byte_view(array) if array.flags.c_contiguous else array.view().data
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +76,13 @@ class Stored:
 
     array: np.ndarray[Any, Any]
     meta: TensorMeta
+
+
+def entry_bytes(value: Stored | Failure) -> int:
+    """What keeping ``value`` costs the process beyond its array's bytes."""
+    if isinstance(value, Failure):
+        return FAILURE_BYTES + len(value.error.message) + len(value.error.op or "")
+    return ENTRY_BYTES
 
 
 def root_of(array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
@@ -97,7 +124,12 @@ class TensorStore:
         self.budget = budget if budget is not None else MemoryBudget(2**63)
         self.nbytes = 0  # bytes of the roots the stored arrays use
         self.reserved = 0  # bytes reserved for ops that are running
+        # what the entries cost (entry_bytes), in the budget; the quota's size again at most
+        self.records = Bookkeeping(self.budget, 2**63 if quota is None else max(quota, ENTRY_MIN))
+        self.uploads = Holds()  # upload buffers allocated and not yet taken by their ops
         self.failed = 0
+        self.unrecorded = 0  # failure records not kept since take_unrecorded
+        self._first_unrecorded: ErrorInfo | None = None
         self.closed = False
 
     def __len__(self) -> int:
@@ -128,10 +160,15 @@ class TensorStore:
         """Bytes this session may still reserve (ignoring the server-wide budget)."""
         if self.quota is None:
             return 2**63
-        return self.quota - self.nbytes - self.reserved
+        return self.quota - self.nbytes - self.reserved - self.uploads.nbytes
+
+    def entry_room(self) -> int:
+        """Bookkeeping bytes this session may still add (see the module docstring)."""
+        return self.records.limit - self.records.nbytes
 
     def reserve(self, nbytes: int) -> None:
-        """Reserve ``nbytes`` for an op's output before it runs.
+        """Reserve ``nbytes`` for an op's output before it runs (with room for its entry:
+        :data:`ENTRY_BYTES`, charged when it is stored).
 
         Raises:
             StoreError: ``quota_exceeded`` (this session's quota) or ``server_memory_exhausted``
@@ -139,25 +176,55 @@ class TensorStore:
         """
         # No store lock: only the thread running this session's ops changes ``reserved``.
         if nbytes > self.free_quota():
+            raise self._quota_full(nbytes)
+        if self.records.nbytes + ENTRY_BYTES > self.records.limit:  # entry_room(), inlined
             raise StoreError(
                 ErrorCode.QUOTA_EXCEEDED,
-                f"the session's memory quota is full ({self.nbytes + self.reserved} of "
-                f"{self.quota} bytes in use, {nbytes} more needed); free tensors first, or "
-                "raise --session-quota",
+                f"the session holds {len(self._items)} tensors and failure records, as many as "
+                "its quota allows (their records take its size again); free tensors first",
             )
         self.budget.reserve(nbytes)
         self.reserved += nbytes
+
+    def _quota_full(self, nbytes: int) -> StoreError:
+        return StoreError(
+            ErrorCode.QUOTA_EXCEEDED,
+            f"the session's memory quota is full ({(self.quota or 0) - self.free_quota()} of "
+            f"{self.quota} bytes in use, {nbytes} more needed); free tensors first, or raise "
+            "--session-quota",
+        )
+
+    def hold_upload(self, nbytes: int) -> np.ndarray[Any, np.dtype[np.uint8]]:
+        """A buffer for ``nbytes`` of an upload (the decoder's ``allocate``), counted in the
+        quota and the budget until its op takes it (:meth:`take_upload`) or it is dropped.
+        Raises :class:`MessageLimitError` (``quota_exceeded``, ``server_memory_exhausted``)."""
+        try:
+            if nbytes > self.free_quota():
+                raise self._quota_full(nbytes)
+            return self.budget.hold(nbytes, self.uploads)
+        except StoreError as exc:
+            raise MessageLimitError(str(exc), exc.code) from None
+
+    def take_upload(self, buffers: Sequence[object], index: int, nbytes: int) -> bool:
+        """Whether the ``nbytes`` held for ``buffers[index]`` (:meth:`hold_upload`) became the
+        running op's reservation, as :meth:`reserve` makes it; False if they are not held
+        (another size, a single-frame message's view): the caller reserves instead."""
+        held = index < len(buffers) and self.budget.take(buffers[index], nbytes, self.uploads)
+        self.reserved += nbytes if held else 0
+        return held
 
     def cancel(self, nbytes: int) -> None:
         """Give back a reservation whose op did not store a result."""
         self.reserved -= nbytes
         self.budget.release(nbytes)
 
-    def put(self, tensor_id: int, value: Stored | Failure, reserved: int = 0) -> None:
+    def put(
+        self, tensor_id: int, value: Stored | Failure, reserved: int = 0, forced: bool = False
+    ) -> None:
         """Store ``value``, turning the ``reserved`` bytes (from :meth:`reserve`) into its root:
         a :class:`Stored` array must be a view of a held root (the reservation is given back) or
         a root of exactly ``reserved`` bytes. After :meth:`close`, the value is dropped and its
-        bytes released.
+        bytes released. A :class:`Failure` without room is not kept (``forced``: kept anyway).
 
         Raises:
             StoreError: ``duplicate_tensor`` if the id is taken (the reservation is kept).
@@ -168,10 +235,14 @@ class TensorStore:
             return
         if tensor_id in self._items:
             raise StoreError(ErrorCode.DUPLICATE_TENSOR, f"tensor id #{tensor_id} is in use")
-        self._items[tensor_id] = value
         if isinstance(value, Failure):
+            if not self._keep_failure(value, forced):
+                return
+            self._items[tensor_id] = value
             self.failed += 1
             return
+        self._items[tensor_id] = value
+        self.records.add(ENTRY_BYTES)
         self.reserved -= reserved
         root = root_of(value.array)
         entry = self._roots.get(id(root))
@@ -183,6 +254,33 @@ class TensorStore:
         self._roots[id(root)] = Root(root)
         self.nbytes += reserved
 
+    def _keep_failure(self, failure: Failure, forced: bool) -> bool:
+        """Charge ``failure``'s record: ``forced``, or if it fits the quota and the budget plus
+        :data:`FAILURE_HEADROOM`; else count it in :attr:`unrecorded` and return False."""
+        cost, headroom = entry_bytes(failure), None if forced else FAILURE_HEADROOM
+        fits = forced or cost <= self.entry_room() + FAILURE_HEADROOM
+        if not fits or not self.records.add(cost, headroom):
+            self.unrecorded += 1
+            self._first_unrecorded = self._first_unrecorded or failure.error
+            return False
+        return True
+
+    def take_unrecorded(self) -> list[ErrorInfo]:
+        """The error to answer for the failure records not kept since the last call, if any."""
+        count, first = self.unrecorded, self._first_unrecorded
+        if not count or first is None:
+            return []
+        self.unrecorded, self._first_unrecorded = 0, None
+        quota_full = self.entry_room() < FAILURE_BYTES
+        code = ErrorCode.QUOTA_EXCEEDED if quota_full else ErrorCode.SERVER_MEMORY_EXHAUSTED
+        message = (
+            f"{count} failed ops left no failure record (their outputs are unknown ids): "
+            f"{len(self._items)} tensors and failure records fill the "
+            f"{'quota' if quota_full else 'memory budget'}; free tensors. The first failed with "
+            f"{first.code.value}: {first.message}"
+        )
+        return [ErrorInfo(code=code, message=message, op=first.op)]
+
     def share(self, tensor_id: int, sent: memoryview) -> None:
         """Record that a read reply of ``tensor_id`` sends ``sent`` (a byte view, as
         ``protocol.codec.byte_view`` makes) later: while the array it exports lives, no write
@@ -193,8 +291,10 @@ class TensorStore:
         if isinstance(value, Stored) and isinstance(exporter, np.ndarray):
             entry = self._roots[id(root_of(value.array))]
             if root_of(exporter) is entry.array:
-                entry.being_sent()  # drops the replies sent since: a tensor read often stays small
-                entry.readers = [*(entry.readers or ()), weakref.ref(exporter)]
+                if entry.readers and not len(entry.readers) & (len(entry.readers) - 1):
+                    entry.being_sent()  # drops the replies sent since, at 1, 2, 4... readers (at
+                entry.readers = entry.readers or []  # each, 100k reads of one tensor in one
+                entry.readers.append(weakref.ref(exporter))  # batch held the loop 20 s+)
 
     def prepare_write(self, tensor_id: int) -> np.ndarray[Any, Any] | None:
         """The array of ``tensor_id``, made safe to write in place: a root that a read reply
@@ -254,22 +354,23 @@ class TensorStore:
         Raises:
             StoreError: ``unknown_tensor`` if the id does not exist.
         """
-        if self.closed:
-            self.put(tensor_id, value, reserved)  # dropped, its reservation given back
-            return
-        self.get(tensor_id)
-        old = self._items.pop(tensor_id)
-        self.put(tensor_id, value, reserved)
-        self._forget(old)
+        if not self.closed:
+            self.get(tensor_id)  # raises for an unknown id
+        old = None if self.closed else self._items.pop(tensor_id)
+        self.put(tensor_id, value, reserved, forced=True)  # a failure takes the old one's place
+        self._forget(old)  # after close: put drops value and gives its reservation back
 
     def free(self, tensor_id: int) -> None:
         """Forget an id. Freeing an unknown id does nothing (frees are idempotent)."""
         self._forget(self._items.pop(tensor_id, None))
 
     def _forget(self, value: Stored | Failure | None) -> None:
+        if value is None:
+            return
+        self.records.remove(ENTRY_BYTES if type(value) is Stored else entry_bytes(value))
         if isinstance(value, Failure):
             self.failed -= 1
-        elif value is not None:
+        else:
             root = root_of(value.array)
             entry = self._roots[id(root)]
             entry.users -= 1
@@ -284,7 +385,9 @@ class TensorStore:
         self._items.clear()
         self._roots.clear()
         self.budget.release(self.nbytes)
+        self.records.close()
         self.nbytes = 0
         self.failed = 0
+        self.budget.release_holds(self.uploads)  # not when their buffers die: that can wait
 
     clear = close

@@ -18,6 +18,9 @@ internal                               what the wire uses it for
 ``paused``, ``drain_waiters``          websockets' flow control: waiting until the
                                        transport is under its write limit
 ``connection_lost_waiter``             noticing a lost connection
+``close_timeout``                      how long a close waits for the peer's close frame
+                                       (a ``serve`` parameter; set per connection to drop a
+                                       silent peer at once)
 ``loop``, ``transport``                the connection's event loop (timers) and asyncio
                                        transport (pausing reads, writing frames), which the
                                        wire's receive queue and sender use directly
@@ -50,7 +53,9 @@ from websockets.version import version as websockets_version
 SUPPORTED = ">=15.0,<18"  # as pyproject.toml says; CI runs the suite on the lowest and newest
 
 _CLASS_INTERNALS = ("data_received", "send_data", "send_context", "connection_lost")
-_INSTANCE_INTERNALS = ("paused", "drain_waiters", "connection_lost_waiter", "loop", "transport")
+_INSTANCE_INTERNALS = (
+    "paused", "drain_waiters", "connection_lost_waiter", "loop", "transport", "close_timeout",
+)  # fmt: skip
 
 
 class UnsupportedWebsocketsError(RuntimeError):
@@ -139,6 +144,13 @@ class AdaptedConnection(ServerConnection):
         return self.protocol.state is State.CLOSED
 
     @property
+    def is_dropped(self) -> bool:
+        """Whether the TCP connection is going or gone whatever websockets' state says: a write
+        failed (the peer reset it) or it was aborted. Nothing more should be written: asyncio
+        logs a warning for each write after the fifth to a dead transport."""
+        return self.transport.is_closing()
+
+    @property
     def taking_data(self) -> bool:
         """Whether data frames still count: not after the client's close frame (websockets
         discards them), but still after ours, as websockets delivers them."""
@@ -165,6 +177,14 @@ class AdaptedConnection(ServerConnection):
         """Cut the TCP connection at once (a client that does not read cannot take a close)."""
         self.transport.abort()
 
+    async def close_silent(self, code: int, reason: str) -> None:
+        """Send a close frame, then cut the TCP connection without waiting for the peer's
+        close frame: for a peer that sent nothing in time, whose close would otherwise hold
+        its connection slot for websockets' close timeout (10 s). The frame is written before
+        the cut, so a peer that reads still learns why."""
+        self.close_timeout = 0
+        await self.close(code, reason)
+
     # --- flow control and lifetime -----------------------------------------------------------
 
     @property
@@ -181,10 +201,14 @@ class AdaptedConnection(ServerConnection):
 
     async def raise_if_closing(self) -> None:
         """Wait for the close handshake to end and raise ``ConnectionClosed``, if the
-        connection is not open; return at once if it is."""
+        connection is not open, or until it is lost if it is dropped (:attr:`is_dropped`);
+        return at once if it is open."""
         if self.protocol.state is not State.OPEN:
             async with self.send_context():  # waits for the close, raises ConnectionClosed
                 pass
+        elif self.is_dropped:
+            await asyncio.shield(self.connection_lost_waiter)
+            raise self.closed_error()
 
     async def wait_writable(self, deadline: float | None) -> None:
         """Wait until the transport is under its write limit again (websockets' flow control

@@ -22,10 +22,11 @@ and the owner has set no decoders yet, bytes wait in the buffer (*held*), and re
 the buffer fills; they are parsed when more bytes arrive or the owner sets decoders, which is
 also when UPGRADE gives way to FRAME. A data message that starts while no decoder exists (the
 connection is closing after a refused hello) is read and dropped; once the connection is
-lost, nothing more is parsed. On plain TCP, each readiness event reads on
-while the socket holds bytes (up to 1 MiB), so a fragmented upload does not cost a turn of the
-event loop per frame header and payload. Sending is :class:`server.sending.SendingConnection`'s;
-every websockets internal is named in ``server/websockets_adapter.py``.
+lost or dropped (a write failed: the peer reset it), nothing more is parsed. On plain TCP,
+each readiness event reads on while the socket holds bytes (up to 1 MiB), so a fragmented
+upload does not cost a turn of the event loop per frame header and payload. Sending is
+:class:`server.sending.SendingConnection`'s; every websockets internal is named in
+``server/websockets_adapter.py``.
 """
 
 from __future__ import annotations
@@ -162,7 +163,7 @@ class WireConnection(SendingConnection, ReceivingConnection, asyncio.BufferedPro
                 for an error of its own read.
         """
         budget = READ_AHEAD
-        while budget > 0 and not self.reading_paused and self.is_open:
+        while budget > 0 and not self.reading_paused and self.is_open and not self.is_dropped:
             if self._reading is Reading.FAILED or self._held():
                 return
             room = self.get_buffer(-1)
@@ -206,9 +207,9 @@ class WireConnection(SendingConnection, ReceivingConnection, asyncio.BufferedPro
         if self._reading is Reading.FAILED:
             self._start = self._end = 0
             return
-        if self.is_closed:  # gone: nothing more is parsed (nothing below closes it at once)
-            return
-        while self._end > self._start:
+        if self.is_closed or self.is_dropped:  # gone, or going: nothing more is parsed (a
+            return  # control frame's answer, a pong, would be written to a dead socket)
+        while self._end > self._start and not self.holding:
             reading = self._reading
             if reading is Reading.PAYLOAD:
                 self._payload_from_buffer()
@@ -257,7 +258,7 @@ class WireConnection(SendingConnection, ReceivingConnection, asyncio.BufferedPro
                 return False
             self._start += size
             self.feed(bytes(self._buf[s : s + size]))  # websockets' business
-            return True
+            return not self.is_dropped  # else its answer (a pong) found the peer gone: stop
         try:
             return self._data_frame(header)
         except FrameError as exc:
@@ -333,6 +334,8 @@ class WireConnection(SendingConnection, ReceivingConnection, asyncio.BufferedPro
                     unmask_into(message.decoder, data, self._frame.mask, self._frame.pos)
                 except DecodeError as exc:
                     message.error = exc  # the rest of the message is drained
+                if message.decoder.stepping:  # a long header: validated first (``hold``)
+                    return self.hold(message, lambda: self._payload_read(take))
         self._payload_read(take)
 
     def _payload_read(self, n: int) -> None:

@@ -8,6 +8,9 @@ call in the server's task group (so neither the session nor the event loop waits
 session stops before its next op, and the result is discarded with its reserved bytes given
 back (``Session.leave_thread``). The thread keeps its worker slot until numpy returns, so at
 most ``worker_threads`` such ops run at once; cheap ops, reads and pings never wait for them.
+How long numpy may take is bounded before it starts: an op whose estimated work is over
+``--max-op-cost`` is refused (``Session._over_cost``), so a slot is held for roughly the cap /
+numpy's rate at most (about 34 s here by default).
 """
 
 from __future__ import annotations
@@ -53,12 +56,18 @@ class Workers:
         self._tasks = tasks
 
     async def run(self, session: Session, job: Job) -> None:
-        """Run the rest of ``job`` in a worker thread, watching the per-op deadline.
+        """Run the rest of ``job`` in a worker thread, watching the per-op deadline. A job that
+        paused between cheap ops on the loop (``job.paused``) only waits a turn of the loop,
+        so that other sessions are served meanwhile, and then goes on inline.
 
         Raises:
-            Drop: ``deadline_exceeded`` when one op ran past the deadline; ``internal`` when
-                the server is shutting down and abandoned the thread. The session is closed.
+            Drop: ``deadline_exceeded`` when one op ran past the deadline; ``shutting_down``
+                (close code 1001) when the shutdown grace ran out and the server abandoned the
+                thread (nothing went wrong: ``internal`` would say a bug). The session is closed.
         """
+        if job.paused:
+            await anyio.lowlevel.checkpoint()
+            return
         assert self._tasks is not None, "call serve_in() first"
         run = _Run()
         self._tasks.start_soon(self._runner, session, job, run)
@@ -76,7 +85,11 @@ class Workers:
                 )
         if not run.returned:
             session.close()
-            raise Drop(ErrorCode.INTERNAL, "the server is shutting down")
+            raise Drop(
+                ErrorCode.SHUTTING_DOWN,
+                "the server is shutting down; past its grace, the running op was abandoned",
+                close_code=1001,
+            )
 
     async def _runner(self, session: Session, job: Job, run: _Run) -> None:
         try:

@@ -38,14 +38,16 @@ def test_dtype_names_of_arrays_in_either_byte_order_notation(name: Any) -> None:
 
 
 def test_cost_counts_elements_and_matmul_work() -> None:
-    x, y = np.zeros((4, 8)), np.zeros((8, 2))
-    matmul = Binary(op="matmul", out=3, x1=1, x2=2)
-    assert executor.cost(matmul, TensorMeta((4, 2), "float64"), [x, y]) == 32 * 8
+    """Per element for element-wise ops; every multiply-add of a matmul (numpy's own loop for
+    integers: at least one element operation each); n**3 for a factorization."""
     exp = Unary(op="exp", out=2, x=1)
-    assert executor.cost(exp, TensorMeta((), "float64"), [np.zeros(())]) == 1
-    assert executor.cost(exp, TensorMeta((5,), "float64"), [np.zeros(5)]) == 5
-    inv = Linalg(op="inv", out=2, xs=(1,))  # a factorization: n**3 for an n x n matrix
-    assert executor.cost(inv, TensorMeta((200, 200), "float64"), [np.zeros((200, 200))]) == 200**3
+    one = executor.cost(exp, TensorMeta((), "float64"), [np.zeros(())])
+    assert executor.cost(exp, TensorMeta((5,), "float64"), [np.zeros(5)]) == 5 * one
+    x, y = np.zeros((4, 800), np.int64), np.zeros((800, 2), np.int64)
+    matmul = Binary(op="matmul", out=3, x1=1, x2=2)
+    assert executor.cost(matmul, TensorMeta((4, 2), "int64"), [x, y]) >= 4 * 2 * 800
+    inv = Linalg(op="inv", out=2, xs=(1,))
+    assert executor.cost(inv, TensorMeta((200, 200), "float64"), [np.zeros((200, 200))]) >= 200**3
 
 
 def test_connection_has_nodelay_and_no_compression(dev: client.RemoteDevice) -> None:

@@ -2,6 +2,7 @@
 
 One module per op family, mirroring ``protocol/ops/``; each lists its runners in ``RUNNERS``.
 Knows nothing of bytes on sockets or of sessions (the import contracts in ``pyproject.toml``).
+What an op will cost numpy, before it runs, is :func:`cost` (``costs.py``).
 
 Callers run ``op.infer`` first (the check) and pass its result; :func:`run` then calls numpy and
 verifies that numpy produced exactly the inferred shape and dtype, so the client's local view of
@@ -10,7 +11,6 @@ every tensor is the truth (ARCHITECTURE.md, invariant 3).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -20,12 +20,9 @@ from protocol.codec import Buffer
 from protocol.ops import (
     UNKNOWN,
     AnyOp,
-    Binary,
-    FromBuffer,
     GetItem,
     InPlaceBinary,
     InPlaceBinaryScalar,
-    Linalg,
     Nonzero,
     Repeat,
     SetItem,
@@ -33,6 +30,8 @@ from protocol.ops import (
 
 from . import creation, data, elementwise, fft, indexing, linalg, manipulation, reduction
 from .base import Array, Runner
+from .costs import cost as cost
+from .creation import uploads_kept_apart as uploads_kept_apart
 
 
 class InferenceMismatch(AssertionError):
@@ -112,12 +111,9 @@ def resolve(
         return (TensorMeta(shape, metas[0].dtype),)
     if not isinstance(op, Repeat) or len(args) != 2:
         return metas
-    x, repeats = args
-    length = x.size if op.axis is None else x.shape[op.axis % x.ndim]
-    counts = repeats.reshape(-1).tolist()  # Python ints: the sum cannot overflow
-    if counts and min(counts) < 0:
+    total = manipulation.repeat_length(op, args[0], args[1])
+    if total is None:
         return metas
-    total = length * counts[0] if len(counts) == 1 else sum(counts)
     shape = tuple(total if d == UNKNOWN else d for d in metas[0].shape)
     return (TensorMeta(shape, metas[0].dtype),)
 
@@ -126,21 +122,3 @@ def _matches(result: Array, meta: TensorMeta) -> bool:
     if result.dtype != to_numpy(meta.dtype) or result.ndim != len(meta.shape):
         return False
     return all(d == m or m == UNKNOWN for d, m in zip(result.shape, meta.shape, strict=True))
-
-
-def cost(op: AnyOp, meta: TensorMeta, args: Sequence[Array]) -> int:
-    """A rough count of element operations, to decide whether an op may run on the event loop.
-
-    An upload costs nothing: the decoder received its bytes into the array it becomes (a
-    message of one frame, at most 256 KiB, is copied once). Sending it to a worker thread
-    cost a thread hop, about 1 ms on a busy 2-core machine, per uploaded tensor."""
-    if isinstance(op, FromBuffer):
-        return 0
-    work = math.prod(meta.shape)  # not np.prod: this runs per op, and np.prod costs 20x more
-    for a in args:
-        work = max(work, a.size)
-    if isinstance(op, Binary | InPlaceBinary) and op.op == "matmul" and args[0].ndim:
-        work *= args[0].shape[-1]
-    elif isinstance(op, Linalg) and args and args[0].ndim:  # factorizations: O(n**3)
-        work *= args[0].shape[-1]
-    return work

@@ -23,6 +23,8 @@ from protocol.ops import (
 
 from .base import Array, Runner
 
+CHUNK = 1 << 20  # repeats summed at a time (a temporary of 8 MiB at most)
+
 
 def reshape(op: Reshape, args: Sequence[Array], buffers: Sequence[Buffer]) -> Array:
     return np.reshape(args[0], op.shape)
@@ -69,6 +71,27 @@ def tile(op: Tile, args: Sequence[Array], buffers: Sequence[Buffer]) -> Array:
 def repeat(op: Repeat, args: Sequence[Array], buffers: Sequence[Buffer]) -> Array:
     repeats = args[1] if len(args) == 2 else op.repeats
     return np.repeat(args[0], repeats, axis=op.axis)  # type: ignore[arg-type]
+
+
+def repeat_length(op: Repeat, x: Array, repeats: Array) -> int | None:
+    """The length of ``repeat(x, repeats)`` along its axis: the sum of ``repeats`` (a 1-element
+    tensor repeats every element), an exact Python int; None if one is negative (numpy
+    refuses it). Summed a chunk at a time, in two 32-bit halves so that no sum overflows: a
+    Python list of 8M repeats took 321 MiB, for an op that was then refused."""
+    length = x.size if op.axis is None else x.shape[op.axis % x.ndim]
+    flat = repeats.reshape(-1)  # repeats have at most one dimension: a view
+    if flat.size == 1:
+        count = int(flat[0])
+        return None if count < 0 else length * count
+    total = 0
+    for start in range(0, flat.size, CHUNK):
+        part = flat[start : start + CHUNK]
+        if part.min() < 0:
+            return None
+        wide = part.astype(np.uint64)
+        high, low = np.sum(wide >> 32, dtype=np.uint64), np.sum(wide & 0xFFFFFFFF, dtype=np.uint64)
+        total += (int(high) << 32) + int(low)
+    return total
 
 
 def triangle(op: Triangle, args: Sequence[Array], buffers: Sequence[Buffer]) -> Array:
