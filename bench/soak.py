@@ -203,7 +203,7 @@ def soak(seconds: float, sessions: int = 3) -> dict[str, Any]:
         for thread in threads:
             thread.join()
         for attacker in attackers:
-            attacker.join(timeout=30)
+            attacker.join(timeout=2)  # kind 7 sleeps on its stalled upload: no need to wait
             if attacker.is_alive():
                 attacker.kill()
         alive = proc.process.poll() is None
