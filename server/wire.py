@@ -32,6 +32,7 @@ upload does not cost a turn of the event loop per frame header and payload. Send
 from __future__ import annotations
 
 import asyncio
+import gc
 import socket
 import struct
 from collections.abc import Callable
@@ -197,6 +198,9 @@ class WireConnection(SendingConnection, ReceivingConnection, asyncio.BufferedPro
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
         self.stop_waiting()
+        # A closed connection's objects (grown buffers too) are cycles, and the server collects
+        # rarely (server/__main__.py): refused 9 MB headers on new connections held 2 GB.
+        self.loop.call_soon(gc.collect, 1)
 
     # --- parsing ----------------------------------------------------------------------------
 
