@@ -122,13 +122,16 @@ class Graph:
             outputs=list(self.outputs),
         )
 
+    def constant_bytes(self) -> list[memoryview]:
+        """The constants as the wire and the file carry them: little-endian, C order."""
+        return [byte_view(np.asarray(c, dtype=c.dtype.newbyteorder("<"))) for c in self.constants]
+
     # --- files ----------------------------------------------------------------------------------
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write the graph and its constants to ``path`` (see the module docstring)."""
-        views = [byte_view(np.asarray(c, dtype=c.dtype.newbyteorder("<"))) for c in self.constants]
         with open(path, "wb") as file:
-            for chunk in encode(self.definition, views):
+            for chunk in encode(self.definition, self.constant_bytes()):
                 file.write(chunk)
 
     @classmethod
@@ -243,9 +246,7 @@ class RegisteredGraph:
         self._signature = [(t.name, t.meta) for t in graph.inputs]
         self._metas = [t.meta for t in graph.outputs]
         self._names = [t.name for t in graph.outputs]
-        constants = [byte_view(np.asarray(c, dtype=c.dtype.newbyteorder("<")))
-                     for c in graph.constants]  # fmt: skip
-        device.register_graph(self.graph_id, graph.definition, constants)
+        device.register_graph(self.graph_id, graph.definition, graph.constant_bytes())
         self._dropped = False
 
     def run_raw(self, ids: Sequence[int], metas: Sequence[TensorMeta]) -> list[RemoteArray]:
