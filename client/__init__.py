@@ -27,6 +27,7 @@ from .errors import ServerNotResponding as ServerNotResponding
 from .errors import ServerProtocolError as ServerProtocolError
 from .errors import ServerShuttingDownError as ServerShuttingDownError
 from .errors import TensorwireError as TensorwireError
+from .errors import TransferError as TransferError
 from .errors import VersionMismatchError as VersionMismatchError
 from .namespace import Namespace as Namespace
 from .namespace import namespace as namespace

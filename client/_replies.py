@@ -15,10 +15,18 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from protocol import DescribeReply, ReadReply, RequestFailed, StatsReply, SyncReply, to_numpy
+from protocol import (
+    DescribeReply,
+    ExposeReply,
+    ReadReply,
+    RequestFailed,
+    StatsReply,
+    SyncReply,
+    to_numpy,
+)
 from protocol.codec import Buffer
 
-from .errors import RemoteError
+from .errors import remote_error
 
 
 class Waits(Protocol):
@@ -72,6 +80,6 @@ def resolve(future: Future[Any], message: Any, buffers: list[Buffer]) -> None:
             array = array.copy()  # compiled code (SciPy's) refuses unaligned arrays
         future.set_result(array.reshape(message.shape))
     elif isinstance(message, RequestFailed):
-        future.set_exception(RemoteError(message.error))
-    elif isinstance(message, StatsReply | SyncReply | DescribeReply):
+        future.set_exception(remote_error(message.error))
+    elif isinstance(message, StatsReply | SyncReply | DescribeReply | ExposeReply):
         future.set_result(message)

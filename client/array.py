@@ -42,6 +42,7 @@ from protocol.scalars import PyScalar, scalar_dtype, scalar_from_python
 from ._building import apply, apply_inplace, full, upload
 from ._handle import Handle, checked_device, index_key, ints, wire_dtype
 from .device import register_array_type
+from .transfer import to_device
 
 if TYPE_CHECKING:
     from .device import Device
@@ -150,14 +151,13 @@ class RemoteArray(Handle):
         setitem(self, key, value)
 
     def to_device(self, device: Any, /, *, stream: Any = None) -> RemoteArray:
-        """This array on ``device``: itself when already there, else a copy (between two
-        servers the bytes go through the client for now)."""
+        """This array on ``device``: itself when already there, else a copy, moved the
+        shortest way (``client.transfer``: between servers, server to server)."""
         if stream is not None:
             raise ValueError("remote devices have no streams")
         if device is self._device:
             return self
-        target = checked_device(device)
-        return upload(self.numpy(), target)
+        return to_device(self, checked_device(device))
 
     __neg__ = _unary_operator("negative")
     __pos__ = _unary_operator("positive")

@@ -1,15 +1,13 @@
 """Devices: a session with one device of a Tensorwire server.
 
-``RemoteDevice`` is for plain synchronous code; ``AsyncRemoteDevice`` for asyncio code. Neither
-needs the caller to run a loop, and several threads may share one device: the thread that waits
-for a reply reads it (``AsyncRemoteDevice`` waits in a worker thread, so it never blocks the
-caller's loop). Ops never wait; only reads, syncs and stats do.
+``RemoteDevice`` is for plain synchronous code; ``AsyncRemoteDevice`` for asyncio code; several
+threads may share one: the thread that waits for a reply reads it (``AsyncRemoteDevice`` waits
+in a worker thread). Ops never wait; only reads, syncs, stats and exposes do.
 
 :class:`Device` is also the API the array layer builds ops with (``new_id``, ``submit``,
-``submit_upload``, ``release``, ``submit_read``, ``describe``; ``new_graph_id``,
-``register_graph``, ``drop_graph`` for captured graphs): this module is the layer below
-``client.array`` and knows arrays only through the hook :func:`register_array_type`, which
-:func:`new_handle` calls.
+``submit_upload``, ``release``, ``submit_read``, ``describe``, ``expose``; ``new_graph_id``,
+``register_graph``, ``drop_graph``): the layer below ``client.array``, which knows arrays only
+through the hook :func:`register_array_type`, which :func:`new_handle` calls.
 """
 
 from __future__ import annotations
@@ -26,7 +24,17 @@ from typing import TYPE_CHECKING, Any, Protocol, Self
 
 import numpy as np
 
-from protocol import Describe, Read, Stats, StatsReply, Sync, TensorMeta, Welcome
+from protocol import (
+    Describe,
+    Expose,
+    ExposeReply,
+    Read,
+    Stats,
+    StatsReply,
+    Sync,
+    TensorMeta,
+    Welcome,
+)
 from protocol.graphs import GraphDef
 from protocol.messages import Request
 from protocol.ops import AnyOp
@@ -202,6 +210,13 @@ class Device:
         replies = [f.result() for f in futures]
         return [TensorMeta(tuple(r.shape), r.dtype) for r in replies]
 
+    def expose(self, tensor_id: int, audience: str) -> Future[ExposeReply]:
+        """Flush with a request for a capability that lets server ``audience`` (a
+        ``server_id``) copy ``tensor_id`` once, as it is now (``client.transfer``)."""
+        return self._conn.request(
+            lambda rid: Expose(request_id=rid, tensor=tensor_id, audience=audience)
+        )
+
     def new_graph_id(self) -> int:
         """A fresh id for a graph to register: the client allocates graph ids, as tensor ids."""
         return self._conn.new_graph_id()
@@ -249,14 +264,8 @@ def _read(request_id: int, tensor: int) -> Read:
     return Read(request_id=request_id, tensor=tensor)
 
 
-def _stats(reply: StatsReply) -> SessionStats:
-    return SessionStats(
-        reply.tensors,
-        reply.tensor_bytes,
-        reply.failed,
-        reply.server_tensor_bytes,
-        reply.connections,
-    )
+def _stats(r: StatsReply) -> SessionStats:
+    return SessionStats(r.tensors, r.tensor_bytes, r.failed, r.server_tensor_bytes, r.connections)
 
 
 class SyncDevice(Device):
@@ -308,12 +317,11 @@ class RemoteDevice(SyncDevice):
     certificate is verified against ``ca_file`` (a PEM file) or the system's CAs.
 
     The client watches the server (seconds; None turns a bound off): after ``ping_interval``
-    without a byte from the server it sends a ping, which the server answers even while it
-    runs a long op, and a ping unanswered for ``ping_timeout`` means the server stopped (so a
-    stopped or unreachable server is found within about 26 s). ``timeout`` (off by default)
-    bounds how long one call (a read, sync, stats or describe, or a send the server does not
-    take) waits for the server, long ops included. Either ends the session: every pending and
-    later call raises :class:`~client.ServerNotResponding`, a ``ConnectionLost``.
+    without a byte from it, a ping, which the server answers even while it runs a long op; one
+    unanswered for ``ping_timeout`` means it stopped (found within about 26 s). ``timeout`` (off
+    by default) bounds how long one call (a read, sync, stats, describe or expose, or a send
+    the server does not take) waits, long ops included. Either ends the session: every pending
+    and later call raises :class:`~client.ServerNotResponding`, a ``ConnectionLost``.
 
     Raises:
         AuthenticationError: the token is missing or wrong.
@@ -353,8 +361,7 @@ class AsyncRemoteDevice(Device):
         ping_interval: float | None = PING_INTERVAL,
         ping_timeout: float | None = PING_TIMEOUT,
     ) -> AsyncRemoteDevice:
-        """Connect without blocking the running loop. The parameters, and what is raised, are
-        :class:`RemoteDevice`'s."""
+        """Connect without blocking the loop. The parameters and errors are RemoteDevice's."""
         bounds = {"timeout": timeout, "ping_interval": ping_interval, "ping_timeout": ping_timeout}
         return await asyncio.to_thread(
             cls, url, index, token, open_timeout=open_timeout, ca_file=ca_file, **bounds

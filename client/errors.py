@@ -44,6 +44,20 @@ class RemoteError(TensorwireError, RuntimeError):
         self.error = error
 
 
+class TransferError(RemoteError):
+    """A direct transfer failed (``x.to_device(dev)`` between servers, ``client.transfer``):
+    code ``transfer_failed`` (the target has no credentials for the source, or the source
+    refused, could not be reached or was lost midway) or ``capability_refused``."""
+
+
+TRANSFER_CODES = frozenset({ErrorCode.TRANSFER_FAILED, ErrorCode.CAPABILITY_REFUSED})
+
+
+def remote_error(error: ErrorInfo) -> RemoteError:
+    """The exception for a failed op or request: a :class:`TransferError` for a transfer's."""
+    return TransferError(error) if error.code in TRANSFER_CODES else RemoteError(error)
+
+
 class CaptureError(TensorwireError, RuntimeError):
     """A capture scope (``client.capture``) was asked to record what a graph cannot hold: a
     capture inside a capture, a read of a value a record-only capture never computed, an input

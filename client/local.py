@@ -56,7 +56,7 @@ from protocol.ops import AnyOp
 from ._connection import FLUSH_BYTES, FLUSH_OPS
 from ._pending import Pending
 from .device import SyncDevice
-from .errors import ConnectionLost, DeviceIndexError, RemoteError, ServerProtocolError
+from .errors import ConnectionLost, DeviceIndexError, ServerProtocolError, remote_error
 
 if TYPE_CHECKING:
     from server.config import ServerConfig
@@ -280,7 +280,7 @@ class LocalConnection:
             flat = np.frombuffer(sent, dtype=to_numpy(reply.dtype))
             future.set_result(flat.reshape(reply.shape).copy())
         elif isinstance(reply, RequestFailed):
-            future.set_exception(RemoteError(reply.error))
+            future.set_exception(remote_error(reply.error))
         else:
             future.set_result(reply)
 

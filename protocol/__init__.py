@@ -34,8 +34,11 @@ from .messages import CLIENT_ADAPTER as CLIENT_ADAPTER
 from .messages import PROTOCOL_VERSION as PROTOCOL_VERSION
 from .messages import SERVER_ADAPTER as SERVER_ADAPTER
 from .messages import Batch as Batch
+from .messages import Claim as Claim
 from .messages import Describe as Describe
 from .messages import DescribeReply as DescribeReply
+from .messages import Expose as Expose
+from .messages import ExposeReply as ExposeReply
 from .messages import Hello as Hello
 from .messages import Read as Read
 from .messages import ReadReply as ReadReply

@@ -50,6 +50,8 @@ class ErrorCode(StrEnum):
     ORIGIN_REFUSED = "origin_refused"  # handshake: a browser Origin that is not allowed
     UNKNOWN_GRAPH = "unknown_graph"  # run_graph names a graph the session has not registered
     SHUTTING_DOWN = "shutting_down"  # the server drains: no new session; past its grace, cut off
+    CAPABILITY_REFUSED = "capability_refused"  # a transfer capability unknown, used, expired...
+    TRANSFER_FAILED = "transfer_failed"  # a pull's source refused, unreachable or lost midway
 
 
 class ErrorInfo(BaseModel):

@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from .dtypes import DType, to_numpy
 from .errors import GraphError, InvalidOpError
 from .model import Message
-from .ops import UNKNOWN, AnyOp, FromBuffer, GraphId, Op, RunGraph, TensorId, TensorMeta
+from .ops import UNKNOWN, AnyOp, FromBuffer, GraphId, Op, Pull, RunGraph, TensorId, TensorMeta
 from .ops.indexing import ArrayIndex
 
 GRAPH_FORMAT = 1
@@ -132,7 +132,7 @@ def _check_op(index: int, op: AnyOp, metas: dict[int, TensorMeta], constants: se
     """Refuse what a graph cannot hold. ``constants`` holds the constants' ids and every id
     that may share a constant's memory; this adds ``op``'s outputs when they may."""
     where = f"op {index} ({op.describe()})"
-    if isinstance(op, FromBuffer | RunGraph):
+    if isinstance(op, FromBuffer | RunGraph | Pull):
         raise GraphError(f"{where}: a graph holds no {op.kind} op (constants are declared)")
     missing = [i for i in op.inputs() if i not in metas]
     if missing:

@@ -16,11 +16,12 @@ from .dtypes import DType
 from .errors import ErrorInfo
 from .graphs import RegisterGraph
 from .model import Message as Message
-from .ops import Dim, GraphId, Op, TensorId
+from .ops import Capability, Dim, GraphId, Op, TensorId
 
 PROTOCOL_VERSION = 1
 
 RequestId = Annotated[int, Field(ge=0, lt=2**63)]
+ServerId = Annotated[str, Field(pattern=r"^[0-9a-f]{1,64}$")]  # Welcome.server_id
 NBytes = Annotated[int, Field(ge=0, lt=2**63)]
 
 
@@ -74,7 +75,31 @@ class Describe(BaseModel):
     tensor: TensorId
 
 
-Request = Annotated[Read | Sync | Stats | Describe, Field(discriminator="kind")]
+class Expose(BaseModel):
+    """Once every op before this request has run, let tensor ``tensor`` be copied once by the
+    server whose ``server_id`` (its :class:`Welcome`'s) is ``audience``: the reply carries a
+    capability for it (:class:`ExposeReply`), which that server presents in a :class:`Claim`.
+    The tensor's value is the one it has now; later in-place writes do not reach the copy."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+    kind: Literal["expose"] = "expose"
+    request_id: RequestId
+    tensor: TensorId
+    audience: ServerId
+
+
+class Claim(BaseModel):
+    """Send back the tensor behind ``capability`` (a :class:`ReadReply`), as the server
+    ``claimant`` (the server_id the capability is bound to). A capability is used once."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+    kind: Literal["claim"] = "claim"
+    request_id: RequestId
+    capability: Capability
+    claimant: ServerId
+
+
+Request = Annotated[Read | Sync | Stats | Describe | Expose | Claim, Field(discriminator="kind")]
 
 
 class Batch(Message):
@@ -157,6 +182,15 @@ class DescribeReply(Message):
     dtype: DType
 
 
+class ExposeReply(Message):
+    """The capability for an :class:`Expose`: it expires ``ttl`` seconds after it was made."""
+
+    type: Literal["expose_reply"] = "expose_reply"
+    request_id: RequestId
+    capability: Capability
+    ttl: float
+
+
 class RequestFailed(Message):
     """A request that could not be answered, e.g. a read of a tensor whose op failed."""
 
@@ -179,6 +213,7 @@ AnyServerMessage = (
     | SyncReply
     | StatsReply
     | DescribeReply
+    | ExposeReply
     | RequestFailed
     | SessionError
 )

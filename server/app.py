@@ -47,9 +47,12 @@ from .budget import MemoryBudget
 from .config import ServerConfig, validate_host_device, validate_security
 from .connection import Connections
 from .errors import GOING_AWAY
+from .exposures import Exposures
 from .guard import Gate, refusal, tls_context
 from .logs import fields
 from .metrics import Metrics
+from .peers import PeerFetcher
+from .pulls import Transfers
 from .session import Session
 from .websockets_adapter import require_internals
 from .wire import WireConnection
@@ -93,7 +96,7 @@ class Server:
         self._connections = Connections(
             config,
             self.device.count,
-            self.server_id,
+            Transfers(Exposures(config.transfer_ttl), self.server_id, PeerFetcher(config)),
             self.budget,
             self._workers,
             self.metrics,

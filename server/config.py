@@ -22,20 +22,34 @@ import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, ByteSize, Field, TypeAdapter, model_validator
+from pydantic import BeforeValidator, Field, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from protocol import CaptureSpec, DeviceSpec, NdArraySpec, RemoteSpec, parse_device_spec
+from protocol import CaptureSpec, DeviceSpec, NdArraySpec, RemoteSpec
 from protocol.codec import MAX_BUFFERS
 
-ENV_PREFIX = "TENSOR_SERVER_"
-CGROUP_MEMORY_MAX = Path("/sys/fs/cgroup/memory.max")  # cgroup v2: the container's memory limit
-AUTO_BUDGET_FRACTION = 0.75  # of the container's limit; the rest is Python, buffers, replies
+from .setting_values import AUTO_BUDGET_FRACTION as AUTO_BUDGET_FRACTION
+from .setting_values import ENV_PREFIX as ENV_PREFIX
+from .setting_values import (
+    Size,
+    parse_budget,
+    parse_device,
+    parse_list,
+    parse_size,
+    parse_token,
+    physical_memory,
+    read_token_file,
+)
+from .setting_values import cgroup_memory_limit as cgroup_memory_limit
+
 # Element operations one op may cost (``executor.cost``, about a nanosecond each here): the
 # default of ``--max-op-cost``. 2**35 is about 34 s of numpy's work on the measured 2-core VM;
 # it passes a 4096x4096 float32 matmul 8 times over, a 6000x6000 float64 one, and a reduction
 # over 2**34 elements, and refuses a 3e10-multiply-add int64 matmul (about 43 s).
 MAX_OP_COST = 2**35
+
+
+PeerURL = Annotated[str, Field(pattern=r"^wss?://\S+$")]  # a glob of peers' URLs
 
 
 class UnsupportedDeviceError(ValueError):
@@ -44,71 +58,6 @@ class UnsupportedDeviceError(ValueError):
 
 class InsecureConfigError(ValueError):
     """A configuration that would expose the server unsafely (see :func:`validate_security`)."""
-
-
-def _device(value: object) -> object:
-    """A device spec string (flag or variable) becomes a typed spec; models pass through.
-    Raises ``DeviceSpecError`` (a ``ValueError``) for a string that names no device."""
-    return parse_device_spec(value) if isinstance(value, str) else value
-
-
-def cgroup_memory_limit(path: Path = CGROUP_MEMORY_MAX) -> int | None:
-    """The memory limit of the cgroup this process runs in, or None when there is none."""
-    try:
-        text = path.read_text().strip()
-    except OSError:
-        return None
-    return int(text) if text.isdigit() else None  # "max" means unlimited
-
-
-_BYTES: TypeAdapter[ByteSize] = TypeAdapter(ByteSize)
-
-
-def physical_memory() -> int:
-    """This machine's memory in bytes (8 GiB where the OS does not say)."""
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):  # pragma: no cover - not Linux or macOS
-        return 8 * 2**30
-
-
-def _size(value: object) -> object:
-    """``64MiB``, ``2GiB``, ``1048576`` -> int bytes; ``none`` or empty -> None."""
-    if isinstance(value, str) and value.strip().lower() in ("", "none"):
-        return None
-    return value if value is None or isinstance(value, int) else int(_BYTES.validate_python(value))
-
-
-def _origins(value: object) -> object:
-    """A comma-separated string (flag or variable) becomes a tuple of origins."""
-    if isinstance(value, str):
-        return tuple(v.strip() for v in value.split(",") if v.strip())
-    return value
-
-
-Size = Annotated[Annotated[int, Field(ge=0)], BeforeValidator(_size)]
-
-
-def _token(value: object) -> object:
-    """A token without its surrounding whitespace, as a token file's and as the server reads a
-    presented one (so ``--token " t "`` is reachable); refused when nothing is left, since an
-    empty ``Authorization: Bearer`` would then open a session. ``None`` passes (no token)."""
-    if not isinstance(value, str):
-        return value
-    token = value.strip()
-    if not token:
-        raise ValueError("the token is empty or only whitespace: give a token, or none at all")
-    return token
-
-
-def _budget(value: object) -> object:
-    """``auto`` -> a fraction of the cgroup memory limit (None without one); ``3GiB`` -> int."""
-    if isinstance(value, str) and value.strip().lower() == "auto":
-        limit = cgroup_memory_limit()
-        return None if limit is None else int(limit * AUTO_BUDGET_FRACTION)
-    if isinstance(value, str) and value.strip().lower() in ("", "none"):
-        return None
-    return value if value is None or isinstance(value, int) else int(_BYTES.validate_python(value))
 
 
 class ServerConfig(BaseSettings):
@@ -128,7 +77,7 @@ class ServerConfig(BaseSettings):
         env_ignore_empty=True,  # TENSOR_SERVER_TOKEN= (empty) means unset, not an empty token
         validate_default=True,
     )
-    device: Annotated[DeviceSpec, NoDecode, BeforeValidator(_device)] = Field(
+    device: Annotated[DeviceSpec, NoDecode, BeforeValidator(parse_device)] = Field(
         default=NdArraySpec(),
         description="device to host: ndarray or ndarray:N (N devices, indices 0..N-1); "
         "remote:URL and capture:SPEC are refused",
@@ -137,7 +86,7 @@ class ServerConfig(BaseSettings):
     port: Annotated[int, Field(ge=0, le=65535)] = Field(
         default=8765, description="port to bind; 0 picks a free one"
     )
-    token: Annotated[str | None, BeforeValidator(_token)] = Field(
+    token: Annotated[str | None, BeforeValidator(parse_token)] = Field(
         default=None,
         description="token clients must present; surrounding whitespace is ignored, and an "
         "empty one is refused",
@@ -161,11 +110,13 @@ class ServerConfig(BaseSettings):
         description="seconds in-flight work may take to finish after SIGTERM before every "
         "session is closed",
     )
-    memory_budget: Annotated[Annotated[int, Field(ge=0)] | None, BeforeValidator(_budget)] = Field(
-        default=None,
-        description="server-wide budget for tensor bytes (e.g. 3GiB); 'auto' = 75% of the "
-        "container's cgroup memory limit; unset = half the machine's memory; new work beyond "
-        "it fails with server_memory_exhausted",
+    memory_budget: Annotated[Annotated[int, Field(ge=0)] | None, BeforeValidator(parse_budget)] = (
+        Field(
+            default=None,
+            description="server-wide budget for tensor bytes (e.g. 3GiB); 'auto' = 75% of the "
+            "container's cgroup memory limit; unset = half the machine's memory; new work beyond "
+            "it fails with server_memory_exhausted",
+        )
     )
     spare_memory: Size = Field(
         default=2**30,
@@ -179,7 +130,7 @@ class ServerConfig(BaseSettings):
     )
     tls_cert: Path | None = Field(default=None, description="PEM certificate chain: serve wss://")
     tls_key: Path | None = Field(default=None, description="PEM private key of --tls-cert")
-    allowed_origins: Annotated[tuple[str, ...], NoDecode, BeforeValidator(_origins)] = Field(
+    allowed_origins: Annotated[tuple[str, ...], NoDecode, BeforeValidator(parse_list)] = Field(
         default=(),
         description="browser Origin values allowed, comma-separated; a connection with any "
         "other Origin header is refused",
@@ -232,7 +183,7 @@ class ServerConfig(BaseSettings):
         description="bytes one session's registered graphs may hold (their constants, and 1 KiB "
         "an op), counted in its quota too",
     )
-    session_quota: Annotated[Size | None, BeforeValidator(_size)] = Field(
+    session_quota: Annotated[Size | None, BeforeValidator(parse_size)] = Field(
         default=None,
         description="tensor bytes one session may hold (e.g. 1GiB); unset = half of the "
         "memory budget",
@@ -251,6 +202,28 @@ class ServerConfig(BaseSettings):
         description="token: GET /metrics needs 'Authorization: Bearer TOKEN' when a token is "
         "set; none: open",
     )
+    # --- direct transfers between servers (server/peers.py, server/exposures.py) -----------------
+    peers: Annotated[tuple[PeerURL, ...], NoDecode, BeforeValidator(parse_list)] = Field(
+        default=(),
+        description="servers this one may pull tensors from, comma-separated ws:// or wss:// URLs "
+        "(shell-style wildcards allowed: ws://tensorwire-*.tensorwire:8765); a pull from any "
+        "other source is refused, so a client cannot make this server connect elsewhere",
+    )
+    peer_token: Annotated[str | None, BeforeValidator(parse_token)] = Field(
+        default=None, description="token this server presents to its peers; unset = its own token"
+    )
+    peer_token_file: Path | None = Field(
+        default=None, description="read the peer token from this file (a secret)"
+    )
+    peer_ca_file: Path | None = Field(
+        default=None,
+        description="PEM CA certificates that wss:// peers' certificates must chain to "
+        "(default: the system's)",
+    )
+    transfer_ttl: Annotated[float, Field(gt=0, le=86400)] = Field(
+        default=300.0,
+        description="seconds a transfer capability (an expose) lives before it is refused",
+    )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
         default="WARNING", description="least severe log event written (INFO: every session)"
     )
@@ -261,7 +234,7 @@ class ServerConfig(BaseSettings):
     @model_validator(mode="before")
     @classmethod
     def _prepare(cls, data: Any) -> Any:
-        """Upper-case ``log_level``; read ``token_file`` into ``token``."""
+        """Upper-case ``log_level``; read ``token_file`` and ``peer_token_file``."""
         if not isinstance(data, dict):
             return data
         data = dict(data)
@@ -274,7 +247,19 @@ class ServerConfig(BaseSettings):
                     "not both"
                 )
             data["token"] = read_token_file(Path(data["token_file"]))
+        if data.get("peer_token_file") not in (None, ""):
+            if data.get("peer_token") is not None:
+                raise ValueError(
+                    f"give --peer-token ({ENV_PREFIX}PEER_TOKEN) or --peer-token-file "
+                    f"({ENV_PREFIX}PEER_TOKEN_FILE), not both"
+                )
+            data["peer_token"] = read_token_file(Path(data["peer_token_file"]), "peer-token-file")
         return data
+
+    @property
+    def credentials(self) -> str | None:
+        """The token this server presents to its peers."""
+        return self.token if self.peer_token is None else self.peer_token
 
     @property
     def effective_memory_budget(self) -> int:
@@ -294,23 +279,6 @@ class ServerConfig(BaseSettings):
                 f"({ENV_PREFIX}PORT); leave it unset to serve /metrics on the main port"
             )
         return self
-
-
-def read_token_file(path: Path) -> str:
-    """The token in ``path``, without surrounding whitespace.
-
-    Raises:
-        ValueError: the file cannot be read or holds only whitespace (one line, for stderr).
-    """
-    where = f"--token-file ({ENV_PREFIX}TOKEN_FILE)"
-    try:
-        token = path.read_text().strip()
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
-        raise ValueError(f"{where}: cannot read {path}: {reason}") from None
-    if not token:
-        raise ValueError(f"{where}: {path} is empty")
-    return token
 
 
 def validate_host_device(device: NdArraySpec | RemoteSpec | CaptureSpec) -> NdArraySpec:

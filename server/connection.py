@@ -1,8 +1,7 @@
 """One websocket connection of the server, from its hello to its session's end.
 
-With ``server.app`` (listeners, HTTP answers, drain) and the wire (``server.wire``,
-``server.receiving``, ``server.sending``, over ``server.websockets_adapter``), the only server
-modules that touch sockets.
+With ``server.app``, the wire (``wire``, ``receiving``, ``sending``, ``websockets_adapter``)
+and ``server.peers`` (pulls from peer servers), the only server modules that touch sockets.
 
 Per connection: the handshake (the client's :class:`~protocol.Hello`, answered with
 :class:`~protocol.Welcome` or :class:`~protocol.Refused`) makes a :class:`Session`; then the
@@ -16,8 +15,7 @@ message is answered in the wire's callback that delivers it (``server/answering.
 saves the task's turn; what cannot be finished there goes on in the task, in order.
 
 Each live session is one :class:`Live` record: its session, its connection and its count of
-messages received but not yet answered, which the drain (``Server.drain``) reads to close a
-session (1001) as soon as it owes nothing.
+messages not yet answered, read by the drain (``Server.drain``) to close it (1001) at once.
 
 Guards (README, "Security"): the Origin, the token and the connection count were checked on
 the HTTP upgrade (``server.guard``), before a session exists. Each decoder refuses declared
@@ -25,8 +23,7 @@ buffers over the message size or the session's quota before allocating them. A b
 leaves the event loop is watched against the per-op deadline (``server.workers``); past it the
 session is closed (close code 1008, reason ``deadline_exceeded: ...``). A reply the client does
 not take within the send timeout drops the connection; so does a client that sends nothing for
-the idle timeout while the server owes it nothing. Close reasons start with the
-:class:`~protocol.ErrorCode`.
+the idle timeout while owed nothing. Close reasons start with the :class:`~protocol.ErrorCode`.
 """
 
 from __future__ import annotations
@@ -66,6 +63,7 @@ from .limits import Limits
 from .logs import fields
 from .metrics import REFUSAL_LIMIT, Metrics
 from .outcome import Job
+from .pulls import Transfers
 from .receiving import STEPWISE_HEADER
 from .session import Session
 from .store import TensorStore
@@ -112,7 +110,7 @@ class Connections:
         self,
         config: ServerConfig,
         device_count: int,
-        server_id: str,
+        transfers: Transfers,
         budget: MemoryBudget,
         workers: Workers,
         metrics: Metrics,
@@ -122,7 +120,7 @@ class Connections:
         self.open = 0  # upgraded connections being handled
         self._config = config
         self._device_count = device_count
-        self._server_id = server_id
+        self._transfers = transfers  # its server_id is the server's
         self._budget = budget
         self._workers = workers
         self._metrics = metrics
@@ -213,7 +211,9 @@ class Connections:
             await ws.close(1000, "handshake refused")
             return None
         store = TensorStore(self._config.effective_session_quota, self._budget)
-        session = Session(secrets.token_hex(8), hello.device_index, store, self._limits)
+        session = Session(
+            secrets.token_hex(8), hello.device_index, store, self._limits, self._transfers
+        )
         self._decode_for(ws, session)  # before the welcome: the client may send at once
         await self._send(
             ws,
@@ -221,7 +221,7 @@ class Connections:
                 protocol=PROTOCOL_VERSION,
                 device_index=hello.device_index,
                 device_count=self._device_count,
-                server_id=self._server_id,
+                server_id=self._transfers.server_id,
                 session_id=session.session_id,
             ),
         )

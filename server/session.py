@@ -46,24 +46,15 @@ import numpy as np
 
 from protocol import (
     Batch,
-    Describe,
-    DescribeReply,
     ErrorCode,
     ErrorInfo,
     InvalidOpError,
     MessageLimitError,
-    Read,
-    ReadReply,
-    RequestFailed,
     SessionError,
-    Stats,
-    StatsReply,
-    SyncReply,
     TensorMeta,
 )
 from protocol.codec import Buffer
-from protocol.messages import Request
-from protocol.ops import AnyOp, FromBuffer, RunGraph
+from protocol.ops import AnyOp, FromBuffer, Pull, RunGraph
 
 from . import executor, frees
 from .errors import StoreError
@@ -72,16 +63,14 @@ from .graphs import Graphs
 from .limits import Limits as Limits
 from .limits import check_cost, output_bytes
 from .outcome import Job, Outcomes
-from .store import Failure, Stored, TensorStore, sent_view
+from .pulls import Pulls, Transfers
+from .requests import Reply as Reply
+from .requests import Requests
+from .store import Failure, TensorStore
 
 INLINE_COST = 1 << 16  # executor.cost (about 1 ns each) that may run on the loop: ~65 us
 INLINE_SLICE = 0.002  # seconds step(inline=True) runs before it pauses (100k ops held it 1-4 s)
 FIRST_SLICE = 0.02  # a batch's first: a client's flush of 2048 cheap ops (~18 ms) runs whole
-
-Reply = tuple[
-    ReadReply | SyncReply | StatsReply | DescribeReply | RequestFailed | SessionError,
-    Sequence[memoryview],
-]
 
 
 class Session:
@@ -93,6 +82,7 @@ class Session:
         device_index: int,
         store: TensorStore | None = None,
         limits: Limits | None = None,
+        transfers: Transfers | None = None,
     ) -> None:
         self.session_id = session_id
         self.device_index = device_index
@@ -105,6 +95,8 @@ class Session:
         self._fast = FastPath(self.outcomes, INLINE_COST)  # Unary and Binary ops
         # registered graphs, run_graph; a replay stops at its next step once the session closed
         self.graphs = Graphs(self.outcomes, INLINE_COST, lambda: self.closed)
+        self.requests = Requests(self.store, None if transfers is None else transfers.exposures)
+        self._pulls = Pulls(self.outcomes, transfers)  # direct transfers
 
     @property
     def ops_run(self) -> int:
@@ -194,6 +186,8 @@ class Session:
                     done = self._fast.run(op, job, inline)
                 elif isinstance(op, RunGraph):
                     done = self.graphs.run(op, job, inline)
+                elif isinstance(op, Pull):
+                    done = self._pulls.run(op, job, inline)
                 else:
                     done = None
                 if done is None:
@@ -325,64 +319,11 @@ class Session:
             self.graphs.drop(graph_id)
         errors = [*job.errors, *self.store.take_unrecorded()]  # failures kept nowhere
         yield from ((SessionError(error=e), ()) for e in errors)
-        yield from (self._answer(request) for request in job.batch.requests)
+        yield from (self.requests.answer(request) for request in job.batch.requests)
 
     def reply_bytes(self, batch: Batch) -> int:
         """The tensor bytes the replies to ``batch``'s reads will carry (as stored now)."""
-        total = 0
-        for request in batch.requests:
-            if isinstance(request, Read):
-                value = self.store.lookup(request.tensor)
-                if isinstance(value, Stored):
-                    total += value.array.nbytes
-        return total
-
-    def _answer(self, request: Request) -> Reply:
-        if isinstance(request, Read):
-            return self._read(request)
-        if isinstance(request, Describe):
-            return self._describe(request)
-        if isinstance(request, Stats):
-            store = self.store
-            reply = StatsReply(
-                request_id=request.request_id,
-                tensors=len(store),
-                tensor_bytes=store.nbytes,
-                failed=store.failed,
-                server_tensor_bytes=store.budget.used,
-                connections=store.budget.sessions,
-            )
-            return reply, ()
-        return SyncReply(request_id=request.request_id), ()
-
-    def _stored(self, request: Read | Describe) -> Stored | Reply:
-        """The tensor a request names, or the reply that says why it cannot be had."""
-        try:
-            value = self.store.get(request.tensor)
-        except StoreError as exc:
-            error = ErrorInfo(code=exc.code, message=str(exc))
-            return RequestFailed(request_id=request.request_id, error=error), ()
-        if isinstance(value, Failure):
-            return RequestFailed(request_id=request.request_id, error=value.error), ()
-        return value
-
-    def _describe(self, request: Describe) -> Reply:
-        value = self._stored(request)
-        if not isinstance(value, Stored):
-            return value
-        meta = value.meta
-        return DescribeReply(request_id=request.request_id, shape=meta.shape, dtype=meta.dtype), ()
-
-    def _read(self, request: Read) -> Reply:
-        value = self._stored(request)
-        if not isinstance(value, Stored):
-            return value
-        view = sent_view(value.array)  # not a copy: a strided view is copied as it is sent
-        self.store.share(request.tensor, view)  # the reply's bytes are written later
-        meta = value.meta
-        reply = ReadReply(request_id=request.request_id, shape=meta.shape, dtype=meta.dtype,
-                          nbytes=view.nbytes)  # fmt: skip
-        return reply, (view,)
+        return self.requests.reply_bytes(batch)
 
     def close(self) -> None:
         """Drop every tensor and stop running ops. Idempotent. While a worker thread runs this
@@ -391,6 +332,8 @@ class Session:
         if not self.closed:
             self.closed = True
             self.store.budget.sessions -= 1
+            if self.requests.exposures is not None:
+                self.requests.exposures.withdraw(self.store)
         if not self._in_thread:
             self.graphs.close()
             self.store.close()

@@ -127,6 +127,7 @@ class TensorStore:
         # what the entries cost (entry_bytes), in the budget; the quota's size again at most
         self.records = Bookkeeping(self.budget, 2**63 if quota is None else max(quota, ENTRY_MIN))
         self.uploads = Holds()  # upload buffers allocated and not yet taken by their ops
+        self.exposed = 0  # bytes of open transfer capabilities (server/exposures.py changes it)
         self.failed = 0
         self.unrecorded = 0  # failure records not kept since take_unrecorded
         self._first_unrecorded: ErrorInfo | None = None
@@ -160,7 +161,7 @@ class TensorStore:
         """Bytes this session may still reserve (ignoring the server-wide budget)."""
         if self.quota is None:
             return 2**63
-        return self.quota - self.nbytes - self.reserved - self.uploads.nbytes
+        return self.quota - self.nbytes - self.reserved - self.uploads.nbytes - self.exposed
 
     def entry_room(self) -> int:
         """Bookkeeping bytes this session may still add (see the module docstring)."""

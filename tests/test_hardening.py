@@ -61,8 +61,9 @@ ALLOWED = {
     "protocol/schema.py calls open()",
     # PEP 562 lazy exports: import_module of the fixed names in server._EXPORTS.
     "server/__init__.py imports ['importlib']",
-    # --token-file and the cgroup memory limit: files the operator names, read at startup.
-    "server/config.py uses .read_text",
+    # --token-file, --peer-token-file and the cgroup memory limit: files the operator names,
+    # read at startup (server/setting_values.py turns settings' text into values).
+    "server/setting_values.py uses .read_text",
     # The launcher of `python -m server` for tests, benchmarks and tools; nothing in the server
     # imports it (tests/test_process.py checks), so a server never starts processes.
     "server/process.py imports ['subprocess']",

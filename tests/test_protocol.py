@@ -18,11 +18,14 @@ from protocol import (
     CLIENT_ADAPTER,
     SERVER_ADAPTER,
     Batch,
+    Claim,
     DecodeError,
     Describe,
     DescribeReply,
     ErrorCode,
     ErrorInfo,
+    Expose,
+    ExposeReply,
     Hello,
     MessageDecoder,
     Read,
@@ -65,6 +68,7 @@ from protocol.ops import (
     MoveAxis,
     Nonzero,
     PermuteDims,
+    Pull,
     Reduce,
     Repeat,
     Reshape,
@@ -127,6 +131,8 @@ ALL_OPS: list[AnyOp] = [
     Linalg(out=39, op="matrix_norm", xs=(1,), ord="nuc", keepdims=True),
     FFT(out=40, op="irfftn", x=2, n=(4, None), axes=(0, 1), norm="ortho"),
     RunGraph(out=41, more=(42,), graph=7, args=(1, 2)),
+    Pull(out=43, source="ws://10.0.0.2:8765", capability="c" * 43, shape=(2, 3), dtype="int8"),
+    Pull(out=44, source=None, capability="-" * 43, shape=(), dtype="bool"),
 ]
 ERROR = ErrorInfo(code=ErrorCode.INVALID_OP, message="bad", op="matmul(#1, #2) -> #3")
 CLIENT_MESSAGES: list[Any] = [
@@ -141,6 +147,8 @@ CLIENT_MESSAGES: list[Any] = [
             Sync(request_id=2),
             Stats(request_id=3),
             Describe(request_id=4, tensor=30),
+            Expose(request_id=5, tensor=9, audience="0a1b"),
+            Claim(request_id=6, capability="_" * 43, claimant="ff"),
         ],
         buffers=[24],
     ),
@@ -153,6 +161,7 @@ SERVER_MESSAGES: list[Any] = [
     StatsReply(request_id=2, tensors=3, tensor_bytes=4, failed=1),
     DescribeReply(request_id=4, shape=(7,), dtype="int64"),
     RequestFailed(request_id=3, error=ERROR),
+    ExposeReply(request_id=5, capability="x" * 43, ttl=300.0),
     SessionError(error=ErrorInfo(code=ErrorCode.BAD_MESSAGE, message="x")),
 ]
 

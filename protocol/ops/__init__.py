@@ -12,6 +12,8 @@ client's categories of the Array API standard:
 - ``data``: ``sort``, ``cumulative``, ``searchsorted``, ``nonzero``, ``unique``
 - ``linalg``, ``fft``: the standard's two extensions
 - ``graph``: ``run_graph``, a registered graph (``protocol.graphs``) run on new inputs
+- ``transfer``: ``pull``, a tensor fetched from another session's exposure (no executor runner:
+  the server's transfers run it)
 
 Adding an op: its model (with its inference rule) in one family module, its name in
 :data:`AnyOp` below, its runner in the executor's module of the same name.
@@ -74,6 +76,9 @@ from .manipulation import Tile as Tile
 from .manipulation import Triangle as Triangle
 from .reduction import Reduce as Reduce
 from .reduction import ReduceName as ReduceName
+from .transfer import Capability as Capability
+from .transfer import Pull as Pull
+from .transfer import SourceURL as SourceURL
 
 AnyOp = (
     FromBuffer | Full | Arange | Eye | Linspace  # creation
@@ -87,5 +92,6 @@ AnyOp = (
     | Linalg  # linalg
     | FFT  # fft
     | RunGraph  # graph
+    | Pull  # transfer
 )  # fmt: skip
 Op = Annotated[AnyOp, Field(discriminator="kind")]

@@ -1,0 +1,92 @@
+"""Pulls from peer servers: the network side of the ``pull`` op (``server/pulls.py``).
+
+A pull's source is another Tensorwire server, and this server is its client: it opens a session
+with the client's own connection (``client._connection``: the same upgrade, TLS, handshake,
+typed refusals, keepalive and fast receive path as training code gets, rather than a second
+implementation of them in the server), presenting its peer credentials (``--peer-token``, by
+default its own ``--token``: servers that share one secret authenticate to each other) and
+checking a ``wss://`` source's certificate against ``--peer-ca-file`` or the system's CAs;
+sends one :class:`~protocol.Claim` with the capability and receives the tensor as a read reply,
+straight into memory that the pulled tensor then keeps. It imports the client only when a pull
+runs (the one import of ``client`` from ``server``, named in the import contract). A source is
+contacted only if it matches ``--peers``: otherwise a client could make the server connect
+anywhere its network reaches.
+
+Failures are the op's, never the session's: each raises :class:`StoreError` with
+``transfer_failed`` (no credentials for the source, refused, unreachable, lost midway, or
+silent past the keepalive) or the source's own code (``capability_refused``), naming the source.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from typing import Any
+
+import numpy as np
+
+from protocol import Claim, ErrorCode
+from protocol.ops import Pull
+
+from .config import ServerConfig
+from .errors import StoreError
+
+OPEN_TIMEOUT = 10.0  # seconds to connect and be welcomed
+PING_INTERVAL, PING_TIMEOUT = 5.0, 10.0  # a source silent this long is lost
+
+
+class PeerFetcher:
+    """Fetches pulled tensors from the peers ``config`` allows, with its credentials."""
+
+    def __init__(self, config: ServerConfig) -> None:
+        self.patterns = config.peers
+        self._token = config.credentials
+        self._ca_file = None if config.peer_ca_file is None else str(config.peer_ca_file)
+
+    def allows(self, source: str) -> bool:
+        return any(fnmatch.fnmatchcase(source, pattern) for pattern in self.patterns)
+
+    def __call__(self, op: Pull, claimant: str) -> np.ndarray[Any, Any]:
+        """The array behind ``op.capability`` at ``op.source``, claimed as ``claimant``.
+
+        Raises:
+            StoreError: ``transfer_failed``, or the source's refusal (``capability_refused``).
+        """
+        source = op.source
+        assert source is not None, "a pull from this server is not fetched"
+        if not self.allows(source):
+            allowed = ", ".join(self.patterns) or "none: --peers is empty"
+            raise StoreError(
+                ErrorCode.TRANSFER_FAILED,
+                f"this server has no credentials for {source}: it pulls only from its --peers "
+                f"({allowed})",
+            )
+        from client._connection import Connection  # a pull is a client session of the source
+        from client._liveness import Liveness
+        from client.errors import ConnectionLost, HandshakeError, RemoteError
+
+        liveness = Liveness(PING_INTERVAL, PING_TIMEOUT, None)
+        try:
+            conn = Connection(source, 0, self._token, OPEN_TIMEOUT, self._ca_file, liveness)
+        except HandshakeError as exc:
+            raise _failed(
+                f"{source} refused this server's session: {exc} (a server presents its "
+                "--peer-token, by default its --token)"
+            ) from None
+        except (ConnectionLost, OSError, ValueError) as exc:
+            raise _failed(f"cannot reach {source}: {exc}") from None
+        try:
+            claim = conn.request(
+                lambda rid: Claim(request_id=rid, capability=op.capability, claimant=claimant)
+            )
+            array: np.ndarray[Any, Any] = claim.result()
+        except RemoteError as exc:
+            raise StoreError(exc.code, f"{source} refused the claim: {exc.error.message}") from None
+        except ConnectionLost as exc:
+            raise _failed(f"the pull from {source} was cut off: {exc}") from None
+        finally:
+            conn.close()
+        return array
+
+
+def _failed(message: str) -> StoreError:
+    return StoreError(ErrorCode.TRANSFER_FAILED, message)

@@ -1,0 +1,240 @@
+"""Direct transfers (issue 18): ``x.to_device(dev)`` between two real servers on loopback moves
+the bytes server to server, never through the client; between two devices of one server it is a
+copy in memory; capabilities are single-use, bound to one server, expire, and are refused
+clearly; a source that is gone fails the pulled tensor, and nothing leaks on either server."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+import client
+from client.device import Device
+from protocol import DTYPES, TensorMeta, to_numpy
+from protocol.ops import Pull
+
+from .servers import ServerProcess, run_server
+
+LOOPBACK_PEERS = ("--peers", "ws://127.0.0.1:*")
+MIB = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def source() -> Iterator[ServerProcess]:
+    with run_server("--device", "ndarray:2", *LOOPBACK_PEERS) as proc:
+        yield proc
+
+
+@pytest.fixture(scope="module")
+def target() -> Iterator[ServerProcess]:
+    with run_server(*LOOPBACK_PEERS) as proc:
+        yield proc
+
+
+@pytest.fixture
+def devs(source: ServerProcess, target: ServerProcess) -> Iterator[tuple[Any, Any]]:
+    with client.RemoteDevice(source.url) as a, client.RemoteDevice(target.url) as b:
+        yield a, b
+
+
+def _received(dev: client.RemoteDevice) -> int:
+    return int(dev._conn._ws.received_bytes)  # noqa: SLF001 - the bytes that crossed the client
+
+
+def _values(dtype: str, shape: tuple[int, ...]) -> np.ndarray[Any, Any]:
+    rng = np.random.default_rng(7)
+    raw = rng.standard_normal(shape) * 100
+    if dtype.startswith("complex"):
+        raw = raw + 1j * rng.standard_normal(shape)
+    return np.asarray(raw).astype(to_numpy(dtype))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("dtype", sorted(DTYPES))
+@pytest.mark.parametrize("shape", [(), (0,), (3, 0, 2), (257, 3)])
+def test_every_dtype_and_shape_moves_server_to_server(
+    devs: tuple[client.RemoteDevice, client.RemoteDevice], dtype: str, shape: tuple[int, ...]
+) -> None:
+    a, b = devs
+    expected = _values(dtype, shape)
+    x = client.namespace(a).asarray(expected)
+    y = x.to_device(b)
+    assert y.device is b and y.shape == shape and y.dtype == expected.dtype
+    np.testing.assert_array_equal(y.numpy(), expected)
+
+
+def test_the_bytes_never_cross_the_client(
+    devs: tuple[client.RemoteDevice, client.RemoteDevice],
+) -> None:
+    a, b = devs
+    xp = client.namespace(a)
+    x = xp.ones((4 * MIB,), dtype=xp.float64)  # 32 MiB made on the source
+    a.sync()
+    before = _received(a), _received(b)
+    y = x.to_device(b)
+    total = client.namespace(b).sum(y)  # used on the target, then one number read back
+    assert float(total.numpy()) == 4 * MIB
+    crossed = _received(a) - before[0] + _received(b) - before[1]
+    assert crossed < 4096, crossed  # an expose reply and one read of 8 bytes: no tensor
+
+
+def test_views_and_values_as_exposed(devs: tuple[client.RemoteDevice, client.RemoteDevice]) -> None:
+    a, b = devs
+    xp = client.namespace(a)
+    base = xp.reshape(xp.arange(24, dtype=xp.int32), (4, 6))
+    np.testing.assert_array_equal(base.T.to_device(b).numpy(), np.arange(24).reshape(4, 6).T)
+    wide = xp.broadcast_to(xp.asarray([1.5]), (1000, 64))  # 8 bytes held, 512 KB exposed
+    np.testing.assert_array_equal(wide.to_device(b).numpy(), np.full((1000, 64), 1.5))
+    x = xp.zeros(5)
+    y = x.to_device(b)
+    x[0] = 99.0  # written on the source after the expose: the copy is the value before
+    del x  # and freed: the exposure keeps the bytes until they are claimed
+    np.testing.assert_array_equal(y.numpy(), np.zeros(5))
+
+
+def test_two_devices_of_one_server_copy_in_memory(source: ServerProcess) -> None:
+    # The target server here is the source itself, which pulls over no network: its --peers
+    # name only 127.0.0.1 ports, and a same-server pull names no source at all.
+    with client.RemoteDevice(source.url, 0) as d0, client.RemoteDevice(source.url, 1) as d1:
+        x = client.namespace(d0).asarray(np.arange(10.0))
+        sent: list[Any] = []
+        submit = d1.submit
+        d1.submit = lambda op: (sent.append(op), submit(op))[1]  # type: ignore[method-assign]
+        y = x.to_device(d1)
+        assert isinstance(sent[0], Pull) and sent[0].source is None
+        np.testing.assert_array_equal(y.numpy(), np.arange(10.0))
+
+
+def _pull(dev: Device, capability: str, source: str | None, meta: TensorMeta) -> Any:
+    op = Pull(out=dev.new_id(), source=source, capability=capability, shape=meta.shape,
+              dtype=meta.dtype)  # fmt: skip
+    return dev.submit_unchecked(op, meta)
+
+
+def test_a_capability_works_once_for_its_server(
+    devs: tuple[client.RemoteDevice, client.RemoteDevice], source: ServerProcess
+) -> None:
+    a, b = devs
+    x = client.namespace(a).asarray(np.arange(6.0))
+    capability = a.expose(x.tensor_id, b.server_id).result().capability
+    first = _pull(b, capability, source.url, x.meta)
+    again = _pull(b, capability, source.url, x.meta)
+    np.testing.assert_array_equal(first.numpy(), np.arange(6.0))
+    with pytest.raises(client.TransferError, match="already used") as used:
+        again.numpy()
+    assert used.value.code == "capability_refused" and source.url in str(used.value)
+    elsewhere = a.expose(x.tensor_id, "0123456789abcdef").result().capability
+    with pytest.raises(client.TransferError, match="bound to server 0123456789abcdef"):
+        _pull(b, elsewhere, source.url, x.meta).numpy()
+    with pytest.raises(client.TransferError, match="unknown to this server"):
+        _pull(b, "A" * 43, source.url, x.meta).numpy()
+    wrong = a.expose(x.tensor_id, b.server_id).result().capability
+    with pytest.raises(client.TransferError, match="int64 of shape"):
+        _pull(b, wrong, source.url, TensorMeta((6,), "int64")).numpy()
+    assert float(client.namespace(b).sum(first).numpy()) == 15.0  # the session goes on
+
+
+def test_a_capability_expires() -> None:
+    with run_server("--transfer-ttl", "0.3") as proc, client.RemoteDevice(proc.url, 0) as a:
+        with client.RemoteDevice(proc.url, 0) as b:
+            x = client.namespace(a).asarray(np.ones(3))
+            capability = a.expose(x.tensor_id, b.server_id).result().capability
+            time.sleep(0.6)
+            with pytest.raises(client.TransferError, match="expired"):
+                _pull(b, capability, None, x.meta).numpy()
+
+
+def test_a_server_pulls_only_from_its_peers(source: ServerProcess) -> None:
+    with run_server("--peers", "ws://10.0.0.1:8765") as lonely:
+        with client.RemoteDevice(source.url) as a, client.RemoteDevice(lonely.url) as b:
+            y = client.namespace(a).ones(4).to_device(b)
+            with pytest.raises(client.TransferError, match="no credentials for ws://127") as e:
+                y.numpy()
+            assert e.value.code == "transfer_failed"
+            assert b.stats().tensor_bytes == 0
+
+
+def test_servers_authenticate_to_each_other_with_their_token() -> None:
+    token = {"TENSOR_SERVER_TOKEN": "s3cret-shared"}
+    with (
+        run_server(*LOOPBACK_PEERS, env=token) as first,
+        run_server(*LOOPBACK_PEERS, env=token) as second,
+        run_server(*LOOPBACK_PEERS) as tokenless,
+    ):
+        with (
+            client.RemoteDevice(first.url, token="s3cret-shared") as a,
+            client.RemoteDevice(second.url, token="s3cret-shared") as b,
+            client.RemoteDevice(tokenless.url) as c,
+        ):
+            x = client.namespace(a).asarray(np.arange(3))
+            np.testing.assert_array_equal(x.to_device(b).numpy(), np.arange(3))
+            with pytest.raises(client.TransferError, match=f"{first.url} refused") as e:
+                x.to_device(c).numpy()  # c has no credentials that first accepts
+            assert "auth" in str(e.value).lower() or "401" in str(e.value)
+
+
+def test_a_source_lost_midway_fails_the_pull_and_nothing_leaks(target: ServerProcess) -> None:
+    with (
+        run_server(*LOOPBACK_PEERS) as doomed,
+        client.RemoteDevice(target.url) as b,
+    ):
+        baseline = b.stats()
+        a = client.RemoteDevice(doomed.url, ping_timeout=None)
+        x = client.namespace(a).asarray(np.arange(1000.0))
+        capability = a.expose(x.tensor_id, b.server_id).result().capability
+        os.kill(doomed.pid, signal.SIGSTOP)  # the target connects to a source that is stuck
+        y = _pull(b, capability, doomed.url, x.meta)
+        b.flush()
+        time.sleep(0.5)
+        os.kill(doomed.pid, signal.SIGKILL)  # ... and then gone
+        with pytest.raises(client.TransferError, match=doomed.url) as e:
+            y.numpy()
+        assert e.value.code == "transfer_failed"
+        z = client.namespace(b).asarray(np.ones(2))
+        assert float(client.namespace(b).sum(z).numpy()) == 2.0  # the session goes on
+        del y, z
+        stats = b.stats()
+        assert (stats.tensor_bytes, stats.server_tensor_bytes) == (
+            baseline.tensor_bytes,
+            baseline.server_tensor_bytes,
+        )
+
+
+def test_exposures_are_counted_until_claimed_or_withdrawn(
+    devs: tuple[client.RemoteDevice, client.RemoteDevice], source: ServerProcess
+) -> None:
+    a, b = devs
+    x = client.namespace(a).ones(MIB // 8)  # 1 MiB
+    held = a.stats().server_tensor_bytes
+    capability = a.expose(x.tensor_id, b.server_id).result().capability
+    assert a.stats().server_tensor_bytes == held + MIB  # the exposure, until claimed
+    y = _pull(b, capability, source.url, x.meta)
+    b.sync()
+    assert a.stats().server_tensor_bytes == held
+    del y
+    with client.RemoteDevice(source.url) as leaving:
+        z = client.namespace(leaving).ones(MIB // 8)
+        leaving.expose(z.tensor_id, b.server_id).result()  # never claimed
+        assert leaving.stats().server_tensor_bytes == held + 2 * MIB
+    for _ in range(100):  # the session's close withdraws it
+        if a.stats().server_tensor_bytes == held:
+            break
+        time.sleep(0.05)
+    assert a.stats().server_tensor_bytes == held
+
+
+def test_the_in_process_device_moves_through_the_client(
+    devs: tuple[client.RemoteDevice, client.RemoteDevice],
+) -> None:
+    _, b = devs
+    local = client.open_device("ndarray")
+    x = client.namespace(local).asarray(np.arange(4))
+    np.testing.assert_array_equal(x.to_device(b).numpy(), np.arange(4))
+    np.testing.assert_array_equal(
+        client.namespace(b).asarray(np.arange(3)).to_device(local).numpy(), np.arange(3)
+    )
