@@ -49,7 +49,11 @@ from .setting_values import cgroup_memory_limit as cgroup_memory_limit
 MAX_OP_COST = 2**35
 
 
-PeerURL = Annotated[str, Field(pattern=r"^wss?://\S+$")]  # a glob of peers' URLs
+# A peer's URL, or a pattern of them: scheme://host[:port], host labels and port may be
+# wildcards (server/peers.py matches them part by part); no user name, path or query.
+PeerURL = Annotated[
+    str, Field(pattern=r"^wss?://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.*?-]+)(:([0-9]+|\*))?/?$")
+]
 
 
 class UnsupportedDeviceError(ValueError):
@@ -206,8 +210,9 @@ class ServerConfig(BaseSettings):
     peers: Annotated[tuple[PeerURL, ...], NoDecode, BeforeValidator(parse_list)] = Field(
         default=(),
         description="servers this one may pull tensors from, comma-separated ws:// or wss:// URLs "
-        "(shell-style wildcards allowed: ws://tensorwire-*.tensorwire:8765); a pull from any "
-        "other source is refused, so a client cannot make this server connect elsewhere",
+        "of the form scheme://host:port; a host label or the port may be a shell-style wildcard "
+        "(ws://tensorwire-*.tensorwire:8765; a * never spans a dot); a pull from any other "
+        "source is refused, so a client cannot make this server connect elsewhere",
     )
     peer_token: Annotated[str | None, BeforeValidator(parse_token)] = Field(
         default=None, description="token this server presents to its peers; unset = its own token"

@@ -20,6 +20,7 @@ silent past the keepalive) or the source's own code (``capability_refused``), na
 from __future__ import annotations
 
 import fnmatch
+import re
 from typing import Any
 
 import numpy as np
@@ -30,6 +31,10 @@ from protocol.ops import Pull
 from .config import ServerConfig
 from .errors import StoreError
 
+# scheme://host[:port][/], nothing else: no user name (``ws://peer@evil``), no path or query.
+# A pattern's host labels and port may be shell-style wildcards; a source's may not.
+URL_PARTS = re.compile(r"^(wss?)://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.*?-]+)(?::([0-9]+|\*))?/?$")
+DEFAULT_PORTS = {"ws": "80", "wss": "443"}
 OPEN_TIMEOUT = 10.0  # seconds to connect and be welcomed
 PING_INTERVAL, PING_TIMEOUT = 5.0, 10.0  # a source silent this long is lost
 
@@ -43,7 +48,12 @@ class PeerFetcher:
         self._ca_file = None if config.peer_ca_file is None else str(config.peer_ca_file)
 
     def allows(self, source: str) -> bool:
-        return any(fnmatch.fnmatchcase(source, pattern) for pattern in self.patterns)
+        """Whether ``source`` is one of the peers: its scheme the same, each label of its
+        host matched by the pattern's label (a ``*`` never spans a dot), its port too."""
+        parts = url_parts(source)
+        if parts is None or any(c in "*?[" for c in parts[1] + parts[2]):
+            return False
+        return any(_matches(parts, url_parts(pattern)) for pattern in self.patterns)
 
     def __call__(self, op: Pull, claimant: str) -> np.ndarray[Any, Any]:
         """The array behind ``op.capability`` at ``op.source``, claimed as ``claimant``.
@@ -86,6 +96,27 @@ class PeerFetcher:
         finally:
             conn.close()
         return array
+
+
+def url_parts(url: str) -> tuple[str, str, str] | None:
+    """``(scheme, host, port)`` of a peer URL or pattern (host lower-cased, the port the
+    scheme's default when absent), or None for anything else (a user name, a path, a query)."""
+    match = URL_PARTS.match(url)
+    if match is None:
+        return None
+    scheme, host, port = match.groups()
+    return scheme, host.lower(), port or DEFAULT_PORTS[scheme]
+
+
+def _matches(source: tuple[str, str, str], pattern: tuple[str, str, str] | None) -> bool:
+    if pattern is None or source[0] != pattern[0]:
+        return False
+    labels, wanted = source[1].split("."), pattern[1].split(".")
+    return (
+        len(labels) == len(wanted)
+        and all(fnmatch.fnmatchcase(a, b) for a, b in zip(labels, wanted, strict=True))
+        and fnmatch.fnmatchcase(source[2], pattern[2])
+    )
 
 
 def _failed(message: str) -> StoreError:

@@ -238,3 +238,39 @@ def test_the_in_process_device_moves_through_the_client(
     np.testing.assert_array_equal(
         client.namespace(b).asarray(np.arange(3)).to_device(local).numpy(), np.arange(3)
     )
+
+
+PATTERNS = "ws://tensorwire-*.tensorwire:8765,ws://127.0.0.1:*"
+
+
+@pytest.mark.parametrize(
+    ("source", "allowed"),
+    [
+        ("ws://tensorwire-0.tensorwire:8765", True),
+        ("ws://TENSORWIRE-1.tensorwire:8765/", True),
+        ("ws://127.0.0.1:5555", True),
+        # a user name, a path, another label under a wildcard, another port or scheme: never
+        ("ws://tensorwire-a@evil.example:80/.tensorwire:8765", False),
+        ("ws://tensorwire-0.evil.tensorwire:8765", False),
+        ("ws://127.0.0.1:5555/x", False),
+        ("ws://127.0.0.1:5555?x=1", False),
+        ("ws://tensorwire-1.tensorwire:8766", False),
+        ("wss://127.0.0.1:5555", False),
+        ("ws://tensorwire-*.tensorwire:8765", False),
+    ],
+)
+def test_peers_match_scheme_host_labels_and_port_only(source: str, allowed: bool) -> None:
+    from server.config import ServerConfig
+    from server.peers import PeerFetcher
+
+    assert PeerFetcher(ServerConfig(peers=PATTERNS)).allows(source) is allowed
+
+
+@pytest.mark.parametrize("pattern", ["ws://a@b:1", "ws://b:1/path", "http://b:1", "ws://b:1?q"])
+def test_a_peer_pattern_with_more_than_scheme_host_and_port_is_refused(pattern: str) -> None:
+    from pydantic import ValidationError
+
+    from server.config import ServerConfig
+
+    with pytest.raises(ValidationError):
+        ServerConfig(peers=pattern)
