@@ -67,7 +67,7 @@ FLUSH_BYTES = 1 << 20
 CLOSE_TIMEOUT = 10.0
 KEEPALIVE_POLL = 1.0  # seconds between the keeper's looks at an idle socket (server pings)
 
-Frames = bytes | list[bytes | memoryview]
+Frames = list[bytes | list[bytes | memoryview]]  # messages, each one frame or its fragments
 
 
 class Connection:
@@ -331,16 +331,19 @@ class Connection:
         self._batches += 1
         if not self._batch:
             self._ws.send_lock.acquire()  # under _lock: batches go out in the order made
-            return requests_only(requests)
-        frames = to_frames(encode(*self._batch.take(requests)))
+            return [requests_only(requests)]
+        messages = self._batch.messages(requests)  # more than one: many ids freed at once
+        self._batches += len(messages) - 1
+        frames = [to_frames(encode(*message)) for message in messages]
         self._ws.send_lock.acquire()  # under _lock: batches go out in the order they were made
         return frames
 
     def _send(self, frames: Frames) -> None:
-        """Write one batch and release the send lock taken by :meth:`_flush_locked`."""
+        """Write a flush's batches and release the send lock taken by :meth:`_flush_locked`."""
         try:
-            if self._error is None:
-                self._ws.send(frames)
+            for message in frames:
+                if self._error is None:
+                    self._ws.send(message)
         except Closed as exc:
             self._broken(exc)
         finally:

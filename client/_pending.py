@@ -19,6 +19,9 @@ from protocol.messages import Request
 from protocol.ops import AnyOp
 
 COPY_BELOW = 1 << 20  # uploads smaller than this are copied; larger ones are sent before return
+# Frees in one message: 32,768 ids are at most ~460 KB of header, far under a server's
+# --max-header-size (4 MiB by default), however many handles were dropped since the last flush.
+MAX_FREES = 32_768
 
 
 class Pending:
@@ -64,9 +67,22 @@ class Pending:
             self.buffered += view.nbytes
         return large
 
-    def take(self, requests: Sequence[Request]) -> tuple[Batch, list[memoryview]]:
-        """The batch to send with ``requests``, and its buffers; this is empty again after."""
-        frees = [self.frees.popleft() for _ in range(len(self.frees))]
+    def messages(self, requests: Sequence[Request]) -> list[tuple[Batch, list[memoryview]]]:
+        """The batches to send with ``requests``, and their buffers: one, unless more than
+        :data:`MAX_FREES` ids were freed; then the first carries the ops and as many frees,
+        the next ones the following frees, the last the requests (so a free never overtakes
+        an op sent before it, and the requests are answered after every free)."""
+        taken = [self.take((), MAX_FREES) for _ in range(len(self.frees) // MAX_FREES)]
+        taken.append(self.take(requests, MAX_FREES))
+        return taken
+
+    def take(
+        self, requests: Sequence[Request], max_frees: int | None = None
+    ) -> tuple[Batch, list[memoryview]]:
+        """The batch to send with ``requests``, and its buffers; this is empty again after,
+        but for the frees past ``max_frees``."""
+        count = len(self.frees) if max_frees is None else min(max_frees, len(self.frees))
+        frees = [self.frees.popleft() for _ in range(count)]
         drops = [self.drops.popleft() for _ in range(len(self.drops))]
         batch = Batch(
             graphs=self.graphs,
