@@ -53,7 +53,7 @@ from protocol.graphs import GraphDef
 from protocol.messages import Request
 from protocol.ops import AnyOp
 
-from ._buffers import BufferPool, PooledDecoder
+from ._buffers import POOL_BYTES, BufferPool, PooledDecoder
 from ._liveness import DEFAULT_LIVENESS, Liveness, Traffic, Watch
 from ._opening import close_code, handshake, open_transport
 from ._pending import COPY_BELOW as COPY_BELOW
@@ -86,6 +86,7 @@ class Connection:
         open_timeout: float = 10.0,
         ca_file: str | None = None,
         liveness: Liveness = DEFAULT_LIVENESS,
+        pool_bytes: int = POOL_BYTES,  # received buffers kept for reuse (0: none, a server's)
     ) -> None:
         self.url = url
         self._liveness = liveness
@@ -105,7 +106,7 @@ class Connection:
         self._closing = False
         self._closed: Future[None] = Future()  # fails when the connection ends
         self._stop = threading.Event()
-        self._pool = BufferPool()
+        self._pool = BufferPool(keep=pool_bytes)
         self._ws = open_transport(url, open_timeout, token, ca_file)
         try:  # the socket keeps open_timeout until opened(): the handshake is bounded too
             self.welcome: Welcome = handshake(self._ws, url, index, self._receive)

@@ -61,6 +61,7 @@ from .workers import Workers
 log = logging.getLogger("tensorwire.server")
 
 CLOSE_AFTER_DRAIN = 2.0  # seconds for close handshakes once a drain has run its grace
+PEERS_CLOSE = 1.0  # seconds to close the sessions with peer servers (server/peers.py)
 
 
 class Server:
@@ -83,6 +84,7 @@ class Server:
         self.metrics_port: int | None = None
         self.draining = False
         self._workers = Workers(config.worker_threads, config.op_deadline)
+        self._peers = PeerFetcher(config)  # its sessions with peer servers, for pulls
         self.budget = MemoryBudget(config.effective_memory_budget, config.spare_memory)
         keep_freed_memory()  # op results reuse freed results' pages (given back when idle)
         self._ssl = tls_context(config)
@@ -96,7 +98,7 @@ class Server:
         self._connections = Connections(
             config,
             self.device.count,
-            Transfers(Exposures(config.transfer_ttl), self.server_id, PeerFetcher(config)),
+            Transfers(Exposures(config.transfer_ttl), self.server_id, self._peers),
             self.budget,
             self._workers,
             self.metrics,
@@ -187,6 +189,8 @@ class Server:
                 await each.wait_closed()
         for live in list(self._live.values()):
             live.ws.abort()
+        with anyio.move_on_after(PEERS_CLOSE):  # a peer that does not answer is left behind
+            await anyio.to_thread.run_sync(self._peers.close, abandon_on_cancel=True)
 
     async def _serve_metrics(self) -> WsServer:
         """The ``--metrics-port`` listener: HTTP only, never a websocket."""

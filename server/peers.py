@@ -7,7 +7,10 @@ implementation of them in the server), presenting its peer credentials (``--peer
 default its own ``--token``: servers that share one secret authenticate to each other) and
 checking a ``wss://`` source's certificate against ``--peer-ca-file`` or the system's CAs;
 sends one :class:`~protocol.Claim` with the capability and receives the tensor as a read reply,
-straight into memory that the pulled tensor then keeps. It imports the client only when a pull
+straight into memory that the pulled tensor then keeps (the session keeps no receive buffers).
+One session per source is kept and shared by every pull from it (opening one costs about 5 ms:
+the upgrade and the handshake), renewed once when it has ended (the source's idle timeout, a
+restart) and closed when the server stops. It imports the client only when a pull
 runs (the one import of ``client`` from ``server``, named in the import contract). A source is
 contacted only if it matches ``--peers``: otherwise a client could make the server connect
 anywhere its network reaches.
@@ -21,7 +24,8 @@ from __future__ import annotations
 
 import fnmatch
 import re
-from typing import Any
+import threading
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -30,6 +34,9 @@ from protocol.ops import Pull
 
 from .config import ServerConfig
 from .errors import StoreError
+
+if TYPE_CHECKING:
+    from client._connection import Connection
 
 # scheme://host[:port][/], nothing else: no user name (``ws://peer@evil``), no path or query.
 # A pattern's host labels and port may be shell-style wildcards; a source's may not.
@@ -46,6 +53,8 @@ class PeerFetcher:
         self.patterns = config.peers
         self._token = config.credentials
         self._ca_file = None if config.peer_ca_file is None else str(config.peer_ca_file)
+        self._sessions: dict[str, Connection] = {}  # one kept session per source, shared
+        self._lock = threading.Lock()
 
     def allows(self, source: str) -> bool:
         """Whether ``source`` is one of the peers: its scheme the same, each label of its
@@ -70,13 +79,46 @@ class PeerFetcher:
                 f"this server has no credentials for {source}: it pulls only from its --peers "
                 f"({allowed})",
             )
-        from client._connection import Connection  # a pull is a client session of the source
+        from client.errors import ConnectionLost, RemoteError
+
+        for attempt in (1, 2):
+            conn = self._session(source)
+            try:
+                claim = conn.request(
+                    lambda rid: Claim(request_id=rid, capability=op.capability, claimant=claimant)
+                )
+            except ConnectionLost as exc:  # the kept session ended before (idle, a restart)
+                self._forget(source, conn)
+                if attempt == 2:
+                    raise _failed(f"cannot reach {source}: {exc}") from None
+                continue  # the claim was never sent: a new session may make it
+            try:
+                array: np.ndarray[Any, Any] = claim.result()
+            except RemoteError as exc:
+                message = f"{source} refused the claim: {exc.error.message}"
+                raise StoreError(exc.code, message) from None
+            except ConnectionLost as exc:
+                self._forget(source, conn)
+                raise _failed(f"the pull from {source} was cut off: {exc}") from None
+            return array
+        raise AssertionError("unreachable: the second attempt returns or raises")
+
+    def _session(self, source: str) -> Connection:
+        """The kept session with ``source``, opened if there is none (outside the lock: a
+        slow source delays only its own pulls)."""
+        with self._lock:
+            conn = self._sessions.get(source)
+        if conn is not None:
+            return conn
+        from client._connection import Connection
         from client._liveness import Liveness
-        from client.errors import ConnectionLost, HandshakeError, RemoteError
+        from client.errors import ConnectionLost, HandshakeError
 
         liveness = Liveness(PING_INTERVAL, PING_TIMEOUT, None)
         try:
-            conn = Connection(source, 0, self._token, OPEN_TIMEOUT, self._ca_file, liveness)
+            conn = Connection(
+                source, 0, self._token, OPEN_TIMEOUT, self._ca_file, liveness, pool_bytes=0
+            )
         except HandshakeError as exc:
             raise _failed(
                 f"{source} refused this server's session: {exc} (a server presents its "
@@ -84,18 +126,24 @@ class PeerFetcher:
             ) from None
         except (ConnectionLost, OSError, ValueError) as exc:
             raise _failed(f"cannot reach {source}: {exc}") from None
-        try:
-            claim = conn.request(
-                lambda rid: Claim(request_id=rid, capability=op.capability, claimant=claimant)
-            )
-            array: np.ndarray[Any, Any] = claim.result()
-        except RemoteError as exc:
-            raise StoreError(exc.code, f"{source} refused the claim: {exc.error.message}") from None
-        except ConnectionLost as exc:
-            raise _failed(f"the pull from {source} was cut off: {exc}") from None
-        finally:
+        with self._lock:
+            kept = self._sessions.setdefault(source, conn)
+        if kept is not conn:
+            conn.close()  # another pull opened one meanwhile
+        return kept
+
+    def _forget(self, source: str, conn: Connection) -> None:
+        with self._lock:
+            if self._sessions.get(source) is conn:
+                del self._sessions[source]
+        conn.close()
+
+    def close(self) -> None:
+        """Close every kept session (the server is stopping)."""
+        with self._lock:
+            sessions, self._sessions = list(self._sessions.values()), {}
+        for conn in sessions:
             conn.close()
-        return array
 
 
 def url_parts(url: str) -> tuple[str, str, str] | None:
