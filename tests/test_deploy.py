@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
+from server.config import ServerConfig
 from server.process import start_server
 
 from .ops_helpers import Stage, health, parse_dockerfile
@@ -111,6 +112,42 @@ def test_compose_promises() -> None:
     assert train["depends_on"] == {"server": {"condition": "service_healthy"}}
     assert "tensor_server_token" in train["secrets"]
     assert _compose()["secrets"]["tensor_server_token"] == {"environment": "TENSOR_SERVER_TOKEN"}
+
+
+MULTI_SERVERS = ("server-0", "server-1")  # the "multi" profile's servers
+
+
+def test_compose_multi_profile_promises() -> None:
+    """`--profile multi`: two servers like `server` that may pull from each other, and the
+    data-parallel example across both; a plain `up` starts what it started before."""
+    services = _compose()["services"]
+    assert {name for name, s in services.items() if "profiles" not in s} == {"server", "train"}
+    server, train = services["server"], services["train"]
+    urls = [f"ws://{name}:8765" for name in MULTI_SERVERS]
+    for name in MULTI_SERVERS:
+        multi = services[name]
+        assert multi["profiles"] == ["multi"]
+        assert "ports" not in multi  # clients of transfers run in the compose network
+        same = ("image", "build", "secrets", "restart", "stop_signal", "stop_grace_period",
+                "deploy", "healthcheck", "read_only", "cap_drop", "security_opt")  # fmt: skip
+        assert {k: multi[k] for k in same} == {k: server[k] for k in same}
+        environment = dict(multi["environment"])
+        assert environment.pop("TENSOR_SERVER_PEERS").split(",") == urls
+        assert environment == server["environment"]
+        settings = {k.removeprefix("TENSOR_SERVER_").lower() for k in multi["environment"]}
+        assert settings <= ServerConfig.model_fields.keys()  # a misspelt one would be ignored
+    parallel = services["train-parallel"]
+    assert parallel["profiles"] == ["multi"]
+    assert parallel["depends_on"] == {n: {"condition": "service_healthy"} for n in MULTI_SERVERS}
+    command = parallel["command"]
+    assert command[:2] == ["python", "examples/train_data_parallel.py"]
+    assert [command[i + 1] for i, arg in enumerate(command) if arg == "--url"] == urls
+    assert parallel["secrets"] == ["tensor_server_token"]
+    assert command[command.index("--token-file") + 1] == "/run/secrets/tensor_server_token"
+    plot = command[command.index("--plot") + 1]  # the root filesystem is read-only
+    assert any(plot.startswith(f"{mount}/") for mount in parallel["tmpfs"])
+    for key in ("restart", "read_only", "cap_drop", "security_opt"):
+        assert parallel[key] == train[key]
 
 
 def _python_targets(command: list[str]) -> Iterator[tuple[str, str]]:
