@@ -21,14 +21,14 @@ import pydantic
 
 import client
 
-from . import _procs, compute, consumer, latency, memory, training, transfer
+from . import _procs, compute, consumer, latency, memory, servers, training, transfer
 from ._params import FULL, QUICK, Params
 from ._progress import Progress
 from ._report import Figure, markdown, print_table, write_json
 
 WORKLOADS = (
     "transfer", "upload-memory", "latency", "pipelined", "matmul", "clients", "idle-load",
-    "cycles", "sessions", "consumer", "training", "replay",
+    "cycles", "sessions", "consumer", "training", "replay", "servers",
 )  # fmt: skip
 Tick = Callable[[], None]
 
@@ -73,6 +73,9 @@ def _plan(p: Params, url: str, ports: dict[str, int], dev: client.RemoteDevice) 
         "replay": (2 * p.training_reps, lambda t: training.replayed_steps(
             url, p.training_steps, p.training_reps, t) + [training.replayed_against_local(
                 dev, training.WIDE, p.training_wide_steps, p.training_reps, t)]),
+        "servers": (p.server_reps + p.training_reps, lambda t: servers.between_servers(
+            ports["tcp"], p.server_transfer, p.server_reps, t)
+            + servers.data_parallel(p.parallel_steps, p.training_reps, t)),
     }  # fmt: skip
 
 

@@ -31,6 +31,9 @@ class Params:
     training_steps: int  # steps per round of the digits MLP (bench/training.py)
     training_wide_steps: int  # steps per round of the wide MLP
     training_reps: int  # interleaved remote and local rounds of each
+    server_transfer: int  # bytes moved from one server to another (bench/servers.py)
+    server_reps: int  # repetitions of each way of moving them
+    parallel_steps: int  # data-parallel steps per round, on one server and on two
 
 
 FULL = Params(
@@ -55,6 +58,9 @@ FULL = Params(
     training_steps=200,
     training_wide_steps=10,
     training_reps=5,
+    server_transfer=64 * MIB,  # issue 18's size
+    server_reps=9,
+    parallel_steps=100,
 )
 
 QUICK = Params(
@@ -79,4 +85,7 @@ QUICK = Params(
     training_steps=10,
     training_wide_steps=2,
     training_reps=1,
+    server_transfer=4 * MIB,
+    server_reps=1,
+    parallel_steps=5,
 )

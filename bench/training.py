@@ -49,7 +49,7 @@ DIGITS = Model("digits", (64, 128, 128, 10), 64, None)
 WIDE = Model("wide", (512, 1024, 1024, 10), 256, Goal(">=", 0.9))
 
 
-def _mlp(ad: Autodiff, widths: tuple[int, ...]) -> nn.Module:
+def mlp(ad: Autodiff, widths: tuple[int, ...]) -> nn.Module:
     rng = np.random.default_rng(0)
     layers: list[nn.Module] = []
     for fan_in, fan_out in zip(widths[:-1], widths[1:], strict=True):
@@ -65,7 +65,7 @@ class Trainer:
         self.ad, self.batch = ad, model.batch
         self.x = ad.asarray(rng.standard_normal((samples, model.widths[0]), dtype=np.float32))
         self.y = ad.asarray(rng.integers(0, model.widths[-1], samples))
-        self.net = _mlp(ad, model.widths)
+        self.net = mlp(ad, model.widths)
         self.opt = optim.Adam(self.net.parameters(), lr=1e-3)
         self.order = np.random.default_rng(2)
         self.losses: list[float] = []

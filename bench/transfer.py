@@ -214,10 +214,10 @@ def _measure(
             ceiling.download(nbytes, into=target),
         ),
     }
-    return _rotated(contenders, reps, burst(nbytes), tick)
+    return rotated(contenders, reps, burst(nbytes), tick)
 
 
-def _rotated(contenders: Contenders, reps: int, turns: int, tick: Tick) -> Times:
+def rotated(contenders: Contenders, reps: int, turns: int, tick: Tick) -> Times:
     """``reps`` repetitions, in each of which every contender takes a turn of ``turns`` calls;
     the seconds each call returns, kept by contender (one list per figure of a call)."""
     results: Times = {}
@@ -266,10 +266,10 @@ def streamed(dev: client.RemoteDevice, tcp_port: int, reps: int, tick: Tick) -> 
         "tcp": lambda: (ceiling.stream(arrays),),
     }
     try:
-        times = _rotated(contenders, reps, 1, tick)
+        times = rotated(contenders, reps, 1, tick)
     finally:
         ceiling.close()
-    rate, tcp_rate = _rates(STREAM * MIB, times["ours"][0], times["tcp"][0])
+    rate, tcp_rate = rates(STREAM * MIB, times["ours"][0], times["tcp"][0])
     return [Figure(f"upload {STREAM} x 1 MiB float32, then one sync", "throughput / plain TCP",
                    rate.median / tcp_rate.median, Goal(">=", 0.8), rate, tcp_rate,
                    "TCP loopback")]  # fmt: skip
@@ -287,7 +287,7 @@ def _ours_streamed(
     return seconds
 
 
-def _rates(nbytes: int, *times: list[float]) -> list[Stat]:
+def rates(nbytes: int, *times: list[float]) -> list[Stat]:
     """Each list of seconds per transfer of ``nbytes``, as GB/s."""
     return [Stat.of([nbytes / t / 1e9 for t in s], "GB/s") for s in times]
 
@@ -300,7 +300,7 @@ def _throughput_figures(
     (:class:`FloorCeiling`) against plain TCP, explanatory: a server that also parses frames,
     decodes a message, runs it and answers does strictly more per upload. Up to
     :data:`FLOOR_JUDGED`, ours is judged against the floor instead of plain TCP (issue 14)."""
-    rate, tcp_rate, ws_rate = _rates(nbytes, ours, tcp, ws)
+    rate, tcp_rate, ws_rate = rates(nbytes, ours, tcp, ws)
     on_floor = floor is not None and nbytes <= FLOOR_JUDGED
     figures = [
         Figure(f"{name} float32", "throughput / plain TCP", rate.median / tcp_rate.median,
@@ -310,7 +310,7 @@ def _throughput_figures(
     ]  # fmt: skip
     if floor is None:
         return figures
-    (floor_rate,) = _rates(nbytes, floor)
+    (floor_rate,) = rates(nbytes, floor)
     figures.append(Figure(f"{name}, masked frames into bare asyncio", "throughput / plain TCP",
                           floor_rate.median / tcp_rate.median, None, floor_rate, tcp_rate,
                           "TCP loopback"))  # fmt: skip
@@ -325,7 +325,7 @@ def _reused_figure(name: str, nbytes: int, ours: list[float], reused: list[float
     """An explanatory row: transfers against plain TCP into an array the receiver reuses, the
     ceiling without the page faults of fresh memory (which the server's spare memory and the
     client's buffer pool avoid too)."""
-    rate, tcp_rate = _rates(nbytes, ours, reused)
+    rate, tcp_rate = rates(nbytes, ours, reused)
     return Figure(f"{name} {_size_name(nbytes)} float32", "throughput / TCP, reused array",
                   rate.median / tcp_rate.median, None, rate, tcp_rate,
                   "TCP into a reused array")  # fmt: skip
