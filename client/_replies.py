@@ -17,6 +17,8 @@ import numpy as np
 
 from protocol import (
     DescribeReply,
+    ErrorCode,
+    ErrorInfo,
     ExposeReply,
     ReadReply,
     RequestFailed,
@@ -26,7 +28,7 @@ from protocol import (
 )
 from protocol.codec import Buffer
 
-from .errors import remote_error
+from .errors import RemoteError, remote_error
 
 
 class Waits(Protocol):
@@ -75,10 +77,16 @@ def resolve(future: Future[Any], message: Any, buffers: list[Buffer]) -> None:
     values as a numpy array (its bytes are ``buffers[0]``), a :class:`RemoteError` for a failed
     request, the message itself for the others."""
     if isinstance(message, ReadReply):
-        array = np.frombuffer(buffers[0], dtype=to_numpy(message.dtype))
+        try:
+            array = np.frombuffer(buffers[0], dtype=to_numpy(message.dtype))
+            array = array.reshape(message.shape)  # raises for bytes that are not that shape
+        except ValueError:
+            why = f"a read reply's {len(buffers[0])} bytes are not {message.dtype} {message.shape}"
+            future.set_exception(RemoteError(ErrorInfo(code=ErrorCode.BAD_MESSAGE, message=why)))
+            return
         if not (array.flags.writeable and array.flags.aligned):
             array = array.copy()  # compiled code (SciPy's) refuses unaligned arrays
-        future.set_result(array.reshape(message.shape))
+        future.set_result(array)
     elif isinstance(message, RequestFailed):
         future.set_exception(remote_error(message.error))
     elif isinstance(message, StatsReply | SyncReply | DescribeReply | ExposeReply):

@@ -178,6 +178,10 @@ class Device:
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.url!r}, index={self.index})"
 
+    def flush(self) -> None:
+        """Send pending ops now without waiting for them."""
+        self._conn.flush()
+
     def submit_upload(self, make_op: Callable[[int], AnyOp], data: memoryview) -> None:
         """Queue the op ``make_op(buffer_index)`` whose bytes are ``data``; the caller may
         change the memory behind ``data`` once this returns.
@@ -286,10 +290,6 @@ class SyncDevice(Device):
     def stats(self) -> SessionStats:
         """The server's count of this session's tensors and bytes, after every op so far."""
         return _stats(self._conn.request(lambda rid: Stats(request_id=rid)).result())
-
-    def flush(self) -> None:
-        """Send pending ops now without waiting for them."""
-        self._conn.flush()
 
     def close(self) -> None:
         """Send what is pending and close the session. Idempotent."""

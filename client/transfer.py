@@ -39,7 +39,7 @@ def to_device(x: RemoteArray, target: Device) -> RemoteArray:
         return upload(x.numpy(), target)
     reply = source.expose(x.tensor_id, target.server_id).result()
     here = source.server_id == target.server_id
-    return apply(
+    pulled = apply(
         lambda out: Pull(
             out=out,
             source=None if here else source.url,
@@ -49,3 +49,5 @@ def to_device(x: RemoteArray, target: Device) -> RemoteArray:
         ),
         device=target,
     )
+    target.flush()  # the source holds the bytes twice until the target pulls: now
+    return pulled

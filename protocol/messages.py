@@ -90,13 +90,17 @@ class Expose(BaseModel):
 
 class Claim(BaseModel):
     """Send back the tensor behind ``capability`` (a :class:`ReadReply`), as the server
-    ``claimant`` (the server_id the capability is bound to). A capability is used once."""
+    ``claimant`` (the server_id the capability is bound to), if it has ``shape`` and
+    ``dtype``: the claimant reserved that much and receives no more. A capability is used
+    once, refused or not."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
     kind: Literal["claim"] = "claim"
     request_id: RequestId
     capability: Capability
     claimant: ServerId
+    shape: tuple[Dim, ...]
+    dtype: DType
 
 
 Request = Annotated[Read | Sync | Stats | Describe | Expose | Claim, Field(discriminator="kind")]

@@ -152,10 +152,11 @@ def build_server(argv: list[str] | None = None) -> Server:
 
 
 def describe_config(config: ServerConfig) -> str:
-    """The effective settings as one JSON line, with the token hidden."""
+    """The effective settings as one JSON line, with the tokens hidden."""
     shown = config.model_dump(mode="json")
-    if shown["token"] is not None:
-        shown["token"] = "<hidden>"  # noqa: S105 - a placeholder, not a token
+    for secret in ("token", "peer_token"):
+        if shown[secret] is not None:
+            shown[secret] = "<hidden>"
     shown["device"] = str(config.device)
     return json.dumps(shown, sort_keys=True)
 

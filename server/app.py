@@ -85,6 +85,7 @@ class Server:
         self.draining = False
         self._workers = Workers(config.worker_threads, config.op_deadline)
         self._peers = PeerFetcher(config)  # its sessions with peer servers, for pulls
+        self._exposures = Exposures(config.transfer_ttl)  # open transfer capabilities
         self.budget = MemoryBudget(config.effective_memory_budget, config.spare_memory)
         keep_freed_memory()  # op results reuse freed results' pages (given back when idle)
         self._ssl = tls_context(config)
@@ -98,7 +99,7 @@ class Server:
         self._connections = Connections(
             config,
             self.device.count,
-            Transfers(Exposures(config.transfer_ttl), self.server_id, self._peers),
+            Transfers(self._exposures, self.server_id, self._peers),
             self.budget,
             self._workers,
             self.metrics,
@@ -166,11 +167,13 @@ class Server:
 
     async def _trim_spare(self) -> None:
         """Drop spare memory (freed uploads kept for uploads) once it is ``spare_ttl`` old, and
-        give malloc's freed memory back to the kernel once no op has run for as long."""
+        give malloc's freed memory back to the kernel once no op has run for as long; drop
+        expired transfer capabilities (a few seconds late at most)."""
         seen, idle_for = self.budget.reservations, 0.0
         while True:
             await anyio.sleep(self.budget.spare_ttl / 2)
             self.budget.trim_spare()
+            self._exposures.expire()  # their bytes back when their time is up, claimed or not
             if self.budget.reservations != seen:
                 seen, idle_for = self.budget.reservations, 0.0
             elif idle_for < self.budget.spare_ttl:

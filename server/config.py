@@ -50,10 +50,9 @@ MAX_OP_COST = 2**35
 
 
 # A peer's URL, or a pattern of them: scheme://host[:port], host labels and port may be
-# wildcards (server/peers.py matches them part by part); no user name, path or query.
-PeerURL = Annotated[
-    str, Field(pattern=r"^wss?://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.*?-]+)(:([0-9]+|\*))?/?$")
-]
+# wildcards (server/peer_urls.py matches them part by part); no user name, path or query, and
+# no IPv6 address.
+PeerURL = Annotated[str, Field(pattern=r"^wss?://[A-Za-z0-9_.*?-]+(:([0-9]+|\*))?/?$")]
 
 
 class UnsupportedDeviceError(ValueError):
@@ -336,7 +335,7 @@ def validate_security(config: ServerConfig) -> list[str]:
         raise InsecureConfigError(
             f"--tls-cert ({ENV_PREFIX}TLS_CERT) and --tls-key ({ENV_PREFIX}TLS_KEY) go together"
         )
-    warnings: list[str] = []
+    warnings = _peer_warnings(config)
     if is_loopback(config.host):
         return warnings
     if config.token is None and not config.insecure:
@@ -356,3 +355,24 @@ def validate_security(config: ServerConfig) -> list[str]:
             "use --tls-cert/--tls-key"
         )
     return warnings
+
+
+def _peer_warnings(config: ServerConfig) -> list[str]:
+    """What the peer settings expose: the peer token sent in clear, or to any port."""
+    if config.credentials is None:
+        return []
+    clear = [p for p in config.peers if p.startswith("ws://") and not _loopback_url(p)]
+    wild = [p for p in config.peers if p.rstrip("/").endswith(":*")]
+    return [
+        f"--peers {', '.join(peers)}: {why}"
+        for peers, why in (
+            (clear, "this server's peer token travels to them in clear; use wss:// peers"),
+            (wild, "any port matches, so any listener on those hosts gets the peer token"),
+        )
+        if peers
+    ]
+
+
+def _loopback_url(url: str) -> bool:
+    host = url.split("://", 1)[1].rstrip("/").rsplit(":", 1)[0]
+    return is_loopback(host)

@@ -12,9 +12,11 @@ capability works once), and answers with its bytes: a peer server's :class:`~pro
 gets a read reply, a same-server ``pull`` a copy in memory.
 
 Memory: an exposure's bytes are counted in its session's quota (``TensorStore.exposed``) and
-in the budget from ``expose`` until it is claimed, expires, or its session closes, because the
-tensor may be freed or rewritten meanwhile and the exposure alone then keeps the bytes. While
-the tensor lives it is counted twice: conservative, and over within seconds for a transfer.
+in the budget from ``expose`` until it is claimed, expires (``expire``, called every few
+seconds by the server), or its session closes, because the tensor may be freed or rewritten
+meanwhile and the exposure alone then keeps the bytes: all of its root's (a view keeps its base
+alive), or, for a view under half its root, a compact copy made at once. While the tensor
+lives it is counted twice: conservative, and over within seconds for a transfer.
 A session holds at most :data:`MAX_OPEN` capabilities at once. A used, expired or withdrawn
 capability leaves a tombstone (at most :data:`TOMBSTONES`), so a refusal says why.
 
@@ -38,7 +40,7 @@ from protocol import ErrorCode, TensorMeta
 from protocol.ops import Pull
 
 from .errors import StoreError
-from .store import Failure, TensorStore, sent_view
+from .store import Failure, TensorStore, root_of, sent_view
 
 MAX_OPEN = 256  # capabilities one session may hold open
 TOMBSTONES = 65_536  # used, expired and withdrawn capabilities remembered, to say why
@@ -60,6 +62,7 @@ class Exposure:
     audience: str
     expires: float
     store: TensorStore
+    nbytes: int  # charged: the memory it keeps alive (its root's, or its own copy's)
 
 
 class Exposures:
@@ -87,8 +90,11 @@ class Exposures:
         value = store.get(tensor_id)
         if isinstance(value, Failure):
             raise StoreError(value.error.code, value.error.message)
-        sent = sent_view(value.array)
-        nbytes = value.array.nbytes
+        array, shared = value.array, True
+        if 2 * array.nbytes < root_of(array).nbytes:  # a small view: its own bytes, no more
+            array, shared = np.array(array, order="C"), False
+        sent = sent_view(array)
+        nbytes = root_of(array).nbytes  # what the exposure keeps alive, however it is freed
         with self._lock:
             self._expire_locked()
             if self._per_store[store] >= MAX_OPEN:
@@ -108,17 +114,20 @@ class Exposures:
             self._per_store[store] += 1
             capability = secrets.token_urlsafe(32)
             self._open[capability] = Exposure(
-                value.array, value.meta, sent, audience, self._clock() + self.ttl, store
+                array, value.meta, sent, audience, self._clock() + self.ttl, store, nbytes
             )
-        store.share(tensor_id, sent)  # a later write moves the tensor, not these bytes
+        if shared:
+            store.share(tensor_id, sent)  # a later write moves the tensor, not these bytes
         return capability
 
-    def claim(self, capability: str, claimant: str) -> Exposure:
-        """The exposure behind ``capability``, taken out for good.
+    def claim(self, capability: str, claimant: str, meta: TensorMeta) -> Exposure:
+        """The exposure behind ``capability``, taken out for good (refused or not, once found
+        for ``claimant``), if its tensor has ``meta`` (what the claimant reserved).
 
         Raises:
             StoreError: ``capability_refused``: unknown, already used, expired, withdrawn
-                (its session closed), or bound to another server than ``claimant``.
+                (its session closed), or bound to another server than ``claimant``;
+                ``transfer_failed``: the tensor is not ``meta``.
         """
         with self._lock:
             self._expire_locked()
@@ -132,12 +141,18 @@ class Exposures:
                     f"the capability is bound to server {exposure.audience}, not {claimant}",
                 )
             self._close_locked(capability, "was already used (a capability works once)")
+        if (exposure.meta.shape, exposure.meta.dtype) != (tuple(meta.shape), meta.dtype):
+            raise StoreError(
+                ErrorCode.TRANSFER_FAILED,
+                f"the capability's tensor is {exposure.meta.dtype} of shape "
+                f"{exposure.meta.shape}; the pull said {meta.dtype} of shape {meta.shape}",
+            )
         return exposure
 
     def nbytes(self, capability: str) -> int:
         """The bytes a claim of ``capability`` would send now (0 if it would be refused)."""
         exposure = self._open.get(capability)  # no lock: a hint for the reply's size
-        return 0 if exposure is None else exposure.array.nbytes
+        return 0 if exposure is None else exposure.sent.nbytes
 
     def withdraw(self, store: TensorStore) -> None:
         """Withdraw every capability of ``store`` (its session closed)."""
@@ -162,7 +177,7 @@ class Exposures:
 
     def _close_locked(self, capability: str, why: str) -> None:
         exposure = self._open.pop(capability)
-        nbytes = exposure.array.nbytes
+        nbytes = exposure.nbytes
         exposure.store.exposed -= nbytes
         exposure.store.budget.release(nbytes)
         self._per_store[exposure.store] -= 1

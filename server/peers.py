@@ -22,9 +22,9 @@ silent past the keepalive) or the source's own code (``capability_refused``), na
 
 from __future__ import annotations
 
-import fnmatch
-import re
+import collections
 import threading
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -34,35 +34,33 @@ from protocol.ops import Pull
 
 from .config import ServerConfig
 from .errors import StoreError
+from .peer_urls import PeerPatterns, canonical
 
 if TYPE_CHECKING:
     from client._connection import Connection
 
-# scheme://host[:port][/], nothing else: no user name (``ws://peer@evil``), no path or query.
-# A pattern's host labels and port may be shell-style wildcards; a source's may not.
-URL_PARTS = re.compile(r"^(wss?)://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.*?-]+)(?::([0-9]+|\*))?/?$")
-DEFAULT_PORTS = {"ws": "80", "wss": "443"}
 OPEN_TIMEOUT = 10.0  # seconds to connect and be welcomed
 PING_INTERVAL, PING_TIMEOUT = 5.0, 10.0  # a source silent this long is lost
+# Seconds a claim's reply may take: 2 GiB (the largest message) at 20 MB/s. A source that
+# answers pings but never the claim (an older server that does not know claims) holds the pull,
+# and its worker thread, this long at most.
+PULL_TIMEOUT = 120.0
+KEPT_SESSIONS = 32  # sessions with peers kept open at once; the least recently used closes
 
 
 class PeerFetcher:
     """Fetches pulled tensors from the peers ``config`` allows, with its credentials."""
 
     def __init__(self, config: ServerConfig) -> None:
-        self.patterns = config.peers
+        self.peers = PeerPatterns(config.peers)
         self._token = config.credentials
         self._ca_file = None if config.peer_ca_file is None else str(config.peer_ca_file)
-        self._sessions: dict[str, Connection] = {}  # one kept session per source, shared
+        # one kept session per source (by canonical URL), shared, least recently used first
+        self._sessions: collections.OrderedDict[str, Connection] = collections.OrderedDict()
         self._lock = threading.Lock()
 
     def allows(self, source: str) -> bool:
-        """Whether ``source`` is one of the peers: its scheme the same, each label of its
-        host matched by the pattern's label (a ``*`` never spans a dot), its port too."""
-        parts = url_parts(source)
-        if parts is None or any(c in "*?[" for c in parts[1] + parts[2]):
-            return False
-        return any(_matches(parts, url_parts(pattern)) for pattern in self.patterns)
+        return self.peers.match(source) is not None
 
     def __call__(self, op: Pull, claimant: str) -> np.ndarray[Any, Any]:
         """The array behind ``op.capability`` at ``op.source``, claimed as ``claimant``.
@@ -70,54 +68,63 @@ class PeerFetcher:
         Raises:
             StoreError: ``transfer_failed``, or the source's refusal (``capability_refused``).
         """
-        source = op.source
-        assert source is not None, "a pull from this server is not fetched"
-        if not self.allows(source):
-            allowed = ", ".join(self.patterns) or "none: --peers is empty"
-            raise StoreError(
-                ErrorCode.TRANSFER_FAILED,
+        assert op.source is not None, "a pull from this server is not fetched"
+        source, parts = op.source, self.peers.match(op.source)
+        if parts is None:
+            allowed = ", ".join(self.peers.patterns) or "none: --peers is empty"
+            raise _failed(
                 f"this server has no credentials for {source}: it pulls only from its --peers "
-                f"({allowed})",
+                f"({allowed})"
             )
+        try:
+            return self._fetch(op, canonical(parts), claimant)
+        except StoreError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a pull fails as an op, never the session
+            raise _failed(f"the pull from {source} failed: {type(exc).__name__}: {exc}") from None
+
+    def _fetch(self, op: Pull, url: str, claimant: str) -> np.ndarray[Any, Any]:
         from client.errors import ConnectionLost, RemoteError
 
+        source = op.source
         for attempt in (1, 2):
-            conn = self._session(source)
+            conn = self._session(url, source)
             try:
-                claim = conn.request(
-                    lambda rid: Claim(request_id=rid, capability=op.capability, claimant=claimant)
-                )
-            except ConnectionLost as exc:  # the kept session ended before (idle, a restart)
-                self._forget(source, conn)
-                if attempt == 2:
-                    raise _failed(f"cannot reach {source}: {exc}") from None
-                continue  # the claim was never sent: a new session may make it
+                claim = conn.request(partial(_claim, op=op, claimant=claimant))
+            except ConnectionLost as exc:  # the kept session had ended: the claim was not sent
+                self._forget(url, conn)
+                if attempt == 1:
+                    continue
+                raise _failed(f"cannot reach {source}: {exc}") from None
             try:
                 array: np.ndarray[Any, Any] = claim.result()
             except RemoteError as exc:
                 message = f"{source} refused the claim: {exc.error.message}"
                 raise StoreError(exc.code, message) from None
             except ConnectionLost as exc:
-                self._forget(source, conn)
+                self._forget(url, conn)
+                if attempt == 1 and exc.code is ErrorCode.IDLE_TIMEOUT:
+                    continue  # closed for idleness as the claim came: the source never read it
                 raise _failed(f"the pull from {source} was cut off: {exc}") from None
             return array
         raise AssertionError("unreachable: the second attempt returns or raises")
 
-    def _session(self, source: str) -> Connection:
-        """The kept session with ``source``, opened if there is none (outside the lock: a
-        slow source delays only its own pulls)."""
+    def _session(self, url: str, source: str | None) -> Connection:
+        """The kept session with ``url``, opened if there is none (outside the lock: a slow
+        source delays only its own pulls)."""
         with self._lock:
-            conn = self._sessions.get(source)
-        if conn is not None:
-            return conn
+            conn = self._sessions.get(url)
+            if conn is not None:
+                self._sessions.move_to_end(url)
+                return conn
         from client._connection import Connection
         from client._liveness import Liveness
         from client.errors import ConnectionLost, HandshakeError
 
-        liveness = Liveness(PING_INTERVAL, PING_TIMEOUT, None)
+        liveness = Liveness(PING_INTERVAL, PING_TIMEOUT, PULL_TIMEOUT)
         try:
             conn = Connection(
-                source, 0, self._token, OPEN_TIMEOUT, self._ca_file, liveness, pool_bytes=0
+                url, 0, self._token, OPEN_TIMEOUT, self._ca_file, liveness, pool_bytes=0
             )
         except HandshakeError as exc:
             raise _failed(
@@ -127,44 +134,32 @@ class PeerFetcher:
         except (ConnectionLost, OSError, ValueError) as exc:
             raise _failed(f"cannot reach {source}: {exc}") from None
         with self._lock:
-            kept = self._sessions.setdefault(source, conn)
-        if kept is not conn:
-            conn.close()  # another pull opened one meanwhile
+            kept = self._sessions.setdefault(url, conn)
+            evicted = []
+            while len(self._sessions) > KEPT_SESSIONS:
+                evicted.append(self._sessions.popitem(last=False)[1])
+        for each in [*evicted, *([conn] if kept is not conn else [])]:
+            each.close()  # the least recently used; or ours, if another pull opened one first
         return kept
 
-    def _forget(self, source: str, conn: Connection) -> None:
+    def _forget(self, url: str, conn: Connection) -> None:
         with self._lock:
-            if self._sessions.get(source) is conn:
-                del self._sessions[source]
+            if self._sessions.get(url) is conn:
+                del self._sessions[url]
         conn.close()
 
     def close(self) -> None:
         """Close every kept session (the server is stopping)."""
         with self._lock:
-            sessions, self._sessions = list(self._sessions.values()), {}
+            sessions = list(self._sessions.values())
+            self._sessions.clear()
         for conn in sessions:
             conn.close()
 
 
-def url_parts(url: str) -> tuple[str, str, str] | None:
-    """``(scheme, host, port)`` of a peer URL or pattern (host lower-cased, the port the
-    scheme's default when absent), or None for anything else (a user name, a path, a query)."""
-    match = URL_PARTS.match(url)
-    if match is None:
-        return None
-    scheme, host, port = match.groups()
-    return scheme, host.lower(), port or DEFAULT_PORTS[scheme]
-
-
-def _matches(source: tuple[str, str, str], pattern: tuple[str, str, str] | None) -> bool:
-    if pattern is None or source[0] != pattern[0]:
-        return False
-    labels, wanted = source[1].split("."), pattern[1].split(".")
-    return (
-        len(labels) == len(wanted)
-        and all(fnmatch.fnmatchcase(a, b) for a, b in zip(labels, wanted, strict=True))
-        and fnmatch.fnmatchcase(source[2], pattern[2])
-    )
+def _claim(request_id: int, op: Pull, claimant: str) -> Claim:
+    return Claim(request_id=request_id, capability=op.capability, claimant=claimant,
+                 shape=op.shape, dtype=op.dtype)  # fmt: skip
 
 
 def _failed(message: str) -> StoreError:

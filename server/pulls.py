@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from protocol import ErrorCode, InvalidOpError, to_numpy
+from protocol import ErrorCode, InvalidOpError, TensorMeta, to_numpy
 from protocol.ops import Pull
 
 from .errors import StoreError
@@ -63,15 +63,20 @@ class Pulls:
             outcomes.fail(op, ErrorCode.INVALID_OP, str(exc), job)
             return True
         try:
-            array = _checked(op, self._fetch(op))
+            array = _checked(op, self._fetch(op, metas[0]))
         except StoreError as exc:
             store.cancel(nbytes)
             outcomes.fail(op, exc.code, str(exc), job)
             return True
+        except Exception as exc:  # noqa: BLE001 - anything else fails the op, not the session
+            store.cancel(nbytes)
+            message = f"{op.describe()} failed: {type(exc).__name__}: {exc}"
+            outcomes.fail(op, ErrorCode.TRANSFER_FAILED, message, job)
+            return True
         outcomes.keep(op, array, metas, nbytes, job)
         return True
 
-    def _fetch(self, op: Pull) -> np.ndarray[Any, Any]:
+    def _fetch(self, op: Pull, meta: TensorMeta) -> np.ndarray[Any, Any]:
         """The pulled array, as exposed (``outcomes.keep`` checks it against the op).
 
         Raises:
@@ -84,7 +89,7 @@ class Pulls:
                 "this device runs in the client's process: it cannot pull from a server",
             )
         if op.source is None:
-            exposure = transfers.exposures.claim(op.capability, transfers.server_id)
+            exposure = transfers.exposures.claim(op.capability, transfers.server_id, meta)
             return np.array(exposure.array, order="C")  # the one copy: no network
         if transfers.fetch is None:
             raise StoreError(ErrorCode.TRANSFER_FAILED, "this server pulls from no peers")

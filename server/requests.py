@@ -24,6 +24,7 @@ from protocol import (
     Stats,
     StatsReply,
     SyncReply,
+    TensorMeta,
 )
 from protocol.messages import Request
 
@@ -119,7 +120,8 @@ class Requests:
                 return ExposeReply(
                     request_id=request.request_id, capability=capability, ttl=ttl
                 ), ()
-            exposure = self.exposures.claim(request.capability, request.claimant)
+            meta = TensorMeta(request.shape, request.dtype)
+            exposure = self.exposures.claim(request.capability, request.claimant, meta)
         except StoreError as exc:
             return _failed(request.request_id, exc)
         meta = exposure.meta

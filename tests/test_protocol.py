@@ -148,7 +148,7 @@ CLIENT_MESSAGES: list[Any] = [
             Stats(request_id=3),
             Describe(request_id=4, tensor=30),
             Expose(request_id=5, tensor=9, audience="0a1b"),
-            Claim(request_id=6, capability="_" * 43, claimant="ff"),
+            Claim(request_id=6, capability="_" * 43, claimant="ff", shape=(0, 2), dtype="uint8"),
         ],
         buffers=[24],
     ),

@@ -19,6 +19,7 @@ from client.device import Device
 from protocol import DTYPES, TensorMeta, to_numpy
 from protocol.ops import Pull
 
+from .polling import wait_until
 from .servers import ServerProcess, run_server
 
 LOOPBACK_PEERS = ("--peers", "ws://127.0.0.1:*")
@@ -90,11 +91,31 @@ def test_views_and_values_as_exposed(devs: tuple[client.RemoteDevice, client.Rem
     np.testing.assert_array_equal(base.T.to_device(b).numpy(), np.arange(24).reshape(4, 6).T)
     wide = xp.broadcast_to(xp.asarray([1.5]), (1000, 64))  # 8 bytes held, 512 KB exposed
     np.testing.assert_array_equal(wide.to_device(b).numpy(), np.full((1000, 64), 1.5))
-    x = xp.zeros(5)
-    y = x.to_device(b)
+    x = xp.zeros(6)
+    head = x[:3]  # a view of x's memory
+    y = x.to_device(b)  # exposed, and the pull queued on b, but b is not read yet
     x[0] = 99.0  # written on the source after the expose: the copy is the value before
-    del x  # and freed: the exposure keeps the bytes until they are claimed
-    np.testing.assert_array_equal(y.numpy(), np.zeros(5))
+    head[1] = 98.0  # and through another view of the same memory
+    del x, head  # and freed: the exposure keeps the bytes until they are claimed
+    a.sync()  # all of that has run on the source before the target claims
+    np.testing.assert_array_equal(y.numpy(), np.zeros(6))
+
+
+def test_a_small_view_of_a_large_tensor_keeps_only_its_own_bytes(
+    source: ServerProcess, target: ServerProcess
+) -> None:
+    with client.RemoteDevice(source.url) as a, client.RemoteDevice(target.url) as b:
+        xp = client.namespace(a)
+        big = xp.arange(4 * MIB // 8, dtype=xp.float64)  # 4 MiB
+        corner = big[:4]
+        a.sync()
+        held = a.stats().server_tensor_bytes
+        capability = a.expose(corner.tensor_id, b.server_id).result().capability
+        assert a.stats().server_tensor_bytes == held + 32  # a compact copy, not the 4 MiB base
+        del big, corner
+        assert a.stats().server_tensor_bytes == held + 32 - 4 * MIB  # the base is freed
+        pulled = _pull(b, capability, source.url, TensorMeta((4,), "float64"))
+        np.testing.assert_array_equal(pulled.numpy(), np.arange(4.0))
 
 
 def test_two_devices_of_one_server_copy_in_memory(source: ServerProcess) -> None:
@@ -104,7 +125,7 @@ def test_two_devices_of_one_server_copy_in_memory(source: ServerProcess) -> None
         x = client.namespace(d0).asarray(np.arange(10.0))
         sent: list[Any] = []
         submit = d1.submit
-        d1.submit = lambda op: (sent.append(op), submit(op))[1]  # type: ignore[method-assign]
+        d1.submit = lambda op: sent.append(op) or submit(op)  # type: ignore[func-returns-value]
         y = x.to_device(d1)
         assert isinstance(sent[0], Pull) and sent[0].source is None
         np.testing.assert_array_equal(y.numpy(), np.arange(10.0))
@@ -139,14 +160,32 @@ def test_a_capability_works_once_for_its_server(
     assert float(client.namespace(b).sum(first).numpy()) == 15.0  # the session goes on
 
 
-def test_a_capability_expires() -> None:
+def test_a_capability_expires_and_its_bytes_come_back_unclaimed() -> None:
     with run_server("--transfer-ttl", "0.3") as proc, client.RemoteDevice(proc.url, 0) as a:
         with client.RemoteDevice(proc.url, 0) as b:
-            x = client.namespace(a).asarray(np.ones(3))
+            x = client.namespace(a).ones(MIB // 8)
+            a.sync()
+            held = a.stats().server_tensor_bytes
             capability = a.expose(x.tensor_id, b.server_id).result().capability
+            forgotten = a.expose(x.tensor_id, b.server_id).result().capability  # never claimed
+            assert a.stats().server_tensor_bytes == held + 2 * MIB
             time.sleep(0.6)
             with pytest.raises(client.TransferError, match="expired"):
                 _pull(b, capability, None, x.meta).numpy()
+            wait_until(lambda: a.stats().server_tensor_bytes == held, "the expired bytes back")
+            with pytest.raises(client.TransferError, match="expired"):
+                _pull(b, forgotten, None, x.meta).numpy()
+
+
+def test_a_capability_of_a_closed_session_is_withdrawn(source: ServerProcess) -> None:
+    with client.RemoteDevice(source.url, 1) as b:
+        alone = b.stats().connections
+        with client.RemoteDevice(source.url, 0) as a:
+            x = client.namespace(a).ones(3)
+            capability = a.expose(x.tensor_id, b.server_id).result().capability
+        wait_until(lambda: b.stats().connections == alone, "the server closed the session")
+        with pytest.raises(client.TransferError, match="withdrawn: its session closed"):
+            _pull(b, capability, None, x.meta).numpy()
 
 
 def test_a_server_pulls_only_from_its_peers(source: ServerProcess) -> None:
@@ -156,7 +195,8 @@ def test_a_server_pulls_only_from_its_peers(source: ServerProcess) -> None:
             with pytest.raises(client.TransferError, match="no credentials for ws://127") as e:
                 y.numpy()
             assert e.value.code == "transfer_failed"
-            assert b.stats().tensor_bytes == 0
+            stats = b.stats()
+            assert (stats.tensor_bytes, stats.server_tensor_bytes) == (0, 0)  # nothing reserved
 
 
 def test_servers_authenticate_to_each_other_with_their_token() -> None:
@@ -178,16 +218,23 @@ def test_servers_authenticate_to_each_other_with_their_token() -> None:
             assert "auth" in str(e.value).lower() or "401" in str(e.value)
 
 
-def test_a_source_lost_midway_fails_the_pull_and_nothing_leaks(target: ServerProcess) -> None:
+@pytest.mark.parametrize("warm", [False, True], ids=["connecting", "claim-sent"])
+def test_a_source_lost_midway_fails_the_pull_and_nothing_leaks(
+    target: ServerProcess, warm: bool
+) -> None:
     with (
         run_server(*LOOPBACK_PEERS) as doomed,
         client.RemoteDevice(target.url) as b,
     ):
         baseline = b.stats()
         a = client.RemoteDevice(doomed.url, ping_timeout=None)
-        x = client.namespace(a).asarray(np.arange(1000.0))
+        xp = client.namespace(a)
+        if warm:  # the target's session with the source is open: the claim itself is lost
+            np.testing.assert_array_equal(xp.ones(2).to_device(b).numpy(), np.ones(2))
+            baseline = b.stats()
+        x = xp.asarray(np.arange(1000.0))
         capability = a.expose(x.tensor_id, b.server_id).result().capability
-        os.kill(doomed.pid, signal.SIGSTOP)  # the target connects to a source that is stuck
+        os.kill(doomed.pid, signal.SIGSTOP)  # the source stops answering
         y = _pull(b, capability, doomed.url, x.meta)
         b.flush()
         time.sleep(0.5)
@@ -205,10 +252,45 @@ def test_a_source_lost_midway_fails_the_pull_and_nothing_leaks(target: ServerPro
         )
 
 
-def test_exposures_are_counted_until_claimed_or_withdrawn(
-    devs: tuple[client.RemoteDevice, client.RemoteDevice], source: ServerProcess
+def test_servers_over_tls_verify_each_other(tmp_path: Any) -> None:
+    import trustme
+
+    ca = trustme.CA()
+    ca.issue_cert("127.0.0.1").private_key_and_cert_chain_pem.write_to_path(tmp_path / "s.pem")
+    ca.cert_pem.write_to_path(tmp_path / "ca.pem")
+    tls = ("--tls-cert", str(tmp_path / "s.pem"), "--tls-key", str(tmp_path / "s.pem"))
+    peers = ("--peers", "wss://127.0.0.1:*")
+    trusting = ("--peer-ca-file", str(tmp_path / "ca.pem"))
+    with (
+        run_server(*tls, *peers) as source,
+        run_server(*peers, *trusting) as trusts,
+        run_server(*peers) as doubts,  # the system's CAs: not this one
+    ):
+        ca_file = str(tmp_path / "ca.pem")
+        with (
+            client.RemoteDevice(source.url, ca_file=ca_file) as a,
+            client.RemoteDevice(trusts.url) as b,
+            client.RemoteDevice(doubts.url) as c,
+        ):
+            x = client.namespace(a).asarray(np.arange(300_000.0))  # fragments over TLS
+            np.testing.assert_array_equal(x.to_device(b).numpy(), np.arange(300_000.0))
+            with pytest.raises(client.TransferError, match="CERTIFICATE_VERIFY_FAILED") as e:
+                x.to_device(c).numpy()
+            assert source.url in str(e.value)
+
+
+def test_exposures_are_counted_until_claimed_or_withdrawn(target: ServerProcess) -> None:
+    with (
+        run_server(*LOOPBACK_PEERS) as source,  # its own: budget figures of no other test
+        client.RemoteDevice(source.url) as a,
+        client.RemoteDevice(target.url) as b,
+    ):
+        _counted_until_claimed_or_withdrawn(a, b, source)
+
+
+def _counted_until_claimed_or_withdrawn(
+    a: client.RemoteDevice, b: client.RemoteDevice, source: ServerProcess
 ) -> None:
-    a, b = devs
     x = client.namespace(a).ones(MIB // 8)  # 1 MiB
     held = a.stats().server_tensor_bytes
     capability = a.expose(x.tensor_id, b.server_id).result().capability
@@ -274,3 +356,62 @@ def test_a_peer_pattern_with_more_than_scheme_host_and_port_is_refused(pattern: 
 
     with pytest.raises(ValidationError):
         ServerConfig(peers=pattern)
+
+
+def test_a_peer_token_of_its_own() -> None:
+    with (
+        run_server(*LOOPBACK_PEERS, env={"TENSOR_SERVER_TOKEN": "source-token"}) as source,
+        run_server(
+            *LOOPBACK_PEERS, "--token", "target-token", "--peer-token", "source-token"
+        ) as target,
+        client.RemoteDevice(source.url, token="source-token") as a,
+        client.RemoteDevice(target.url, token="target-token") as b,
+    ):
+        x = client.namespace(a).asarray(np.arange(5))
+        np.testing.assert_array_equal(x.to_device(b).numpy(), np.arange(5))
+
+
+def test_a_kept_session_the_source_closed_is_renewed() -> None:
+    with (
+        run_server(*LOOPBACK_PEERS, "--idle-timeout", "1") as source,
+        run_server(*LOOPBACK_PEERS) as target,
+        client.RemoteDevice(target.url) as b,
+    ):
+        for value in (1.0, 2.0):  # the second after the source closed every idle session
+            with client.RemoteDevice(source.url) as a:
+                x = client.namespace(a).full(2, value)
+                np.testing.assert_array_equal(x.to_device(b).numpy(), np.full(2, value))
+            time.sleep(2.0)
+
+
+def test_the_peer_token_is_hidden_in_check_config() -> None:
+    import subprocess
+    import sys
+
+    shown = subprocess.run(
+        [sys.executable, "-m", "server", "--peer-token", "s3cret-peer", "--check-config"],
+        capture_output=True, text=True, timeout=60, check=True,
+    ).stdout  # fmt: skip
+    assert "s3cret-peer" not in shown and '"peer_token": "<hidden>"' in shown
+
+
+@pytest.mark.parametrize(
+    "source", ["ws://3232235777:8765", "ws://0x7f.0.0.1:8765", "ws://127.0.0.01:8765"]
+)
+def test_hosts_a_resolver_reads_as_other_addresses_never_match(source: str) -> None:
+    from server.peer_urls import PeerPatterns
+
+    assert (
+        PeerPatterns(("ws://*:8765", "ws://*.*.*.*:8765", "ws://0x7f.*.*.*:8765")).match(source)
+        is None
+    )
+    assert PeerPatterns(("ws://*.*.*.*:8765",)).match("ws://10.1.2.3:8765") is not None
+
+
+def test_spellings_of_one_peer_share_one_session() -> None:
+    from server.peer_urls import PeerPatterns, canonical
+
+    peers = PeerPatterns(("ws://tensorwire-*.tensorwire:8765",))
+    spellings = ["ws://TeNsorwire-0.tensorwire:8765", "ws://tensorwire-0.tensorwire:8765/"]
+    keys = {canonical(parts) for parts in map(peers.match, spellings) if parts is not None}
+    assert keys == {"ws://tensorwire-0.tensorwire:8765"}

@@ -100,7 +100,7 @@ class CaptureDevice(Device):
 
     def flush(self) -> None:
         if self.inner is not None:
-            self.inner.flush()  # type: ignore[attr-defined]
+            self.inner.flush()
 
     def close(self) -> None:
         if self.inner is not None:
