@@ -116,6 +116,11 @@ def _environment(container: Resource, namespace: str) -> dict[str, str]:
     return env
 
 
+def _expanded(command: list[str], env: dict[str, str]) -> list[str]:
+    """``command`` with ``$(NAME)`` of the container's variables filled in, as the kubelet does."""
+    return [re.sub(r"\$\((\w+)\)", lambda m: env.get(m[1], m[0]), arg) for arg in command]
+
+
 def _server_env() -> dict[str, str]:
     return _environment(_server_container(), _kustomization()["namespace"])
 
@@ -129,10 +134,11 @@ def _port(container: Resource, port: int | str) -> int:
 
 
 def _pod_dns_names() -> list[str]:
-    """``NAME-i.SERVICE`` for every pod the StatefulSet runs."""
-    servers = _servers()
+    """``NAME-i.SERVICE.NAMESPACE.svc`` for every pod the StatefulSet runs."""
+    servers, namespace = _servers(), _kustomization()["namespace"]
     name, service = servers["metadata"]["name"], servers["spec"]["serviceName"]
-    return [f"{name}-{i}.{service}" for i in range(servers["spec"]["replicas"])]
+    replicas = servers["spec"]["replicas"]
+    return [f"{name}-{i}.{service}.{namespace}.svc" for i in range(replicas)]
 
 
 def _server_port() -> int:
@@ -320,9 +326,10 @@ def test_peers_admit_every_server_pod_and_nothing_else() -> None:
     scaled = [n.replace("-1.", "-17.") for n in names]  # a pod added by scaling
     for name in [*names, *scaled]:
         assert fetcher.allows(f"ws://{name}:{port}"), name
-        assert fetcher.allows(f"ws://{name}.{namespace}.svc:{port}"), name
     host = names[0]
     for other in [
+        f"ws://{host.removesuffix(f'.{namespace}.svc')}:{port}",  # short: the search list
+        f"ws://{host.replace(namespace, 'elsewhere')}:{port}",
         f"ws://{host}:{port + 1}",
         f"ws://evil.example:{port}",
         f"ws://{host.replace('.', '.evil.', 1)}:{port}",
@@ -347,10 +354,13 @@ def test_the_job_trains_across_every_server() -> None:
     assert "examples" in stages
     assert command[:2] == ["python", "examples/train_data_parallel.py"]
     assert (ROOT / command[1]).is_file(), f"{command[1]} does not exist"
+    namespace = _kustomization()["namespace"]
+    command = _expanded(command, _environment(train, namespace))
     urls = [command[i + 1] for i, arg in enumerate(command) if arg == "--url"]
     assert urls == [f"ws://{name}:{port}" for name in _pod_dns_names()]
     (wait,) = spec["initContainers"]  # starts training once every server is ready
-    assert wait["command"][-len(urls) :] == [
+    waited = _expanded(wait["command"], _environment(wait, namespace))
+    assert waited[-len(urls) :] == [
         f"http://{name}:{port}{HEALTH_PATH}" for name in _pod_dns_names()
     ]
     assert "python -m server.healthcheck --url" in wait["command"][2]
