@@ -7,7 +7,9 @@ source and the target. ``direct`` is ``x.to_device(target)`` and a ``sync`` of t
 expose round trip to the source, the pull op, and the target's fetch from the source, into fresh
 memory. ``through the client`` is ``x.numpy()`` then an upload to the target. The ceiling is
 plain TCP from this process to the ceiling peer's process, received into a fresh array
-(:class:`bench.transfer.TcpCeiling`): the same bytes between two processes, with nothing else.
+(:class:`bench.transfer.TcpCeiling`): the same bytes between two processes, with nothing else;
+and, explanatory, the same into an array the peer reuses (no first-touch page faults, which
+the server's allocator settings also avoid for the pulled tensors it frees and makes again).
 
 Data-parallel: the bench's digits MLP (``bench.training.DIGITS``: batch 64, Adam), one
 replica per server, each step sharded, its gradients averaged by the ring all-reduce and every
@@ -55,6 +57,7 @@ def between_servers(tcp_port: int, nbytes: int, reps: int, tick: Tick) -> list[F
             "direct": lambda: (_timed_move(lambda: x.to_device(target), target),),
             "client": lambda: (_timed_move(lambda: xp.asarray(x.numpy()), target),),
             "tcp": lambda: (ceiling.upload(data),),
+            "reused": lambda: (ceiling.upload(data, reused=True),),
         }
         for name in ("direct", "client"):  # the first pull opens the peers' session: untimed
             contenders[name]()
@@ -62,11 +65,15 @@ def between_servers(tcp_port: int, nbytes: int, reps: int, tick: Tick) -> list[F
             times = rotated(contenders, reps, 1, tick)
         finally:
             ceiling.close()
-    direct, through, tcp = rates(nbytes, times["direct"][0], times["client"][0], times["tcp"][0])
+    direct, through, tcp, reused = rates(
+        nbytes, *(times[k][0] for k in ("direct", "client", "tcp", "reused"))
+    )
     size = f"{nbytes >> 20} MiB float32 from one server to another"
     return [
         Figure(size, "direct / plain TCP between two processes", direct.median / tcp.median,
                Goal(">=", 0.8), direct, tcp, "TCP loopback"),
+        Figure(size, "direct / TCP into a reused array", direct.median / reused.median, None,
+               direct, reused, "TCP into a reused array"),
         Figure(size, "direct / through the client", direct.median / through.median, None,
                direct, through, "through the client"),
     ]  # fmt: skip

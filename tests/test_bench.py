@@ -46,9 +46,9 @@ def test_quick_run_writes_every_workload(tmp_path: Path) -> None:
     # alone against TCP, ours against TCP into a reused array; the upload floor per size, and
     # ours against it at 1 MiB; the streamed uploads; then one to four per workload (latency:
     # 4, pipelined: 2, the consumer: 3, training: 2 for the digits MLP and 1 for the wide one,
-    # step replay: 2 for the digits MLP and 1 for the wide one; several servers: 2 for a
+    # step replay: 2 for the digits MLP and 1 for the wide one; several servers: 3 for a
     # transfer between two, 1 for data-parallel training)
-    assert len(figures) == 12 + 2 + 1 + 1 + 1 + 4 + 2 + 1 + 1 + 1 + 1 + 1 + 3 + 3 + 3 + 3
+    assert len(figures) == 12 + 2 + 1 + 1 + 1 + 4 + 2 + 1 + 1 + 1 + 1 + 1 + 3 + 3 + 3 + 4
     for figure in figures:
         assert math.isfinite(figure["value"])
         measured = figure["measured"]
