@@ -76,9 +76,6 @@ class Exposures:
         self._gone: collections.OrderedDict[str, str] = collections.OrderedDict()  # -> why
         self._lock = threading.Lock()
 
-    def __len__(self) -> int:
-        return len(self._open)
-
     def expose(self, store: TensorStore, tensor_id: int, audience: str) -> str:
         """A capability for ``tensor_id`` of ``store``, claimable once by ``audience``.
 
