@@ -2,7 +2,8 @@
 costs per op is what :func:`replay` does per :class:`Step`.
 
 Every graph id has a *slot* in a list: the inputs, the constants, then each op's outputs. A
-step holds its op's runner (an in-place one bound to write into its target), the slots it
+step holds its op's runner (an in-place one bound to write into its target; one that elides
+a temporary bound to write into the input that dies at it, ``server/elision.py``), the slots it
 reads and writes, the shape and dtype each result must have, and the slots whose last use it
 is, cleared after it so that numpy can reuse an intermediate's memory at once. The plan also
 knows its cost (``executor.cost`` of each op, summed) and its scratch bytes (the graph's peak of
@@ -25,10 +26,11 @@ import numpy as np
 from protocol import TensorMeta, to_numpy
 from protocol.codec import Buffer
 from protocol.graphs import GraphCheck, GraphDef
-from protocol.ops import InPlaceBinary, InPlaceBinaryScalar, SetItem
+from protocol.ops import AnyOp, InPlaceBinary, InPlaceBinaryScalar, SetItem
 from protocol.ops.base import BaseOp
 
 from . import executor
+from .elision import elided_inputs
 from .executor import elementwise, indexing
 from .executor.base import Array, Runner
 
@@ -160,11 +162,12 @@ def build_plan(
         for out in () if op.inplace else op.outputs():
             if out not in kept:
                 frees.setdefault(check.last_use.get(out, index), []).append(slot[out])
+    into = elided_inputs(graph.ops, check, kept)
     steps: list[Step] = []
     cost = largest_step = 0
     for index, (op, metas) in enumerate(zip(graph.ops, check.op_metas, strict=True)):
         reads = tuple(slot[i] for i in op.inputs())
-        run = _IN_PLACE[type(op)] if op.inplace else executor.runner(op)
+        run = _runner(op, into.get(index))
         expect = tuple((m.shape, to_numpy(m.dtype)) for m in metas)
         writes = tuple(slot[o] for o in op.outputs())
         steps.append(Step(index, op, run, reads, writes, expect, tuple(frees.get(index, ()))))
@@ -193,6 +196,17 @@ def build_plan(
         held_bytes=held_bytes,
         op_counts=check.op_counts,
     )
+
+
+def _runner(op: AnyOp, into: int | None) -> Runner:
+    """What a step of ``op`` runs: an in-place op bound to write into its target; an op that
+    elides a temporary (``server/elision.py``) bound to write into its input number ``into``;
+    else the executor's runner."""
+    if op.inplace:
+        return _IN_PLACE[type(op)]
+    if into is not None:
+        return partial(elementwise.into_input, position=into)
+    return executor.runner(op)
 
 
 def _nbytes(meta: TensorMeta) -> int:

@@ -21,6 +21,7 @@ from protocol.ops import (
     InPlaceBinary,
     PermuteDims,
     Reduce,
+    Reshape,
     RunGraph,
     Unary,
 )
@@ -400,6 +401,32 @@ def test_a_quota_failure_during_a_run_returns_the_accounting(small: client.Remot
 
 
 # --- what keeps a graph from holding the server (review findings, checked in process) ---------
+
+
+def test_results_written_over_dying_temporaries_equal_numpy_and_spare_a_view(
+    dev: client.RemoteDevice, xp: client.Namespace
+) -> None:
+    """``sqrt(exp(x) * 2) + x`` writes each result into the temporary before it
+    (``server/elision.py``), except into ``exp(x)``, a view of which is an output."""
+    shape = (64, 64)
+    graph = GraphDef(
+        inputs=[_tensor("x", 0, shape)],
+        ops=[
+            Unary(op="exp", out=1, x=0),
+            Reshape(out=2, x=1, shape=(4096,)),
+            BinaryScalar(op="multiply", out=3, x=1, scalar=2.0),
+            Unary(op="sqrt", out=4, x=3),
+            Binary(op="add", out=5, x1=4, x2=0),
+        ],
+        outputs=[_tensor("flat", 2, (4096,)), _tensor("y", 5, shape)],
+    )
+    graph_id = register(dev, graph)
+    rng = np.random.default_rng(3)
+    for _ in range(2):
+        x = rng.standard_normal(shape)
+        flat, y = run(dev, graph_id, graph, xp.asarray(x))
+        np.testing.assert_array_equal(flat.numpy(), np.exp(x).reshape(-1), strict=True)
+        np.testing.assert_array_equal(y.numpy(), np.sqrt(np.exp(x) * 2.0) + x, strict=True)
 
 
 def _chain(n: int, shape: tuple[int, ...]) -> GraphDef:

@@ -3,8 +3,9 @@
 A runner takes a checked op, the arrays of its inputs (``op.inputs()``, in order) and the
 buffers of the message it came in (for uploads), and returns one array per output (or the
 array, for one output). It never writes into an input array (``indexing.setitem`` alone may,
-when the session says the target is its own). Each family module lists its runners in
-``RUNNERS``, by op type.
+when the session says the target is its own; ``elementwise.into_input`` writes into the input
+a replay binds it to, one that dies at that op: ``server/elision.py``). Each family module
+lists its runners in ``RUNNERS``, by op type.
 """
 
 from __future__ import annotations

@@ -4,14 +4,15 @@ op), in-place binary (by array or scalar), where, astype."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, get_args
 
 import numpy as np
 
 from protocol import to_numpy
 from protocol.codec import Buffer
-from protocol.dtypes import DTYPES, is_complex
+from protocol.dtypes import DTYPES, DType, is_bool, is_complex, is_floating, is_integer
 from protocol.ops import (
+    AnyOp,
     AsType,
     Binary,
     BinaryScalar,
@@ -20,6 +21,7 @@ from protocol.ops import (
     Unary,
     Where,
 )
+from protocol.ops.elementwise import UnaryName
 from protocol.ops.rules import elementwise_rule
 from protocol.scalars import Scalar, scalar_dtype, scalar_to_python
 
@@ -119,6 +121,57 @@ def binary_inplace(
             return out
     out[...] = _binary(name, (out, other))
     return out
+
+
+def writes_into(op: AnyOp, dtypes: Sequence[DType]) -> bool:
+    """Whether :func:`into_input` computes ``op`` on inputs of ``dtypes`` bit for bit as its
+    runner does: a unary, binary (not matmul) or scalar op that is one ufunc call on the
+    inputs as they are (no cast to a compute dtype, no fix-up after it), so numpy's ``out=``
+    changes where the result lands and nothing else."""
+    if type(op) is BinaryScalar:
+        (x,) = dtypes
+        scalar = scalar_dtype(scalar_to_python(op.scalar), x)
+        dtypes = (scalar, x) if op.scalar_first else (x, scalar)
+    elif type(op) is Unary:
+        if op.op not in UNARY_UFUNCS:
+            return False
+    elif type(op) is not Binary or op.op == "matmul":
+        return False
+    result, compute = elementwise_rule(op.op, tuple(dtypes))
+    if compute is not None or is_complex(result):  # complex results have unary fix-ups
+        return False
+    if len(dtypes) == 1:
+        return True
+    return op.op in _OUT_SAFE and not _needs_temporary_for(op.op, result, dtypes)
+
+
+def into_input(
+    op: Unary | Binary | BinaryScalar,
+    args: Sequence[Array],
+    buffers: Sequence[Buffer],
+    position: int,
+) -> Array:
+    """``op``'s result written into ``args[position]`` (numpy's ``out=``), where
+    :func:`writes_into` holds and that input is the caller's to overwrite: a replay binds this
+    runner only to a step at which the input dies and whose memory nothing else sees
+    (``server/elision.py``). numpy handles an output that is also an input."""
+    out = args[position]
+    if type(op) is BinaryScalar:
+        (x,) = args
+        scalar = scalar_array(op.scalar, x)
+        args = (scalar, x) if op.scalar_first else (x, scalar)
+    fn: Callable[..., Array] = getattr(np, op.op)
+    return fn(*args, out=out)
+
+
+UNARY_UFUNCS = frozenset(n for n in get_args(UnaryName) if isinstance(getattr(np, n), np.ufunc))
+
+
+def _needs_temporary_for(name: str, result: DType, dtypes: Sequence[DType]) -> bool:
+    """:func:`_needs_temporary` by dtypes, before there are arrays."""
+    if name == "floor_divide":
+        return is_floating(result)
+    return name == "pow" and any(is_integer(d) or is_bool(d) for d in (result, *dtypes))
 
 
 def _needs_temporary(name: str, out: Array, other: Array) -> bool:
