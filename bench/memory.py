@@ -15,6 +15,14 @@ Tick = Callable[[], None]
 KIB = 1024
 GROWTH_ALLOWED = 1 << 20  # RSS moves by allocator pages; "no growth" means under this
 BLOCKS = 5  # measured blocks of create/free cycles
+# Blocks run before measuring: since issue 17 a session's receive queue holds up to 8 parsed
+# batches (server/receiving.py), about 3.5 MB each here (2048 parsed ops, 1024 upload buffers),
+# and the client gets that far ahead only now and then, so the server's RSS reaches that bound
+# over the first blocks and then stays: a fresh server grew 33300, 4400, 2032 and 132 KiB in
+# the first four blocks of 10k cycles and 0-764 KiB in each of the next ten (tracemalloc near
+# the peak: 21 MB of parsed headers and 10 MB of upload buffers in flight). One block was
+# enough before (5628 KiB, then 0-24).
+WARMUP_BLOCKS = 4
 
 
 def _cycles(xp: client.Namespace, count: int) -> None:
@@ -27,7 +35,7 @@ def _cycles(xp: client.Namespace, count: int) -> None:
 
 def create_free(cycles: int, tick: Tick) -> Figure:
     """Server RSS growth per ``cycles`` upload/op/free cycles: the median over
-    :data:`BLOCKS` blocks of ``cycles``, after one block to warm up.
+    :data:`BLOCKS` blocks of ``cycles``, after :data:`WARMUP_BLOCKS` blocks to warm up.
 
     A leak grows every block, so the median shows it; glibc keeping freed pages now and then
     (a step of up to about 1 MiB in one block, which ``malloc_trim`` gives back) moves only
@@ -40,7 +48,8 @@ def create_free(cycles: int, tick: Tick) -> Figure:
 def _create_free(dev: client.RemoteDevice, pid: int, cycles: int, tick: Tick) -> Figure:
     xp = client.namespace(dev)
     held = dev.stats().tensors
-    _cycles(xp, cycles)
+    for _ in range(WARMUP_BLOCKS):
+        _cycles(xp, cycles)
     dev.sync()
     before = _procs.rss(pid)
     tick()
