@@ -154,3 +154,49 @@ def test_scalar_operands_take_the_fast_path(monkeypatch: pytest.MonkeyPatch) -> 
     assert calls == ["multiply"] * 100
     result = session.store.lookup(149)
     assert isinstance(result, Stored) and result.array[0] == np.float32(1.5 * 0.5**100)
+
+
+_EDGES = [0.0, -0.0, 1.5, -2.0, 3.0, float("inf"), float("nan"), 7.0]
+
+
+@pytest.mark.parametrize("dtype", ["bool", "int8", "uint8", "int64", "float32", "float64",
+                                   "complex64"])  # fmt: skip
+def test_a_prepared_call_computes_what_the_runner_computes(dtype: str) -> None:
+    """``elementwise.one_call``, which the fast path caches per rule, against the runner, for
+    every unary and binary op and scalar operands of each type, bit for bit."""
+    from typing import get_args
+
+    from protocol.ops.elementwise import BinaryName, UnaryName
+    from server import executor
+    from server.executor.elementwise import one_call
+
+    with np.errstate(all="ignore"):
+        x = np.array(_EDGES).astype(dtype)
+        y = np.array(_EDGES[::-1]).astype(dtype)
+    ops: list[tuple[AnyOp, list[np.ndarray]]] = []
+    ops += [(Unary(op=name, out=2, x=0), [x]) for name in get_args(UnaryName)]
+    ops += [(Binary(op=name, out=2, x1=0, x2=1), [x, y]) for name in get_args(BinaryName)]
+    ops += [(BinaryScalar(op=name, out=2, x=0, scalar=s, scalar_first=first), [x])
+            for name in get_args(BinaryName) for s in (True, 3, -2.5)
+            for first in (False, True)]  # fmt: skip
+    prepared = 0
+    for op, args in ops:
+        try:
+            call = one_call(op, [dtype] * len(args))
+        except Exception:  # noqa: BLE001 - a dtype the op refuses: the runner refuses it too
+            continue
+        if call is None:
+            continue
+        prepared += 1
+        with np.errstate(all="ignore"):
+            try:
+                want = np.asarray(executor.runner(op)(op, args, ()))
+            except Exception as exc:  # noqa: BLE001 - the same error from the prepared call
+                with pytest.raises(type(exc)):
+                    call(op, args)
+                continue
+            got = np.asarray(call(op, args))
+        assert got.dtype == want.dtype, op.describe()
+        np.testing.assert_array_equal(got, want, strict=True, err_msg=op.describe())
+        assert got.tobytes() == want.tobytes(), op.describe()  # -0.0 and NaN payloads too
+    assert prepared > 10

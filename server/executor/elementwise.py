@@ -145,6 +145,28 @@ def writes_into(op: AnyOp, dtypes: Sequence[DType]) -> bool:
     return op.op in _OUT_SAFE and not _needs_temporary_for(op.op, result, dtypes)
 
 
+def one_call(op: AnyOp, dtypes: Sequence[DType]) -> Callable[[Any, Sequence[Array]], Array] | None:
+    """``op``'s computation on inputs of ``dtypes`` as one prepared call, taking ``(op, args)``,
+    where :func:`writes_into` holds (the op is one ufunc call): for a caller that caches it per
+    (op name, input metas; a scalar's type and side), so that each op skips the dtype rules,
+    and a scalar operand's dtype is found once. None: call the runner."""
+    if not writes_into(op, dtypes):
+        return None
+    assert isinstance(op, Unary | Binary | BinaryScalar)  # all writes_into takes
+    fn: Callable[..., Array] = getattr(np, op.op)
+    if type(op) is Unary:
+        return lambda _, args: fn(args[0])
+    if type(op) is Binary:
+        return lambda _, args: fn(args[0], args[1])
+    assert type(op) is BinaryScalar
+    if type(op.scalar) not in (bool, int, float):  # a complex one travels as ComplexValue
+        return None
+    value_type = to_numpy(scalar_dtype(scalar_to_python(op.scalar), dtypes[0]))
+    if op.scalar_first:
+        return lambda o, args: fn(np.asarray(o.scalar, value_type), args[0])
+    return lambda o, args: fn(args[0], np.asarray(o.scalar, value_type))
+
+
 def into_input(
     op: Unary | Binary | BinaryScalar,
     args: Sequence[Array],
