@@ -194,3 +194,30 @@ def test_numpy_scalars_keep_their_own_dtype(
     y *= np.float64(1 / 3)
     y_local *= np.float64(1 / 3)
     assert np.array_equal(y.numpy(), y_local)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_cached_inference_for_float_and_bool_scalars_is_the_full_rule(dtype: str) -> None:
+    """``BinaryScalar.infer`` caches what float and bool scalars give (their value plays no
+    part): it gives what the binary rule gives for the scalar's 0-d meta, or raises its error,
+    on every op (matmul too) and side, repeated so that the cached answer is the one checked."""
+    from protocol.ops.elementwise import binary_meta, operand_dtype
+
+    x = TensorMeta((3, 2), dtype)  # type: ignore[arg-type]
+    values = [True, False, 0.5, float("nan"), 1e300]
+    for name, value, first, _ in itertools.product(
+        get_args(BinaryName), values, [False, True], "ab"
+    ):
+        op = BinaryScalar(op=name, out=1, x=0, scalar=value, scalar_first=first)
+        try:
+            s = TensorMeta((), operand_dtype(value, dtype))  # type: ignore[arg-type]
+            want: TensorMeta | type[Exception] = (
+                binary_meta(name, s, x) if first else binary_meta(name, x, s)
+            )
+        except Exception as exc:  # noqa: BLE001 - the same error type is expected
+            want = type(exc)
+        if isinstance(want, TensorMeta):
+            assert op.infer(x) == want, (name, value, first)
+        else:
+            with pytest.raises(want):
+                op.infer(x)

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import ClassVar, Literal
 
 import numpy as np
@@ -86,6 +87,9 @@ class BinaryScalar(BaseOp):
 
     def infer(self, *args: TensorMeta) -> TensorMeta:
         (x,) = args
+        kind = type(self.scalar)
+        if (kind is float or kind is bool) and self.op != "matmul":
+            return _scalar_result(self.op, kind is float, self.scalar_first, x)  # value: no part
         dtype = operand_dtype(self.scalar, x.dtype)
         if self.op == "matmul":  # refused: a scalar is 0-dimensional
             s = TensorMeta((), dtype)
@@ -99,6 +103,16 @@ class BinaryScalar(BaseOp):
         value = repr(scalar_to_python(self.scalar))
         args = f"{value}, #{self.x}" if self.scalar_first else f"#{self.x}, {value}"
         return f"{self.op}({args}) -> #{self.out}"
+
+
+@lru_cache(maxsize=1024)
+def _scalar_result(op: BinaryName, is_float: bool, scalar_first: bool, x: TensorMeta) -> TensorMeta:
+    """:meth:`BinaryScalar.infer` for a float or bool scalar, whose value neither changes the
+    result nor can fail to fit (:func:`~protocol.scalars.check_fits`), so it is cached: the
+    client infers every op it builds (0.8 us of about 6 per pipelined ``x + 1.0``)."""
+    dtype = scalar_dtype(0.0 if is_float else False, x.dtype)
+    pair = (dtype, x.dtype) if scalar_first else (x.dtype, dtype)
+    return TensorMeta(x.shape, elementwise_rule(op, pair)[0])
 
 
 def operand_dtype(scalar: Scalar, dtype: DType) -> DType:
