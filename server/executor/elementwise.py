@@ -176,7 +176,18 @@ def into_input(
     """``op``'s result written into ``args[position]`` (numpy's ``out=``), where
     :func:`writes_into` holds and that input is the caller's to overwrite: a replay binds this
     runner only to a step at which the input dies and whose memory nothing else sees
-    (``server/elision.py``). numpy handles an output that is also an input."""
+    (``server/elision.py``). numpy handles an output that is also an input.
+
+    Only where every input is C-contiguous, so that numpy's own result would be C-ordered as the
+    input is: a Fortran-ordered temporary plus a C-ordered array is C-ordered in numpy, and a
+    reduction of it sums in memory order, so its bits follow the layout. Else the runner's new
+    array."""
+    if not all(a.flags.c_contiguous for a in args):
+        if isinstance(op, Unary):
+            return unary(op, args, buffers)
+        if isinstance(op, Binary):
+            return binary(op, args, buffers)
+        return binary_scalar(op, args, buffers)
     out = args[position]
     if type(op) is BinaryScalar:
         (x,) = args
