@@ -18,7 +18,11 @@ A step writes into input ``t`` when all of these hold:
   graph (none of those is ever freed);
 - ``t``'s memory is ``t``'s alone: the op that made it returns a new array (a ufunc, matmul
   included), and no op that reads it could return a view of it (only ufuncs, ``where`` and
-  in-place ops read it). A view of ``t`` that outlived ``t`` would see the write.
+  in-place ops read it). A view of ``t`` that outlived ``t`` would see the write;
+- at replay, every input of the step is C-contiguous (checked by
+  :func:`~server.executor.elementwise.into_input`, which else returns a new array as before):
+  numpy's own result would then be C-ordered like ``t``, so the result keeps numpy's layout,
+  which a later reduction's bits depend on (it sums in memory order).
 
 Standard library and the protocol only (besides the executor's rule); ``server/plans.py``
 binds the runner.
