@@ -43,11 +43,11 @@ import itertools
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, InvalidStateError
+from concurrent.futures import Future
 from functools import partial
 from typing import Any
 
-from protocol import SERVER_ADAPTER, DecodeError, SessionError, Welcome, encode
+from protocol import SERVER_ADAPTER, DecodeError, Dropped, SessionError, Welcome, encode
 from protocol.codec import Buffer, requests_only, to_frames
 from protocol.graphs import GraphDef
 from protocol.messages import Request
@@ -58,7 +58,7 @@ from ._liveness import DEFAULT_LIVENESS, Liveness, Traffic, Watch
 from ._opening import close_code, handshake, open_transport
 from ._pending import COPY_BELOW as COPY_BELOW
 from ._pending import Pending
-from ._replies import Reply, resolve
+from ._replies import Reply, fail, resolve, take_batch
 from ._transport import Closed
 from .errors import ConnectionLost, ServerNotResponding, ServerProtocolError
 
@@ -197,10 +197,19 @@ class Connection:
                         self._reading.notify_all()
 
     def _dispatch(self, message: Any, buffers: list[Buffer]) -> Future[Any] | None:
-        """Resolve the future that ``message`` answers, and return it (None if none)."""
+        """Resolve the future that ``message`` answers, and return it (None if none); for a
+        :class:`Dropped` message, fail the requests of the message it names, and return one."""
         if isinstance(message, SessionError):
             self._server_error = ServerProtocolError(message.error)
             return None
+        if isinstance(message, Dropped):  # our message number .message ran no op at all
+            error = ServerProtocolError(message.error)
+            with self._waiters_lock:
+                lost = take_batch(self._waiters, message.message)
+            fail(lost, error)  # its requests will never be answered
+            if not lost:
+                self._server_error = error  # for the next check, as a SessionError's
+            return lost[0] if lost else None  # so that the threads waiting for them look
         with self._waiters_lock:
             future = self._waiters.pop(message.request_id, None)
         if future is not None:  # the server ran its message, and every one before
@@ -221,11 +230,7 @@ class Connection:
             if self._error is None:
                 self._error = error
             waiters, self._waiters = self._waiters, {}
-        for future in (*waiters.values(), *also, self._closed):
-            try:
-                future.set_exception(self._error)
-            except InvalidStateError:
-                pass  # resolved meanwhile
+        fail((*waiters.values(), *also, self._closed), self._error)
         with self._reading:
             self._reading.notify_all()
 

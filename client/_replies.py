@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
-from concurrent.futures import Future
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future, InvalidStateError
 from typing import Any, Protocol
 
 import numpy as np
@@ -91,3 +91,19 @@ def resolve(future: Future[Any], message: Any, buffers: list[Buffer]) -> None:
         future.set_exception(remote_error(message.error))
     elif isinstance(message, StatsReply | SyncReply | DescribeReply | ExposeReply):
         future.set_result(message)
+
+
+def take_batch(waiters: dict[int, Reply], batch: int) -> list[Reply]:
+    """Remove from ``waiters`` (request id -> reply) the replies to the requests that went in
+    message number ``batch``, and return them."""
+    ids = [request_id for request_id, reply in waiters.items() if reply.batch == batch]
+    return [waiters.pop(request_id) for request_id in ids]
+
+
+def fail(futures: Iterable[Future[Any]], error: BaseException) -> None:
+    """Fail each of ``futures`` with ``error`` (one resolved meanwhile keeps its result)."""
+    for future in futures:
+        try:
+            future.set_exception(error)
+        except InvalidStateError:
+            pass

@@ -37,6 +37,7 @@ from .messages import Batch as Batch
 from .messages import Claim as Claim
 from .messages import Describe as Describe
 from .messages import DescribeReply as DescribeReply
+from .messages import Dropped as Dropped
 from .messages import Expose as Expose
 from .messages import ExposeReply as ExposeReply
 from .messages import Hello as Hello

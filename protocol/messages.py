@@ -3,7 +3,8 @@
 Client to server: :class:`Hello` first, then any number of :class:`Batch`.
 Server to client: :class:`Welcome` or :class:`Refused` first, then replies to the requests in
 batches (:class:`ReadReply`, :class:`SyncReply`, :class:`StatsReply`, :class:`RequestFailed`) in
-request order, and :class:`SessionError` for a message the server could not use.
+request order; :class:`SessionError` for a failure that no request reports, and
+:class:`Dropped` for a message the server could not use at all.
 """
 
 from __future__ import annotations
@@ -204,9 +205,21 @@ class RequestFailed(Message):
 
 
 class SessionError(Message):
-    """A client message the server could not use; the session goes on where it can."""
+    """A failure of a client message that no request reports (e.g. a graph id in use); the
+    session goes on where it can."""
 
     type: Literal["error"] = "error"
+    error: ErrorInfo
+
+
+class Dropped(Message):
+    """A client message the server could not use at all (undecodable, over a limit, a second
+    hello): none of its ops ran and none of its requests will be answered. ``message`` is its
+    number among the client's messages after the hello, counted from 1, so that the client
+    fails exactly the requests it carried instead of waiting for them."""
+
+    type: Literal["dropped"] = "dropped"
+    message: Annotated[int, Field(ge=1, lt=2**63)]
     error: ErrorInfo
 
 
@@ -220,6 +233,7 @@ AnyServerMessage = (
     | ExposeReply
     | RequestFailed
     | SessionError
+    | Dropped
 )
 ServerMessage = Annotated[AnyServerMessage, Field(discriminator="type")]
 

@@ -43,13 +43,13 @@ from protocol import (
     CLIENT_ADAPTER,
     PROTOCOL_VERSION,
     Batch,
+    Dropped,
     ErrorCode,
     ErrorInfo,
     Hello,
     MessageDecoder,
     Read,
     Refused,
-    SessionError,
     Welcome,
     encode,
 )
@@ -329,7 +329,7 @@ class Connections:
             log.warning(
                 "bad message", extra=fields(session=session.session_id, error=error.message)
             )
-            await self._send(ws, SessionError(error=error))
+            await self._send(ws, Dropped(message=item.number, error=error))  # none of it ran
             return
         job = (
             item.job

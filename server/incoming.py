@@ -34,6 +34,7 @@ class Received:
     error: ErrorInfo | None = None
     nbytes: int = 0
     at: float = field(default_factory=time.perf_counter)  # when it arrived whole
+    number: int = 0  # of the connection's messages, the hello 0: a batch's is the client's count
     # Set where it arrived (server/answering.py), for the session's task: the job it started,
     # that its replies were sent there and only wait for the client to take them (the send
     # timeout), or the exception that answering it raised

@@ -47,6 +47,7 @@ class ReceivingConnection(AdaptedConnection):
         self.reading_paused = False
         self.holding = False  # a header is validated in slices (see hold)
         self._messages: collections.deque[Received] = collections.deque()
+        self._delivered = 0  # whole messages so far: the next one's Received.number
         self._items = 0  # parsed items of the messages waiting (QUEUED_ITEMS)
         self._waiter: asyncio.Future[None] | None = None
         self._idle_at = 0.0  # when the wait in progress times out (see receive)
@@ -81,6 +82,7 @@ class ReceivingConnection(AdaptedConnection):
         once ``max_waiting`` messages wait). While the owner waits in :meth:`receive` with
         nothing queued, :attr:`answer_now` may answer it here instead, which saves the owner's
         task a turn of the event loop; the wait's idle timeout then starts again."""
+        message.number, self._delivered = self._delivered, self._delivered + 1
         waiter, answer = self._waiter, self.answer_now
         if (
             answer is not None

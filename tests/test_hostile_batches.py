@@ -22,6 +22,7 @@ import pytest
 from pydantic import ValidationError
 
 import client
+from client.errors import ServerProtocolError
 from protocol import (
     CLIENT_ADAPTER,
     SERVER_ADAPTER,
@@ -247,7 +248,8 @@ def test_a_bad_op_deep_in_a_long_header_is_refused_and_the_session_goes_on(
     with closing(Raw(server.url)) as raw:
         raw.send_raw(struct.pack("<I", len(bad)) + bad)
         error, _ = _receive(raw)
-        assert error.type == "error" and error.error.code == "bad_message"
+        assert error.type == "dropped" and error.error.code == "bad_message"
+        assert error.message == 1  # the first message after the hello
         assert "ops.119998" in error.error.message  # the index in the whole header
         (reply,) = raw.request(Batch(requests=[Stats(request_id=5)]))
     assert reply.type == "stats_reply" and reply.tensors == 0
@@ -323,7 +325,8 @@ def test_a_header_over_the_default_cap_is_refused_and_the_session_goes_on() -> N
         assert len(encode_header(batch)) > 4 * 2**20
         raw.send(batch)
         refused = raw.recv()
-        assert refused.type == "error" and "header" in refused.error.message
+        assert refused.type == "dropped" and refused.message == 1  # the first after the hello
+        assert "header" in refused.error.message
         reply = raw.request(Batch(ops=ops[:1], requests=[Read(request_id=2, tensor=1)]))
         assert reply[0].type == "read_reply"
 
@@ -343,3 +346,33 @@ def test_the_client_sends_many_frees_in_messages_under_the_cap() -> None:
         del held
         assert dev.stats().tensors == 0  # every free sent, in four messages, before the stats
         dev.sync()  # and nothing refused
+
+
+def test_a_message_dropped_whole_fails_its_read_at_once_and_the_session_goes_on() -> None:
+    """A message the server cannot use at all (here a header over a 1 KiB cap) runs no op and
+    answers no request. The server names it (``Dropped``), so the read it carried fails with
+    the server's error at once, where it waited for ever before (the server answered pings,
+    so the client's liveness check saw nothing wrong); a message of ops alone raises at the
+    next sync."""
+    with (
+        run_server("--max-header-size", "1KiB") as proc,
+        client.RemoteDevice(proc.url) as dev,
+    ):
+        xp = client.namespace(dev)
+        x = xp.ones((2,))
+        dev.sync()
+        y = x
+        for _ in range(40):  # with the read, a header of about 4 KB
+            y = y + 1.0
+        start = time.monotonic()
+        with pytest.raises(ServerProtocolError, match="header"):
+            y.numpy()
+        assert time.monotonic() - start < 5
+        np.testing.assert_array_equal((x * 3.0).numpy(), [3.0, 3.0])  # the session goes on
+        dev.sync()  # the error was the read's: nothing more to raise
+        for _ in range(40):
+            x = x + 1.0
+        dev.flush()  # ops alone, dropped whole
+        with pytest.raises(ServerProtocolError, match="header"):
+            dev.sync()
+        assert dev.stats().failed == 0  # none of the dropped ops ran

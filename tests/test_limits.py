@@ -163,7 +163,8 @@ def test_malformed_message_is_refused_and_connection_kept(
 ) -> None:
     raw.send_raw(payload)
     reply = raw.recv()
-    assert reply.type == "error" and reply.error.code == ErrorCode.BAD_MESSAGE
+    assert reply.type == "dropped" and reply.error.code == ErrorCode.BAD_MESSAGE
+    assert reply.message == 1  # the first message after the hello: none of it ran
     assert_kept(raw)
     witness.assert_intact()
 

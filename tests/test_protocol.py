@@ -22,6 +22,7 @@ from protocol import (
     DecodeError,
     Describe,
     DescribeReply,
+    Dropped,
     ErrorCode,
     ErrorInfo,
     Expose,
@@ -163,6 +164,7 @@ SERVER_MESSAGES: list[Any] = [
     RequestFailed(request_id=3, error=ERROR),
     ExposeReply(request_id=5, capability="x" * 43, ttl=300.0),
     SessionError(error=ErrorInfo(code=ErrorCode.BAD_MESSAGE, message="x")),
+    Dropped(message=3, error=ErrorInfo(code=ErrorCode.BAD_MESSAGE, message="y")),
 ]
 
 

@@ -15,6 +15,7 @@ from protocol import (
     PROTOCOL_VERSION,
     SERVER_ADAPTER,
     Batch,
+    Dropped,
     ErrorCode,
     Hello,
     Read,
@@ -100,10 +101,11 @@ def test_malformed_messages_keep_the_session(raw: ClientConnection) -> None:
         b"".join(bytes(c) for c in encode(Hello(protocol=1))),  # hello twice
         encode_header(Batch(buffers=[4])) + b"12",  # truncated buffers
     ]
-    for data in bad:
+    for number, data in enumerate(bad, 2):  # the first batch above is message 1
         raw.send(data)
         reply, _ = _recv(raw)
-        assert isinstance(reply, SessionError) and reply.error.code is ErrorCode.BAD_MESSAGE
+        assert isinstance(reply, Dropped) and reply.error.code is ErrorCode.BAD_MESSAGE
+        assert reply.message == number
     _send(raw, Batch(ops=[Unary(op="exp", out=2, x=1)], requests=[Read(request_id=1, tensor=2)]))
     reply, buffers = _recv(raw)
     assert isinstance(reply, ReadReply) and reply.request_id == 1
