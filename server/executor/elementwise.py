@@ -114,8 +114,9 @@ def binary_inplace(
         target, other = args
     out = target if in_place and target.flags.writeable else target.copy()
     name = op.op
-    if name in _OUT_SAFE and not _needs_temporary(name, out, other):
-        if elementwise_rule(name, (_wire(out), _wire(other)))[1] is None:
+    dtypes = (_wire(out), _wire(other))
+    if name in _OUT_SAFE and not _needs_temporary(name, dtypes[0], dtypes):
+        if elementwise_rule(name, dtypes)[1] is None:
             fn: Callable[..., Array] = getattr(np, name)
             fn(out, other, out=out, casting="same_kind")  # numpy buffers overlapping inputs
             return out
@@ -142,7 +143,7 @@ def writes_into(op: AnyOp, dtypes: Sequence[DType]) -> bool:
         return False
     if len(dtypes) == 1:
         return True
-    return op.op in _OUT_SAFE and not _needs_temporary_for(op.op, result, dtypes)
+    return op.op in _OUT_SAFE and not _needs_temporary(op.op, result, dtypes)
 
 
 def one_call(op: AnyOp, dtypes: Sequence[DType]) -> Callable[[Any, Sequence[Array]], Array] | None:
@@ -200,20 +201,14 @@ def into_input(
 UNARY_UFUNCS = frozenset(n for n in get_args(UnaryName) if isinstance(getattr(np, n), np.ufunc))
 
 
-def _needs_temporary_for(name: str, result: DType, dtypes: Sequence[DType]) -> bool:
-    """:func:`_needs_temporary` by dtypes, before there are arrays."""
+def _needs_temporary(name: str, result: DType, dtypes: Sequence[DType]) -> bool:
+    """Whether ``name`` on inputs of ``dtypes`` giving ``result`` must run into a temporary
+    rather than ``out=``: floor_divide on floats (a Note: fix follows the ufunc) and integer
+    pow, whose loop can raise part-way (negative exponents), when numpy has already copied its
+    buffered garbage into ``out``."""
     if name == "floor_divide":
         return is_floating(result)
     return name == "pow" and any(is_integer(d) or is_bool(d) for d in (result, *dtypes))
-
-
-def _needs_temporary(name: str, out: Array, other: Array) -> bool:
-    """Whether ``name`` must run into a temporary rather than ``out=``: floor_divide on floats
-    (a Note: fix follows the ufunc) and integer pow, whose loop can raise part-way (negative
-    exponents), when numpy has already copied its buffered garbage into ``out``."""
-    if name == "floor_divide":
-        return bool(out.dtype.kind == "f")
-    return name == "pow" and (out.dtype.kind in "iub" or other.dtype.kind in "iub")
 
 
 # The binary ops whose ufunc alone computes them (no Note: fix after it), so out= is exact.
