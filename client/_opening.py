@@ -99,13 +99,14 @@ def handshake(
 
 def close_code(transport: Transport) -> ErrorCode | None:
     """The ErrorCode a server put at the start of its close reason (or 1009: too big)."""
-    received = transport.protocol.close_rcvd
+    received = transport.close_received
     if received is None:
         return None
-    if received.code == 1009:
+    code, reason = received
+    if code == 1009:
         return ErrorCode.LIMIT_EXCEEDED
     try:
-        return ErrorCode(received.reason.partition(":")[0])
+        return ErrorCode(reason.partition(":")[0])
     except ValueError:
         return None
 

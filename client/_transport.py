@@ -27,8 +27,16 @@ from collections.abc import Mapping
 
 from websockets.exceptions import InvalidHandshake, InvalidURI
 from websockets.frames import Frame
+from websockets.frames import Opcode as EventOpcode
 
-from protocol.framing import MAX_HEADER, Opcode, apply_mask, frame_header, header_size
+from protocol.framing import (
+    MAX_HEADER,
+    Opcode,
+    apply_mask,
+    close_payload,
+    frame_header,
+    header_size,
+)
 
 from ._frames import Closed, Sink, parsed
 from ._upgrade import RECV_SIZE, upgrade
@@ -60,6 +68,7 @@ class Transport:
         opened = upgrade(url, open_timeout, max_size, headers or {}, ssl_context)
         self.socket = opened.socket  # it keeps open_timeout until opened()
         self.protocol = opened.protocol
+        self.response = opened.response  # the server's 101: its headers say what was agreed
         self._lock = threading.Lock()  # the protocol's state and the FIFO
         self._send_lock = threading.Lock()  # who writes the FIFO to the socket
         self.sent_bytes = 0  # data frames written, headers included (the bench reads it)
@@ -71,6 +80,7 @@ class Transport:
         self._rpos = 0
         self._scratch = memoryview(bytearray(RECV_SIZE))  # see _recv_more
         self._taken = 0  # bytes of the stream parsed so far
+        self.close_received: tuple[int, str] | None = None  # the server's close frame
 
     def opened(self) -> None:
         """The caller's own opening exchange is done: no timeout on the socket from now on."""
@@ -113,7 +123,7 @@ class Transport:
         except OSError as exc:
             raise Closed(f"send failed: {exc}") from exc
 
-    def _send_parts(self, head: bytes, body: bytes) -> None:
+    def _send_parts(self, head: bytes, body: bytes | bytearray) -> None:
         """``head`` then ``body``: one ``sendmsg`` for a small frame (no joined copy), two
         writes for a large one. Measured against the server's websockets reader: with the
         header written alone, the server's 256 KiB reads tend to line up with the payloads;
@@ -259,7 +269,9 @@ class Transport:
     def _control(self, frame: bytearray) -> None:
         with self._lock:
             self.protocol.receive_data(frame)
-            self.protocol.events_received()  # ours are the data frames, already read
+            for event in self.protocol.events_received():  # control frames: data are ours
+                if isinstance(event, Frame) and event.opcode is EventOpcode.CLOSE:
+                    self.close_received = close_payload(event.data)
             self._out.extend(self.protocol.data_to_send())
         self._flush_if_free()
 

@@ -29,6 +29,7 @@ class Upgraded:
 
     socket: socket.socket
     protocol: ClientProtocol
+    response: Response  # the server's 101
     early: list[Frame]
 
 
@@ -53,17 +54,17 @@ def upgrade(
             context = ssl_context or ssl.create_default_context()
             sock = context.wrap_socket(sock, server_hostname=uri.host)
         protocol = ClientProtocol(uri, max_size=max_size)  # no extensions: no deflate
-        early = _handshake(sock, protocol, headers)
+        response, early = _handshake(sock, protocol, headers)
     except BaseException:
         sock.close()
         raise
-    return Upgraded(sock, protocol, early)
+    return Upgraded(sock, protocol, response, early)
 
 
 def _handshake(
     sock: socket.socket, protocol: ClientProtocol, headers: Mapping[str, str]
-) -> list[Frame]:
-    """The HTTP upgrade; returns the data frames that came right behind the response."""
+) -> tuple[Response, list[Frame]]:
+    """The HTTP upgrade; returns the response and the data frames that came right behind it."""
     request = protocol.connect()
     for name, value in headers.items():
         request.headers[name] = value
@@ -81,7 +82,7 @@ def _handshake(
             if isinstance(event, Response):
                 if protocol.handshake_exc is not None:
                     raise protocol.handshake_exc
-                return _frames(events[i + 1 :])
+                return event, _frames(events[i + 1 :])
         if not data:
             raise InvalidHandshake("connection closed during the opening handshake")
 

@@ -4,8 +4,8 @@ masking, for the client and the server alike. Sans-I/O: bytes in, headers out, n
 Both sides parse data frames themselves so that a payload can be received straight into the
 array it becomes, and write them themselves so that a payload is sent from the tensor's memory
 (websockets copies every byte several times). Everything else of the websocket protocol (the
-opening handshake, control frames, the close handshake) stays websockets': control frames are
-parsed here only to be handed to it whole.
+opening handshake, control frames, the close handshake) stays with websockets' sans-I/O
+protocol objects: control frames are parsed here only to be handed to them whole.
 
 Frame header (5.2)::
 
@@ -18,22 +18,19 @@ Frame header (5.2)::
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable
 from enum import IntEnum
 from typing import NamedTuple
 
 import numpy as np
-from websockets import frames as _ws_frames
 
 from .errors import ProtocolError
 
 Bytes = bytes | bytearray | memoryview
 
-# websockets' C implementation of 5.3's masking (a pure-Python one where it has no wheel): about
-# 1 us a call for a small payload, where a numpy call costs several.
-apply_mask: Callable[[Bytes, bytes], bytes] = _ws_frames.apply_mask  # type: ignore[attr-defined]
-
-NUMPY_UNMASK = 1 << 17  # views from this size are unmasked in place by numpy
+# Masking (5.3) up to this many bytes is one XOR of two Python integers; longer payloads are
+# XORed eight bytes at a time by numpy, whose call costs more than the integers' below it
+# (bench/REASONS.md, "Masking").
+SMALL_MASK = 1 << 10
 MAX_CONTROL_PAYLOAD = 125  # 5.5: control frames carry at most 125 bytes
 FIRST_CONTROL = 8  # 5.2: opcodes from 8 up are control frames
 MIN_HEADER = 2
@@ -140,20 +137,44 @@ def frame_header(opcode: int, fin: bool, length: int, mask: bytes = b"") -> byte
     return struct.pack("!BBQ", first, masked | 127, length) + mask
 
 
+def close_payload(data: Bytes) -> tuple[int, str]:
+    """The code and reason a close frame's payload carries (5.5.1); 1005 without a code."""
+    if len(data) < 2:
+        return 1005, ""
+    return int.from_bytes(data[:2], "big"), bytes(data[2:]).decode("utf-8", "replace")
+
+
 def rotate_mask(mask: bytes, offset: int) -> bytes:
     """The masking key as it applies from ``offset`` bytes into the payload."""
     phase = offset & 3
     return mask[phase:] + mask[:phase]
 
 
+def apply_mask(data: Bytes, mask: bytes) -> bytes | bytearray:
+    """``data`` (bytes) XORed with the 4-byte ``mask`` repeated: a new buffer."""
+    n = len(data)
+    if n <= SMALL_MASK:
+        key = int.from_bytes((mask * ((n >> 2) + 1))[:n], "little")
+        return (int.from_bytes(data, "little") ^ key).to_bytes(n, "little")
+    out = bytearray(n)
+    words = n & ~7
+    np.bitwise_xor(
+        np.frombuffer(data, dtype=np.uint8, count=words).view(np.uint64),
+        np.frombuffer(mask + mask, dtype=np.uint64)[0],
+        out=np.frombuffer(out, dtype=np.uint8, count=words).view(np.uint64),
+    )
+    if words < n:
+        out[words:] = apply_mask(memoryview(data)[words:], mask)  # the phase is 0 at words
+    return out
+
+
 def unmask_in_place(view: memoryview, mask: bytes, offset: int) -> None:
-    """XOR ``view`` in place with the 4-byte ``mask``, ``view`` starting ``offset`` bytes into
-    the frame's payload. Small views go through websockets' C masking and back (a call costs
-    about 1 us); large ones are XORed eight bytes at a time on aligned words by numpy (one pass
-    instead of two, about 3 us of calls)."""
+    """XOR ``view`` (bytes) in place with the 4-byte ``mask``, ``view`` starting ``offset``
+    bytes into the frame's payload: a small view as integers, a large one eight bytes at a
+    time on aligned words by numpy (one pass, no copy)."""
     key = rotate_mask(mask, offset)
     n = len(view)
-    if n < NUMPY_UNMASK:
+    if n <= SMALL_MASK:
         view[:] = apply_mask(view, key)
         return
     data = np.frombuffer(view, dtype=np.uint8)
@@ -174,6 +195,7 @@ __all__ = [
     "FrameHeader",
     "Opcode",
     "apply_mask",
+    "close_payload",
     "frame_header",
     "header_size",
     "parse_header",

@@ -6,8 +6,7 @@ everything, prints the effective settings (token hidden) and exits 0 without bin
 
 Exit status: 0 after SIGINT or SIGTERM (the first one drains: see :meth:`Server.drain`; a second
 one cuts the drain short), 2 for a bad command line, a bad setting, a device the server must
-not host, an unsafe exposure (a non-loopback bind without a token; unreadable TLS files), or a
-websockets release outside the supported range that lacks what the wire needs:
+not host, or an unsafe exposure (a non-loopback bind without a token; unreadable TLS files):
 one line on stderr, no traceback, nothing bound; 1 when the address cannot be bound (one line
 on stderr). Warnings (``--insecure``, a token without TLS off loopback) go to stderr, one line
 each, before the ``listening on`` line.
@@ -36,7 +35,6 @@ from protocol import DeviceSpecError
 from . import logs
 from .app import Server
 from .config import ENV_PREFIX, InsecureConfigError, ServerConfig, UnsupportedDeviceError
-from .websockets_adapter import UnsupportedWebsocketsError
 
 PROG = "python -m server"
 _SHOWN_DEFAULTS = {"device": "ndarray", "worker_threads": "the number of cores"}
@@ -142,12 +140,7 @@ def build_server(argv: list[str] | None = None) -> Server:
     config = _settings(values)
     try:
         return Server(config)
-    except (
-        DeviceSpecError,
-        UnsupportedDeviceError,
-        InsecureConfigError,
-        UnsupportedWebsocketsError,
-    ) as exc:
+    except (DeviceSpecError, UnsupportedDeviceError, InsecureConfigError) as exc:
         _fail(str(exc))
 
 

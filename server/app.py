@@ -1,25 +1,21 @@
-"""The websocket transport: the listeners, plain HTTP answers, drain and shutdown.
+"""The server: the listeners, plain HTTP answers, drain and shutdown.
 
 The top of the server's layering: it builds every other part and hands each upgraded
 connection to :class:`server.connection.Connections`, which runs its handshake and session.
 
-Choice of transport (see README, "Design"): websockets' asyncio implementation, run under
-anyio's asyncio backend. It is the fastest websocket stack measured on our machines (about
-100 µs per small round trip, against 110–165 µs for the sans-I/O protocol driven over anyio
-streams), and it brings keepalive pings, the close handshake, size limits and an HTTP hook for
-health endpoints. Everything the server does beyond the socket (task groups, worker threads,
-capacity limits, cancellation) is anyio. The price is that the server runs on asyncio only.
-Data frames are parsed by :class:`server.wire.WireConnection` and written by its base
-:class:`server.sending.SendingConnection`, subclasses of websockets' connection, so that
-payloads are received straight into their arrays and sent from them.
+The transport (ARCHITECTURE.md, "The wire"): asyncio's event loop, run under anyio's asyncio
+backend, with websockets' sans-I/O protocol for the upgrade and the control frames
+(``server/websocket.py``) and the wire's own framing for data frames, so that payloads are
+received straight into their arrays and sent from them (``server/wire.py``,
+``server/sending.py``). Everything the server does beyond the socket (task groups, worker
+threads, capacity limits, cancellation) is anyio.
 
 Plain HTTP requests on the same port get ``/healthz`` and ``/metrics`` (``server.endpoints``)
-from websockets' ``process_request`` hook, before any upgrade. Drain (``Server.drain``, on
-SIGTERM): upgrades get 503 ``shutting_down`` (a JSON error, as the gate's refusals), each
-session keeps a count of messages received but not yet answered and is closed (1001,
-``shutting_down: ...``) when that count is zero; past the grace, the rest are closed: a session
-whose op was running in a worker thread with the code ``shutting_down`` too, one that does not
-read by cutting its connection.
+instead of an upgrade (``server/listener.py``). Drain (``Server.drain``, on SIGTERM): upgrades
+get 503 ``shutting_down`` (a JSON error, as the gate's refusals), each session keeps a count of
+messages received but not yet answered and is closed (1001, ``shutting_down: ...``) when that
+count is zero; past the grace, the rest are closed: a session whose op was running in a worker
+thread with the code ``shutting_down`` too, one that does not read by cutting its connection.
 
 Guards (README, "Security"): the Origin, the token and the connection count are checked on the
 HTTP upgrade by :class:`server.guard.Gate`, before a session exists; the guards of a live
@@ -34,9 +30,6 @@ import secrets
 
 import anyio
 import anyio.abc
-from websockets.asyncio.server import Server as WsServer
-from websockets.asyncio.server import ServerConnection
-from websockets.asyncio.server import serve as ws_serve
 from websockets.http11 import Request, Response
 
 from protocol import ErrorCode
@@ -49,12 +42,14 @@ from .connection import Connections
 from .errors import GOING_AWAY
 from .exposures import Exposures
 from .guard import Gate, refusal, tls_context
+from .listener import Listener
 from .logs import fields
 from .metrics import Metrics
 from .peers import PeerFetcher
 from .pulls import Transfers
+from .responses import plain
 from .session import Session
-from .websockets_adapter import require_internals
+from .websocket import WebSocket, WebSocketSettings
 from .wire import WireConnection
 from .workers import Workers
 
@@ -70,13 +65,10 @@ class Server:
 
     Raises:
         UnsupportedDeviceError: from the constructor, for a remote or capture device.
-        UnsupportedWebsocketsError: from the constructor, for a websockets release that lacks
-            an internal the wire relies on (``server/websockets_adapter.py``).
     """
 
     def __init__(self, config: ServerConfig) -> None:
         self.device = validate_host_device(config.device)
-        require_internals()  # a websockets release without what the wire needs: say so now
         self.warnings = validate_security(config)
         self.config = config
         self.server_id = secrets.token_hex(8)
@@ -127,25 +119,20 @@ class Server:
         then close every session (close code 1001) within the shutdown grace period.
         """
         config = self.config
-        ws_server = await ws_serve(
-            self._connections.handle,
-            config.host,
-            config.port,
-            process_request=self._http,
-            create_connection=WireConnection,  # our own data frames: see server.wire
-            compression=None,  # tensor bytes do not compress; deflate costs 13x throughput
-            max_size=config.max_message_size,
+        settings = WebSocketSettings(
+            max_message_size=config.max_message_size,
             write_limit=config.write_limit,
-            ssl=self._ssl,
             open_timeout=config.handshake_timeout,
             ping_interval=config.ping_interval,
             ping_timeout=config.ping_timeout,
         )
-        servers = [ws_server]
+        listener = Listener(self._connections.handle, self._http, settings, WireConnection)
+        await listener.start(config.host, config.port, self._ssl)
+        listeners = [listener]
         try:
             if config.metrics_port is not None:
-                servers.append(await self._serve_metrics())
-            self.port = ws_server.sockets[0].getsockname()[1]
+                listeners.append(await self._serve_metrics(settings))
+            self.port = listener.port
             log.info(
                 "listening",
                 extra=fields(
@@ -163,7 +150,7 @@ class Server:
                 await anyio.sleep_forever()
         finally:
             with anyio.CancelScope(shield=True):
-                await self._close(servers)
+                await self._close(listeners)
 
     async def _trim_spare(self) -> None:
         """Drop spare memory (freed uploads kept for uploads) once it is ``spare_ttl`` old, and
@@ -181,36 +168,31 @@ class Server:
                 if idle_for >= self.budget.spare_ttl:
                     await anyio.to_thread.run_sync(give_back_freed_memory)  # ms for GiBs
 
-    async def _close(self, servers: list[WsServer]) -> None:
+    async def _close(self, listeners: list[Listener]) -> None:
         """Close every session (1001) and listener; after a drain, or past the shutdown grace,
         abort the connections still open (a client that does not read cannot hold us)."""
         bound = CLOSE_AFTER_DRAIN if self.draining else self.config.shutdown_grace
         with anyio.move_on_after(bound):
-            for each in servers:
-                each.close()
-            for each in servers:
-                await each.wait_closed()
-        for live in list(self._live.values()):
-            live.ws.abort()
+            async with anyio.create_task_group() as tg:
+                for each in listeners:
+                    tg.start_soon(each.close)
+        for each in listeners:
+            each.abort_all()
         with anyio.move_on_after(PEERS_CLOSE):  # a peer that does not answer is left behind
             await anyio.to_thread.run_sync(self._peers.close, abandon_on_cancel=True)
 
-    async def _serve_metrics(self) -> WsServer:
+    async def _serve_metrics(self, settings: WebSocketSettings) -> Listener:
         """The ``--metrics-port`` listener: HTTP only, never a websocket."""
 
-        async def no_sessions(ws: ServerConnection) -> None:  # unreachable: _http_metrics answers
+        async def no_sessions(ws: WebSocket) -> None:  # unreachable: _http_metrics answers
             await ws.close(1008, "this port serves /metrics only")
 
-        metrics_server = await ws_serve(
-            no_sessions,
-            self.config.host,
-            self.config.metrics_port,
-            process_request=self._http_metrics,
-        )
-        self.metrics_port = metrics_server.sockets[0].getsockname()[1]
-        return metrics_server
+        metrics = Listener(no_sessions, self._http_metrics, settings, WireConnection)
+        await metrics.start(self.config.host, self.config.metrics_port or 0, None)
+        self.metrics_port = metrics.port
+        return metrics
 
-    def _http(self, ws: ServerConnection, request: Request) -> Response | None:
+    def _http(self, ws: WebSocket, request: Request) -> Response | None:
         """Answer ``/healthz`` and ``/metrics``; refuse upgrades while draining; else None (go
         on with the websocket handshake)."""
         with_metrics = self.config.metrics_port is None
@@ -218,21 +200,20 @@ class Server:
         if answer is None and self.draining:  # a refusal like the gate's: the client types it
             self._connections.refused("draining", ws, "server is shutting down")
             return refusal(
-                ws,
                 http.HTTPStatus.SERVICE_UNAVAILABLE,
                 ErrorCode.SHUTTING_DOWN,
                 "the server is shutting down: it takes no new session; connect to another "
                 "server, or retry once it is back",
             )
-        if answer is None and (refused := self._gate(ws, request)) is not None:
+        if answer is None and (refused := self._gate(request)) is not None:
             limit, response = refused
             self._connections.refused(limit, ws, response.body.decode(errors="replace"))
             return response
         return answer
 
-    def _http_metrics(self, ws: ServerConnection, request: Request) -> Response:
+    def _http_metrics(self, ws: WebSocket, request: Request) -> Response:
         answer = self._endpoints.answer(request, draining=self.draining, with_metrics=True)
-        return answer or endpoints.plain(404, "this port serves GET /metrics and /healthz only")
+        return answer or plain(404, "this port serves GET /metrics and /healthz only")
 
     async def drain(self) -> None:
         """Stop taking sessions (``/healthz`` answers 503, upgrades get 503), let each session

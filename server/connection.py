@@ -1,7 +1,8 @@
 """One websocket connection of the server, from its hello to its session's end.
 
-With ``server.app``, the wire (``wire``, ``receiving``, ``sending``, ``websockets_adapter``)
-and ``server.peers`` (pulls from peer servers), the only server modules that touch sockets.
+With ``server.app``, the listener, the wire (``wire``, ``receiving``, ``sending``,
+``websocket``) and ``server.peers`` (pulls from peer servers), the only server modules that
+touch sockets.
 
 Per connection: the handshake (the client's :class:`~protocol.Hello`, answered with
 :class:`~protocol.Welcome` or :class:`~protocol.Refused`) makes a :class:`Session`; then the
@@ -36,7 +37,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import anyio
-from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 
 from protocol import (
@@ -67,7 +67,7 @@ from .pulls import Transfers
 from .receiving import STEPWISE_HEADER
 from .session import Session
 from .store import TensorStore
-from .websockets_adapter import when_lost
+from .websocket import WebSocket, when_lost
 from .wire import WireConnection
 from .workers import Workers
 
@@ -141,14 +141,14 @@ class Connections:
             self._all_closed = anyio.Event()
             await self._all_closed.wait()
 
-    def refused(self, limit: str, ws: ServerConnection, reason: str) -> None:
+    def refused(self, limit: str, ws: WebSocket, reason: str) -> None:
         """Count and log a connection, or work, refused because of ``limit``."""
         self._metrics.refused(limit)
         log.info("refused", extra=fields(limit=limit, peer=peer(ws), reason=reason))
 
-    async def handle(self, ws: ServerConnection) -> None:
-        """The websockets handler of one upgraded connection: serve it until it ends."""
-        assert isinstance(ws, WireConnection)  # Server.serve makes them
+    async def handle(self, ws: WebSocket) -> None:
+        """The handler of one upgraded connection: serve it until it ends."""
+        assert isinstance(ws, WireConnection)  # the listener makes them
         self.open += 1
         try:
             await self._handle_open(ws)
@@ -389,7 +389,7 @@ class Connections:
             await live.ws.close(1001, GOING_AWAY)
 
 
-def peer(ws: ServerConnection) -> str:
+def peer(ws: WebSocket) -> str:
     """The client's address as ``host:port`` (``[host]:port`` for IPv6), for the log."""
     address = ws.remote_address
     if isinstance(address, tuple) and len(address) >= 2:

@@ -1,7 +1,7 @@
 """Plain HTTP answers on the websocket port: ``GET /healthz`` and ``GET /metrics``.
 
-It only builds ``websockets.http11.Response`` objects; the transport decides when to send them
-(``process_request`` runs before every websocket upgrade).
+It only builds ``websockets.http11.Response`` objects; the listener sends them in answer to a
+request instead of upgrading it (``server/listener.py``).
 
 ``/healthz`` needs no token (container health checks and load balancers call it) and says only
 whether the server takes new sessions::
@@ -20,30 +20,16 @@ import json
 from dataclasses import dataclass
 from http import HTTPStatus
 
-from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 
 from protocol import PROTOCOL_VERSION
 
 from .guard import token_matches
 from .metrics import CONTENT_TYPE, Metrics
+from .responses import respond
 
 HEALTH_PATH = "/healthz"
 METRICS_PATH = "/metrics"
-
-
-def respond(status: int, body: bytes, content_type: str, **extra: str) -> Response:
-    """A complete HTTP response; the connection closes after it."""
-    headers = Headers(
-        [
-            ("Content-Type", content_type),
-            ("Content-Length", str(len(body))),
-            ("Cache-Control", "no-store"),
-            ("Connection", "close"),
-            *((name.replace("_", "-"), value) for name, value in extra.items()),
-        ]
-    )
-    return Response(status, HTTPStatus(status).phrase, headers, body)
 
 
 def path_of(request: Request) -> str:
@@ -69,11 +55,6 @@ def metrics(request: Request, registry: Metrics, token: str | None, auth: str) -
         body = b"GET /metrics needs 'Authorization: Bearer TOKEN'\n"
         return respond(401, body, "text/plain; charset=utf-8", WWW_Authenticate="Bearer")
     return respond(200, registry.exposition(), CONTENT_TYPE)
-
-
-def plain(status: int, text: str) -> Response:
-    """A short text answer (404 on the metrics port, 503 to upgrades while draining)."""
-    return respond(status, text.encode() + b"\n", "text/plain; charset=utf-8")
 
 
 @dataclass(frozen=True)

@@ -23,25 +23,22 @@ import http
 import ssl
 from collections.abc import Callable
 
-from websockets.asyncio.server import ServerConnection
 from websockets.http11 import Request, Response
 
 from protocol import ErrorCode, ErrorInfo
 
 from .config import InsecureConfigError, ServerConfig
+from .responses import respond
 
 
-def refusal(
-    connection: ServerConnection, status: http.HTTPStatus, code: ErrorCode, message: str
-) -> Response:
+def refusal(status: http.HTTPStatus, code: ErrorCode, message: str) -> Response:
     """An HTTP refusal whose body is the JSON of ``ErrorInfo(code, message)``."""
-    body = ErrorInfo(code=code, message=message).model_dump_json()
-    response = connection.respond(status, body)
-    del response.headers["Content-Type"]  # respond() set text/plain; setting would add a second
-    response.headers["Content-Type"] = "application/json"
+    body = ErrorInfo(code=code, message=message).model_dump_json().encode()
     if status is http.HTTPStatus.UNAUTHORIZED:
-        response.headers["WWW-Authenticate"] = 'Bearer realm="tensorwire"'
-    return response
+        return respond(
+            status, body, "application/json", WWW_Authenticate='Bearer realm="tensorwire"'
+        )
+    return respond(status, body, "application/json")
 
 
 def token_matches(request: Request, expected: str) -> bool:
@@ -55,8 +52,8 @@ def token_matches(request: Request, expected: str) -> bool:
 
 
 class Gate:
-    """The upgrade checks, in order: origin, token, connection count. Called from the server's
-    ``process_request`` hook; returns None to go on, or ``(limit, response)``: the
+    """The upgrade checks, in order: origin, token, connection count. Called by the listener
+    on each upgrade request; returns None to go on, or ``(limit, response)``: the
     ``refusals_total`` label and the refusal to send.
 
     ``open_connections`` returns how many connections are already upgraded and open.
@@ -66,21 +63,17 @@ class Gate:
         self._config = config
         self._open_connections = open_connections
 
-    def __call__(
-        self, connection: ServerConnection, request: Request
-    ) -> tuple[str, Response] | None:
+    def __call__(self, request: Request) -> tuple[str, Response] | None:
         config = self._config
         origins = request.headers.get_all("Origin")
         if len(origins) > 1:
             return "origin", refusal(
-                connection,
                 http.HTTPStatus.FORBIDDEN,
                 ErrorCode.ORIGIN_REFUSED,
                 f"{len(origins)} Origin headers; a request may carry one",
             )
         if origins and origins[0] not in config.allowed_origins:
             return "origin", refusal(
-                connection,
                 http.HTTPStatus.FORBIDDEN,
                 ErrorCode.ORIGIN_REFUSED,
                 f"Origin {origins[0]!r} is not allowed; start the server with "
@@ -88,7 +81,6 @@ class Gate:
             )
         if config.token is not None and not token_matches(request, config.token):
             return "auth", refusal(
-                connection,
                 http.HTTPStatus.UNAUTHORIZED,
                 ErrorCode.AUTH_FAILED,
                 "missing, wrong or repeated token: pass RemoteDevice(url, token=...) or set "
@@ -96,7 +88,6 @@ class Gate:
             )
         if self._open_connections() >= config.max_connections:
             return "connections", refusal(
-                connection,
                 http.HTTPStatus.SERVICE_UNAVAILABLE,
                 ErrorCode.TOO_MANY_CONNECTIONS,
                 f"the server holds its limit of {config.max_connections} connections; "

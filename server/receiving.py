@@ -25,7 +25,7 @@ from typing import Any
 from protocol import Batch
 
 from .incoming import MessageBeingRead, Received, step_header
-from .websockets_adapter import AdaptedConnection
+from .websocket import WebSocket
 
 QUEUE_HIGH = 8  # default of max_waiting
 STEPWISE_HEADER = 1 << 20  # a longer header is validated in slices (~11k ops; a client sends 2048)
@@ -38,7 +38,7 @@ OWNER_TURN = 0.02  # seconds the owner may take queued messages before the loop 
 QUEUED_ITEMS = 32_768
 
 
-class ReceivingConnection(AdaptedConnection):
+class ReceivingConnection(WebSocket):
     """A connection whose decoded messages wait in a queue for :meth:`receive`."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

@@ -5,7 +5,7 @@ Each frame's header is written and then the payload's memoryview: websockets'
 all of a reply's frames go straight to the socket in gathered ``sendmsg`` calls (the transport
 would make two sends per frame, and copy what the socket did not take); the rest goes through
 the transport, whose write buffer limit (``write_limit``) is the backpressure. A reply's send
-deadline is a loop timer made only while it waits (``AdaptedConnection.wait_writable``).
+deadline is a loop timer made only while it waits (``WebSocket.wait_writable``).
 
 A strided buffer (a read of a ``broadcast_to`` view, a slice, a transpose: the session hands
 the view, not a copy) is copied into each fragment only as that fragment is sent, so a reply
@@ -23,16 +23,16 @@ import numpy as np
 from protocol.codec import to_frames
 from protocol.framing import Opcode, frame_header
 
-from .websockets_adapter import AdaptedConnection
+from .websocket import WebSocket
 
 SMALL_SEND = 1 << 18  # frames below this go out in one write, header and payload joined
 IOV_MAX = 1024  # buffers one sendmsg takes (Linux)
 FRAGMENT = 1 << 18  # bytes of a large message's fragments (as protocol.codec.to_frames cuts)
 
 
-class SendingConnection(AdaptedConnection):
-    """A websockets server connection that sends whole Tensorwire messages itself
-    (:meth:`send_message`); the rest is websockets'."""
+class SendingConnection(WebSocket):
+    """A server websocket that sends whole Tensorwire messages itself (:meth:`send_message`),
+    framed here."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -1,37 +1,33 @@
 """The server's websocket wire: data frames parsed here, payloads received straight into place.
 
-websockets' asyncio connection still does the HTTP upgrade, keepalive pings, the close
-handshake and every control frame. Data frames never reach it: this subclass is an asyncio
+websockets' sans-I/O protocol (``server/websocket.py``) does the HTTP upgrade, the close
+handshake and every control frame; data frames never reach it. This connection is an asyncio
 :class:`~asyncio.BufferedProtocol`, so the event loop reads the socket into memory this module
 chooses. Inside a large payload that memory is the room the message decoder offers in its
 destination array, so the bytes go from the kernel into the tensor once and the client's mask is
-removed in place; elsewhere it is a receive buffer parsed here. Whole control frames are handed
-to websockets byte for byte, so pongs, closes and protocol errors behave as they did. Websockets
-alone copies each received byte about four times (buffer, frame slice, unmask, reassembly).
+removed in place; elsewhere it is a receive buffer parsed here. The upgrade request and whole
+control frames are handed to the protocol byte for byte.
 
 Theory of operation: the byte stream is in one :class:`Reading` state at a time::
 
-    REQUEST  --request whole, handed to websockets-->  UPGRADE
-    UPGRADE  --websockets accepted the upgrade------>  FRAME
+    REQUEST  --request whole, answered: upgraded---->  FRAME     (refused: FAILED)
     FRAME    --a data frame's header----------------->  PAYLOAD   (a control frame: FRAME)
     PAYLOAD  --the frame's last payload byte--------->  FRAME     (its message may be whole)
     any      --a frame that breaks RFC 6455---------->  FAILED    (closed 1002 or 1009)
 
-In UPGRADE (until websockets answers the request), and in FRAME while the connection is open
-and the owner has set no decoders yet, bytes wait in the buffer (*held*), and reading stops if
-the buffer fills; they are parsed when more bytes arrive or the owner sets decoders, which is
-also when UPGRADE gives way to FRAME. A data message that starts while no decoder exists (the
-connection is closing after a refused hello) is read and dropped; once the connection is
-lost or dropped (a write failed: the peer reset it), nothing more is parsed. On plain TCP,
-each readiness event reads on while the socket holds bytes (up to 1 MiB), so a fragmented
-upload does not cost a turn of the event loop per frame header and payload. Sending is
-:class:`server.sending.SendingConnection`'s; every websockets internal is named in
-``server/websockets_adapter.py``.
+The upgrade is answered as soon as its request is whole (``server/listener.py``). In FRAME,
+while the connection is open and the owner has set no decoders yet, bytes wait in the buffer
+(*held*), and reading stops if the buffer fills; they are parsed when more bytes arrive or the
+owner sets decoders. A data message that starts while no decoder exists (the connection is
+closing after a refused hello) is read and dropped; once the connection is lost or dropped (a
+write failed: the peer reset it), nothing more is parsed. On plain TCP, each readiness event
+reads on while the socket holds bytes (up to :data:`READ_AHEAD`), so a fragmented upload does
+not cost a turn of the event loop per frame header and payload. Sending is
+:class:`server.sending.SendingConnection`'s.
 """
 
 from __future__ import annotations
 
-import asyncio
 import gc
 import socket
 import struct
@@ -61,7 +57,7 @@ from .sending import SendingConnection
 
 RECV_SIZE = 1 << 18  # the largest first frame taken whole
 SMALL_BUFFER = 1 << 14  # the receive buffer of a session at rest (grown for larger frames)
-MAX_REQUEST = 1 << 16  # bytes of an HTTP upgrade request buffered before websockets sees them
+MAX_REQUEST = 1 << 16  # bytes of an HTTP upgrade request buffered before the protocol sees them
 READ_AHEAD = 1 << 20  # bytes read on past one readiness event before the loop has a turn
 _LEN = struct.Struct("<I")
 
@@ -70,17 +66,17 @@ class Reading(Enum):
     """Where the byte stream stands (see the module docstring)."""
 
     REQUEST = "request"  # the HTTP upgrade request, up to its blank line
-    UPGRADE = "upgrade"  # the request is websockets'; bytes after it wait for its answer
     FRAME = "frame"  # at a frame boundary: the next bytes are a frame header
     PAYLOAD = "payload"  # inside a data frame's payload
     FAILED = "failed"  # a protocol violation: every byte is dropped
 
 
-class WireConnection(SendingConnection, ReceivingConnection, asyncio.BufferedProtocol):
+class WireConnection(SendingConnection, ReceivingConnection):
     """A websocket server connection that decodes Tensorwire messages as their bytes arrive.
 
     The owner sets :attr:`decoders` (a fresh decoder per message), takes whole messages with
-    :meth:`receive` and sends with :meth:`send_message`; ``close`` and the rest are websockets'.
+    :meth:`receive` and sends with :meth:`send_message`; ``close`` and the rest are
+    :class:`~server.websocket.WebSocket`'s.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -116,9 +112,7 @@ class WireConnection(SendingConnection, ReceivingConnection, asyncio.BufferedPro
         self.decoders = decoders
 
     def _held(self) -> bool:
-        """Whether bytes wait: for websockets' answer to the upgrade, or for decoders."""
-        if self._reading is Reading.UPGRADE:
-            return self.upgrading
+        """Whether bytes wait for decoders."""
         return self._reading is Reading.FRAME and self._decoders is None and self.is_open
 
     # --- receiving: asyncio calls these ---------------------------------------------------------
@@ -222,32 +216,29 @@ class WireConnection(SendingConnection, ReceivingConnection, asyncio.BufferedPro
                     break  # held until the owner sets decoders
                 if not self._next_frame():
                     break
-            elif reading is Reading.REQUEST:
-                if not self._request():
-                    break
-            elif self.upgrading:  # UPGRADE: held until websockets answers the request
+            elif not self._request():  # REQUEST
                 break
-            else:  # UPGRADE answered: open, or already closing; frames follow
-                self._reading = Reading.FRAME
         if self.reading_paused or self._end > self._start:
             self.update_reading()
 
     def _request(self) -> bool:
-        """Hand websockets the HTTP upgrade request, and nothing after it (frames that follow
-        are ours, parsed once the upgrade is answered); False while it is not whole."""
+        """Hand the protocol the HTTP upgrade request, and nothing after it (frames that
+        follow are ours); it is answered at once. False while it is not whole. A request that
+        does not end within :data:`MAX_REQUEST` bytes is handed over as it is (the protocol
+        refuses it) and the rest is dropped."""
         data = self._buf[self._start : self._end]
         end = data.find(b"\r\n\r\n")
         if end < 0 and len(data) < MAX_REQUEST:
             return False
         upto = len(data) if end < 0 else end + 4
         self._start += upto
-        self._reading = Reading.UPGRADE
         self.feed(bytes(data[:upto]))
+        self._reading = Reading.FRAME if self.is_open and end >= 0 else Reading.FAILED
         return True
 
     def _next_frame(self) -> bool:
-        """Parse the frame at the front of the buffer: a whole control frame goes to
-        websockets, a data frame's header starts its payload. False if more bytes are needed
+        """Parse the frame at the front of the buffer: a whole control frame goes to the
+        protocol, a data frame's header starts its payload. False if more bytes are needed
         (or the frame broke the protocol)."""
         s = self._start
         try:
@@ -261,7 +252,7 @@ class WireConnection(SendingConnection, ReceivingConnection, asyncio.BufferedPro
             if self._end - s < size:
                 return False
             self._start += size
-            self.feed(bytes(self._buf[s : s + size]))  # websockets' business
+            self.feed(bytes(self._buf[s : s + size]))  # the protocol's business
             return not self.is_dropped  # else its answer (a pong) found the peer gone: stop
         try:
             return self._data_frame(header)
@@ -362,10 +353,10 @@ class WireConnection(SendingConnection, ReceivingConnection, asyncio.BufferedPro
             self._decoders, self._one_only = None, False
         if message.decoder is not None and self.taking_data:  # a message that ends after the
             self.deliver(received(message.decoder, message.error, message.nbytes))  # client's
-        # close is dropped, as websockets drops it
+        # close frame is dropped: the close handshake has begun
 
     def _fail(self, error: FrameError) -> bool:
-        """A protocol violation: close as websockets would, and read nothing more."""
+        """A protocol violation: close (1002 or 1009) and read nothing more."""
         self._start = self._end = 0
         self._message = None
         self._reading = Reading.FAILED

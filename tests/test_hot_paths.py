@@ -52,8 +52,9 @@ def test_cost_counts_elements_and_matmul_work() -> None:
 
 def test_connection_has_nodelay_and_no_compression(dev: client.RemoteDevice) -> None:
     ws = dev._conn._ws
-    assert ws.socket.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1  # websockets sets it
-    assert ws.protocol.extensions == []  # no permessage-deflate: negotiated by neither side
+    assert ws.socket.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
+    assert ws.response.status_code == 101
+    assert "Sec-WebSocket-Extensions" not in ws.response.headers  # no permessage-deflate
 
 
 def test_requests_only_batches_encode_as_pydantic_does() -> None:
