@@ -29,8 +29,8 @@ from .errors import ProtocolError
 
 Bytes = bytes | bytearray | memoryview
 
-# websockets' C implementation of 5.3's masking (a pure-Python one where it has no wheel): about
-# 1 us a call for a small payload, where a numpy call costs several.
+# websockets' C implementation of 5.3's masking (a pure-Python one where it has no wheel): cheaper
+# than numpy's calls on a small payload (bench/REASONS.md, 'Masking').
 apply_mask: Callable[[Bytes, bytes], bytes] = _ws_frames.apply_mask  # type: ignore[attr-defined]
 
 NUMPY_UNMASK = 1 << 17  # views from this size are unmasked in place by numpy
@@ -148,9 +148,9 @@ def rotate_mask(mask: bytes, offset: int) -> bytes:
 
 def unmask_in_place(view: memoryview, mask: bytes, offset: int) -> None:
     """XOR ``view`` in place with the 4-byte ``mask``, ``view`` starting ``offset`` bytes into
-    the frame's payload. Small views go through websockets' C masking and back (a call costs
-    about 1 us); large ones are XORed eight bytes at a time on aligned words by numpy (one pass
-    instead of two, about 3 us of calls)."""
+    the frame's payload. Small views go through websockets' C masking and back; large ones are
+    XORed eight bytes at a time on aligned words by numpy, in one pass over the view instead of
+    two (bench/REASONS.md, 'Masking')."""
     key = rotate_mask(mask, offset)
     n = len(view)
     if n < NUMPY_UNMASK:

@@ -8,12 +8,12 @@ default its own ``--token``: servers that share one secret authenticate to each 
 checking a ``wss://`` source's certificate against ``--peer-ca-file`` or the system's CAs;
 sends one :class:`~protocol.Claim` with the capability and receives the tensor as a read reply,
 straight into memory that the pulled tensor then keeps (the session keeps no receive buffers).
-One session per source is kept and shared by every pull from it (opening one costs about 5 ms:
-the upgrade and the handshake), renewed once when it has ended (the source's idle timeout, a
-restart) and closed when the server stops. It imports the client only when a pull
-runs (the one import of ``client`` from ``server``, named in the import contract). A source is
-contacted only if it matches ``--peers``: otherwise a client could make the server connect
-anywhere its network reaches.
+One session per source is kept and shared by every pull from it (opening one, the upgrade and
+the handshake, costs more than a small pull: bench/REASONS.md, 'Kept peer sessions'), renewed
+once when it has ended (the source's idle timeout, a restart) and closed when the server stops.
+It imports the client only when a pull runs (the one import of ``client`` from ``server``,
+named in the import contract). A source is contacted only if it matches ``--peers``: otherwise
+a client could make the server connect anywhere its network reaches.
 
 Failures are the op's, never the session's: each raises :class:`StoreError` with
 ``transfer_failed`` (no credentials for the source, refused, unreachable, lost midway, or

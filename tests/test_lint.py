@@ -44,3 +44,27 @@ def test_nothing_unpickles_or_evaluates() -> None:
         if NEVER_ON_WIRE_INPUT.search(line)
     ]
     assert hits == []
+
+
+REASONS = ROOT / "bench" / "REASONS.md"
+# A pointer from code to the figure behind a choice: (bench/REASONS.md, 'Entry title'), which may
+# wrap across comment or docstring lines.
+REASON_POINTER = re.compile(r"bench/REASONS\.md, '([^']+)'")
+
+
+def _unwrapped(text: str) -> str:
+    return re.sub(r"\s*\n\s*(?:# )?", " ", text)
+
+
+def test_every_pointer_to_the_bench_reasons_names_an_entry() -> None:
+    entries = {
+        line[3:].strip() for line in REASONS.read_text().splitlines() if line.startswith("## ")
+    }
+    pointers = {
+        (str(path.relative_to(ROOT)), title)
+        for package in PACKAGES
+        for path in sorted((ROOT / package).rglob("*.py"))
+        for title in REASON_POINTER.findall(_unwrapped(path.read_text()))
+    }
+    assert pointers, "no pointer found: the pattern no longer matches how code cites the reasons"
+    assert sorted(p for p in pointers if p[1] not in entries) == []

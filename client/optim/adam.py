@@ -8,7 +8,7 @@ after the first sends the same ops with the same scalars, and a graph captured f
 replays the next ones exactly as running them would. The learning rate, which a schedule
 changes, is read from the group's 0-d array on the device (:mod:`client.optim.optimizer`), in
 the powers' float64, so the step size and AdamW's decay factor are computed in float64 from
-the same double as the Python float would be, and cast to the parameter's dtype as before.
+the same double as the Python float would be, then cast to the parameter's dtype.
 The other hyper-parameters travel as Python scalars: constant, the same in every step.
 """
 

@@ -95,7 +95,8 @@ class BinaryScalar(BaseOp):
             s = TensorMeta((), dtype)
             return binary_meta(self.op, s, x) if self.scalar_first else binary_meta(self.op, x, s)
         # binary_meta's result without building the scalar's meta and broadcasting it (a 0-d
-        # operand keeps x's shape): 0.4 us of the client's 4.2 per scalar op (bench.cpu)
+        # operand keeps x's shape): this runs per op built (bench/REASONS.md, 'Scalar op
+        # inference')
         pair = (dtype, x.dtype) if self.scalar_first else (x.dtype, dtype)
         return TensorMeta(x.shape, elementwise_rule(self.op, pair)[0])
 
@@ -109,7 +110,7 @@ class BinaryScalar(BaseOp):
 def _scalar_result(op: BinaryName, is_float: bool, scalar_first: bool, x: TensorMeta) -> TensorMeta:
     """:meth:`BinaryScalar.infer` for a float or bool scalar, whose value neither changes the
     result nor can fail to fit (:func:`~protocol.scalars.check_fits`), so it is cached: the
-    client infers every op it builds (0.8 us of about 6 per pipelined ``x + 1.0``)."""
+    client infers every op it builds (bench/REASONS.md, 'Scalar op inference')."""
     dtype = scalar_dtype(0.0 if is_float else False, x.dtype)
     pair = (dtype, x.dtype) if scalar_first else (x.dtype, dtype)
     return TensorMeta(x.shape, elementwise_rule(op, pair)[0])
