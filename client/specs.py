@@ -33,8 +33,13 @@ def open_device(
     return _open(parse_device_spec(spec), index, token, ca_file, open_timeout)
 
 
-def _open(spec: NdArraySpec | RemoteSpec | CaptureSpec, index: int, token: str | None,
-          ca_file: str | None, open_timeout: float) -> Device:  # fmt: skip
+def _open(
+    spec: NdArraySpec | RemoteSpec | CaptureSpec,
+    index: int,
+    token: str | None,
+    ca_file: str | None,
+    open_timeout: float,
+) -> Device:
     if isinstance(spec, RemoteSpec):
         return RemoteDevice(spec.url, index, token, open_timeout=open_timeout, ca_file=ca_file)
     if isinstance(spec, NdArraySpec):

@@ -53,8 +53,10 @@ def keep_freed_memory() -> bool:
     libc = _glibc()
     if libc is None:
         return False
-    return bool(libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
-                and libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD))  # fmt: skip
+    return bool(
+        libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+        and libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD)
+    )
 
 
 def give_back_freed_memory() -> bool:

@@ -158,8 +158,13 @@ class PeerFetcher:
 
 
 def _claim(request_id: int, op: Pull, claimant: str) -> Claim:
-    return Claim(request_id=request_id, capability=op.capability, claimant=claimant,
-                 shape=op.shape, dtype=op.dtype)  # fmt: skip
+    return Claim(
+        request_id=request_id,
+        capability=op.capability,
+        claimant=claimant,
+        shape=op.shape,
+        dtype=op.dtype,
+    )
 
 
 def _failed(message: str) -> StoreError:

@@ -65,14 +65,44 @@ from .base import Array
 # Element-wise ops by what one element costs (the most over the real dtypes): 1 unless named.
 # The slowest: transcendental functions and integer division.
 _SLOW = frozenset(
-    ("acosh", "atanh", "cos", "sin", "log", "log2", "log10", "pow", "floor_divide",
-     "remainder", "logaddexp", "hypot", "nextafter")
-)  # fmt: skip
+    (
+        "acosh",
+        "atanh",
+        "cos",
+        "sin",
+        "log",
+        "log2",
+        "log10",
+        "pow",
+        "floor_divide",
+        "remainder",
+        "logaddexp",
+        "hypot",
+        "nextafter",
+    )
+)
 # The next: the other transcendental functions, roots and float division.
 _MEDIUM = frozenset(
-    ("asin", "acos", "asinh", "atan", "tan", "tanh", "sinh", "cosh", "exp", "expm1", "log1p",
-     "sqrt", "signbit", "atan2", "copysign", "divide", "reciprocal")
-)  # fmt: skip
+    (
+        "asin",
+        "acos",
+        "asinh",
+        "atan",
+        "tan",
+        "tanh",
+        "sinh",
+        "cosh",
+        "exp",
+        "expm1",
+        "log1p",
+        "sqrt",
+        "signbit",
+        "atan2",
+        "copysign",
+        "divide",
+        "reciprocal",
+    )
+)
 # ... of which these are cheap on float inputs (SIMD loops; integers convert first)
 _FAST_ON_FLOATS = _MEDIUM - {"asin", "acos", "log1p"}
 SLOW_ELEMENT, MEDIUM_ELEMENT, FLOAT_ELEMENT = 32, 8, 2
