@@ -40,8 +40,8 @@ class Autodiff:
     the function). Data types and constants are ``xp``'s own.
     """
 
-    # The functions the tensor's operators call, typed for them (set from DIFFERENTIABLE below;
-    # the rest are typed by __getattr__).
+    # The functions behind the tensor's operators and properties, typed as giving tensors (set
+    # from DIFFERENTIABLE below; the rest are typed by __getattr__).
     add: Callable[..., Tensor]
     subtract: Callable[..., Tensor]
     multiply: Callable[..., Tensor]
