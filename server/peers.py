@@ -118,14 +118,20 @@ class PeerFetcher:
                 self._sessions.move_to_end(url)
                 return conn
         from client._connection import Connection
-        from client._liveness import Liveness
+        from client._options import ConnectionOptions
         from client.errors import ConnectionLost, HandshakeError
 
-        liveness = Liveness(PING_INTERVAL, PING_TIMEOUT, PULL_TIMEOUT)
+        options = ConnectionOptions(
+            token=self._token,
+            open_timeout=OPEN_TIMEOUT,
+            ca_file=self._ca_file,
+            timeout=PULL_TIMEOUT,
+            ping_interval=PING_INTERVAL,
+            ping_timeout=PING_TIMEOUT,
+            pool_bytes=0,  # a pulled tensor's memory is the store's, counted: none kept beside
+        )
         try:
-            conn = Connection(
-                url, 0, self._token, OPEN_TIMEOUT, self._ca_file, liveness, pool_bytes=0
-            )
+            conn = Connection(url, 0, options)
         except HandshakeError as exc:
             raise _failed(
                 f"{source} refused this server's session: {exc} (a server presents its "
