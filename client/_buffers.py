@@ -3,11 +3,9 @@
 Why: a large download is received (``recv_into``) straight into a new array. Memory the
 process has never touched, or gave back to the kernel, costs a page fault per page on first
 write, which on a virtual machine that hands free guest memory back to its host (free page
-reporting, as on this project's CI and bench machines) costs far more than the copy itself:
-a 512 MiB download ran at 0.2-0.4 GB/s into fresh memory against 1.6-2.2 GB/s into memory
-freed a moment before. numpy frees an array of this size with ``munmap`` as soon as its last
-reference goes, so every download paid that price; a 1 MiB one took 259 page faults, and
-about 0.5 ms of the client's 1.2 ms of CPU per download.
+reporting, as on this project's CI and bench machines) costs far more than the copy itself
+(bench/REASONS.md, 'Receive buffer pool'). numpy frees an array of this size with ``munmap``
+as soon as its last reference goes, so without a pool every download would pay that price.
 
 :class:`BufferPool` keeps the arrays that large replies were received into (:data:`POOL_MIN`
 bytes and up, at most :data:`POOL_BYTES` in :data:`POOL_COUNT` buffers) and hands one out

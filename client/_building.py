@@ -82,8 +82,9 @@ def _queue(
     return tuple(new_handle(dev, i, meta) for i, meta in zip(ids, metas, strict=True))
 
 
-def apply_inplace(make: Callable[[int], AnyOp], target: RemoteArray,
-                  *inputs: RemoteArray) -> RemoteArray:  # fmt: skip
+def apply_inplace(
+    make: Callable[[int], AnyOp], target: RemoteArray, *inputs: RemoteArray
+) -> RemoteArray:
     """Queue the in-place op ``make(target id)``, whose inputs are ``target`` then ``inputs``;
     ``target`` keeps its id, shape and dtype. Returns ``target``."""
     common_device((target, *inputs))

@@ -53,9 +53,10 @@ from protocol.graphs import GraphDef
 from protocol.messages import Request
 from protocol.ops import AnyOp
 
-from ._buffers import POOL_BYTES, BufferPool, PooledDecoder
-from ._liveness import DEFAULT_LIVENESS, Liveness, Traffic, Watch
+from ._buffers import BufferPool, PooledDecoder
+from ._liveness import Traffic, Watch
 from ._opening import close_code, handshake, open_transport
+from ._options import DEFAULT_OPTIONS, ConnectionOptions
 from ._pending import COPY_BELOW as COPY_BELOW
 from ._pending import Pending
 from ._replies import Reply, fail, resolve, take_batch
@@ -71,7 +72,8 @@ Frames = list[bytes | list[bytes | memoryview]]  # messages, each one frame or i
 
 
 class Connection:
-    """A session with device ``index`` of the server at ``url``, watched within ``liveness``.
+    """A session with device ``index`` of the server at ``url``, opened and watched as
+    ``options`` say.
 
     Raises:
         HandshakeError: (a subclass of) the server refused the session.
@@ -82,14 +84,10 @@ class Connection:
         self,
         url: str,
         index: int = 0,
-        token: str | None = None,
-        open_timeout: float = 10.0,
-        ca_file: str | None = None,
-        liveness: Liveness = DEFAULT_LIVENESS,
-        pool_bytes: int = POOL_BYTES,  # received buffers kept for reuse (0: none, a server's)
+        options: ConnectionOptions = DEFAULT_OPTIONS,
     ) -> None:
         self.url = url
-        self._liveness = liveness
+        self._liveness = options.liveness
         self._lock = threading.Lock()  # the pending batch, ids, state
         self._reading = threading.Condition(threading.Lock())  # leader/follower of replies
         self._reader: threading.Thread | None = None  # the thread reading replies now
@@ -106,8 +104,8 @@ class Connection:
         self._closing = False
         self._closed: Future[None] = Future()  # fails when the connection ends
         self._stop = threading.Event()
-        self._pool = BufferPool(keep=pool_bytes)
-        self._ws = open_transport(url, open_timeout, token, ca_file)
+        self._pool = BufferPool(keep=options.pool_bytes)
+        self._ws = open_transport(url, options)
         try:  # the socket keeps open_timeout until opened(): the handshake is bounded too
             self.welcome: Welcome = handshake(self._ws, url, index, self._receive)
         except BaseException:

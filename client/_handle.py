@@ -121,8 +121,14 @@ class Handle:
             raise TypeError(f"only integer arrays can be used as an index, not {self.dtype}")
         return operator.index(self._scalar())
 
-    def __dlpack__(self, *, stream: Any = None, max_version: Any = None,
-                   dl_device: Any = None, copy: Any = None) -> Any:  # fmt: skip
+    def __dlpack__(
+        self,
+        *,
+        stream: Any = None,
+        max_version: Any = None,
+        dl_device: Any = None,
+        copy: Any = None,
+    ) -> Any:
         """A DLPack capsule of a *host copy* (one read): a remote array's memory is on a
         server, so it cannot be shared. The capsule describes CPU memory.
 

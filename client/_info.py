@@ -45,8 +45,14 @@ class IInfo:
 def finfo(dtype: Any) -> FInfo:
     info = np.finfo(dtype)
     real = np.dtype(info.dtype)
-    return FInfo(int(info.bits), float(info.eps), float(info.max), float(info.min),
-                 float(info.smallest_normal), real)  # fmt: skip
+    return FInfo(
+        int(info.bits),
+        float(info.eps),
+        float(info.max),
+        float(info.min),
+        float(info.smallest_normal),
+        real,
+    )
 
 
 def iinfo(dtype: Any) -> IInfo:
@@ -91,7 +97,8 @@ class Info:
             "indexing": np.dtype("int64"),
         }
 
-    def dtypes(self, *, device: Device | None = None,
-               kind: str | tuple[str, ...] | None = None) -> dict[str, np.dtype[Any]]:  # fmt: skip
+    def dtypes(
+        self, *, device: Device | None = None, kind: str | tuple[str, ...] | None = None
+    ) -> dict[str, np.dtype[Any]]:
         names = DTYPES if kind is None else [d for d in DTYPES if isdtype(d, kind)]
         return {name: np.dtype(name) for name in names}

@@ -27,6 +27,7 @@ from protocol import (
 )
 from protocol.codec import Buffer, to_frames
 
+from ._options import ConnectionOptions
 from ._transport import Closed, InvalidHandshake, InvalidURI, Transport
 from .errors import ConnectionLost, HandshakeError, handshake_error
 
@@ -50,20 +51,21 @@ def url_of(target: str) -> str:
     return spec.url
 
 
-def open_transport(
-    url: str, open_timeout: float, token: str | None, ca_file: str | None
-) -> Transport:
-    """The websocket to ``url``, upgraded with ``token`` as ``Authorization: Bearer TOKEN``;
-    for ``wss://`` the certificate is verified against ``ca_file`` or the system's CAs.
+def open_transport(url: str, options: ConnectionOptions) -> Transport:
+    """The websocket to ``url`` within ``options.open_timeout``, upgraded with ``options.token``
+    as ``Authorization: Bearer TOKEN``; for ``wss://`` the certificate is verified against
+    ``options.ca_file`` or the system's CAs.
 
     Raises:
         HandshakeError: (a subclass of) the server refused the upgrade with a typed error.
         ConnectionLost: the server cannot be reached, TLS verification failed, or the upgrade
             broke.
     """
+    token = options.token
     headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
     try:
-        return Transport(url, open_timeout, MAX_MESSAGE, headers, _tls(url, ca_file))
+        tls = _tls(url, options.ca_file)
+        return Transport(url, options.open_timeout, MAX_MESSAGE, headers, tls)
     except InvalidStatus as exc:
         refused = _refusal(exc)
         if refused is not None:

@@ -43,8 +43,7 @@ from ._upgrade import RECV_SIZE, upgrade
 
 # The first read of a message: a small reply whole in one call, and little of a large one,
 # whose bytes read this way are copied twice more (into the read buffer, then the array) where
-# the rest is received in place. 64 KiB against 256 KiB, interleaved in one process: 1 MiB
-# downloads 3-8% faster in three runs, 8 MiB 4%; 200 KiB downloads and reads unchanged.
+# the rest is received in place (bench/REASONS.md, 'First read of a message').
 FIRST_BITE = 1 << 16
 SMALL_FRAME = 1 << 16  # over TLS, frames below this go out in one write, header and payload joined
 
@@ -125,10 +124,9 @@ class Transport:
 
     def _send_parts(self, head: bytes, body: bytes | bytearray) -> None:
         """``head`` then ``body``: one ``sendmsg`` for a small frame (no joined copy), two
-        writes for a large one. Measured against the server's websockets reader: with the
-        header written alone, the server's 256 KiB reads tend to line up with the payloads;
-        one write of both is slower (upload + sync, interleaved on one loaded server, median
-        1 MiB 4.1 ms with two writes against 5.0 ms with one; 64 MiB 107 against 118 ms).
+        writes for a large one: with the header written alone, the server's 256 KiB reads tend
+        to line up with the payloads, and one write of both is slower (bench/REASONS.md,
+        'Large frames in two writes').
 
         Raises:
             OSError: the socket failed.
@@ -311,8 +309,8 @@ class Transport:
 
         Reads into a scratch buffer kept for the connection: ``socket.recv(RECV_SIZE)``
         allocates 256 KiB per call, which malloc maps and unmaps while its dynamic mmap
-        threshold is still low (a fresh process): about 16 us and two page faults per small
-        reply then."""
+        threshold is still low (a fresh process): page faults on every small reply
+        (bench/REASONS.md, 'Scratch receive buffer')."""
         if self._rpos:
             del self._rbuf[: self._rpos]
             self._rpos = 0

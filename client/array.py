@@ -215,13 +215,18 @@ def binary(name: BinaryName, x1: RemoteArray, x2: RemoteArray) -> RemoteArray:
     return apply(lambda out: Binary(op=name, out=out, x1=x1.tensor_id, x2=x2.tensor_id), x1, x2)
 
 
-def binary_scalar(name: BinaryName, x: RemoteArray, value: PyScalar,
-                  scalar_first: bool = False) -> RemoteArray:  # fmt: skip
+def binary_scalar(
+    name: BinaryName, x: RemoteArray, value: PyScalar, scalar_first: bool = False
+) -> RemoteArray:
     """``x <op> value`` (``value <op> x`` if ``scalar_first``) as one op: the Python scalar
     travels inside it and takes the standard's dtype beside ``x``."""
     s = scalar_from_python(value)
-    return apply(lambda out: BinaryScalar(op=name, out=out, x=x.tensor_id, scalar=s,
-                                          scalar_first=scalar_first), x)  # fmt: skip
+    return apply(
+        lambda out: BinaryScalar(
+            op=name, out=out, x=x.tensor_id, scalar=s, scalar_first=scalar_first
+        ),
+        x,
+    )
 
 
 def unary(name: UnaryName, x: RemoteArray) -> RemoteArray:
@@ -263,8 +268,9 @@ def inplace_operator(name: BinaryName, self: RemoteArray, other: Any) -> RemoteA
 
 def _reduce(name: ReduceName, x: RemoteArray, axis: Any, keepdims: bool) -> RemoteArray:
     axes = None if axis is None else ints(axis)
-    return apply(lambda out: Reduce(op=name, out=out, x=x.tensor_id, axis=axes,
-                                    keepdims=keepdims), x)  # fmt: skip
+    return apply(
+        lambda out: Reduce(op=name, out=out, x=x.tensor_id, axis=axes, keepdims=keepdims), x
+    )
 
 
 def astype(x: RemoteArray, dtype: Any, copy: bool = True) -> RemoteArray:

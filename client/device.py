@@ -20,7 +20,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from functools import partial
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Protocol, Self
+from typing import TYPE_CHECKING, Any, Protocol, Self, Unpack
 
 import numpy as np
 
@@ -40,8 +40,8 @@ from protocol.messages import Request
 from protocol.ops import AnyOp
 
 from ._connection import Connection
-from ._liveness import PING_INTERVAL, PING_TIMEOUT, Liveness
 from ._opening import url_of
+from ._options import ConnectionKeywords, ConnectionOptions
 from .errors import ServerProtocolError
 
 if TYPE_CHECKING:
@@ -131,19 +131,13 @@ class Device:
         url: str,
         index: int = 0,
         token: str | None = None,
-        *,
-        open_timeout: float = 10.0,
-        ca_file: str | None = None,
-        timeout: float | None = None,
-        ping_interval: float | None = PING_INTERVAL,
-        ping_timeout: float | None = PING_TIMEOUT,
+        **keywords: Unpack[ConnectionKeywords],
     ) -> None:
         if token is None:
             token = os.environ.get(TOKEN_ENV) or None
         url = url_of(url)
-        liveness = Liveness(ping_interval, ping_timeout, timeout)  # checked before connecting
-        conn = Connection(url, index, token, open_timeout, ca_file, liveness)
-        self._attach(conn, url, index)
+        options = ConnectionOptions(token=token, **keywords)  # checked before connecting
+        self._attach(Connection(url, index, options), url, index)
 
     @classmethod
     def from_connection(cls, conn: DeviceConnection, url: str, index: int = 0) -> Self:
@@ -314,7 +308,8 @@ class RemoteDevice(SyncDevice):
     ``remote:ws://HOST:PORT``. ``index`` picks one of the server's devices. ``token`` defaults
     to the ``TENSOR_SERVER_TOKEN`` environment variable; it travels as
     ``Authorization: Bearer TOKEN`` on the upgrade request. For ``wss://`` the server's
-    certificate is verified against ``ca_file`` (a PEM file) or the system's CAs.
+    certificate is verified against ``ca_file`` (a PEM file) or the system's CAs. Connecting,
+    the upgrade and the handshake together may take ``open_timeout`` seconds (10 by default).
 
     The client watches the server (seconds; None turns a bound off): after ``ping_interval``
     without a byte from it, a ping, which the server answers even while it runs a long op; one
@@ -322,6 +317,10 @@ class RemoteDevice(SyncDevice):
     by default) bounds how long one call (a read, sync, stats, describe or expose, or a send
     the server does not take) waits, long ops included. Either ends the session: every pending
     and later call raises :class:`~client.ServerNotResponding`, a ``ConnectionLost``.
+
+    ``token`` and these keyword arguments (``client._options.ConnectionKeywords``) are the
+    connection's settings wherever a device is opened, documented here for all: the same in
+    ``AsyncRemoteDevice.connect`` and ``client.open_device``.
 
     Raises:
         AuthenticationError: the token is missing or wrong.
@@ -354,18 +353,10 @@ class AsyncRemoteDevice(Device):
         url: str,
         index: int = 0,
         token: str | None = None,
-        *,
-        open_timeout: float = 10.0,
-        ca_file: str | None = None,
-        timeout: float | None = None,  # noqa: ASYNC109 - the device's bound, not this call's
-        ping_interval: float | None = PING_INTERVAL,
-        ping_timeout: float | None = PING_TIMEOUT,
+        **keywords: Unpack[ConnectionKeywords],
     ) -> AsyncRemoteDevice:
         """Connect without blocking the loop. The parameters and errors are RemoteDevice's."""
-        bounds = {"timeout": timeout, "ping_interval": ping_interval, "ping_timeout": ping_timeout}
-        return await asyncio.to_thread(
-            cls, url, index, token, open_timeout=open_timeout, ca_file=ca_file, **bounds
-        )
+        return await asyncio.to_thread(partial(cls, url, index, token, **keywords))
 
     async def read(self, array: RemoteArray) -> np.ndarray[Any, Any]:
         """The array's values as a new, writable numpy array (one round trip, awaited in a

@@ -330,8 +330,7 @@ def _new_session(index: int, config: ServerConfig) -> Session:
     store = TensorStore(
         config.effective_session_quota, MemoryBudget(config.effective_memory_budget)
     )
-    limits = Limits(config.max_op_bytes, config.max_ndim, config.max_graphs,
-                    config.max_graph_bytes)  # fmt: skip
+    limits = Limits(config.max_op_bytes, config.max_ndim, config.max_graphs, config.max_graph_bytes)
     return Session(secrets.token_hex(8), index, store, limits)
 
 
@@ -361,8 +360,12 @@ class LocalDevice(SyncDevice):
         max_op_bytes: int | None = None,
         max_ndim: int | None = None,
     ) -> None:
-        config = local_config(memory_budget=memory_budget, session_quota=session_quota,
-                              max_op_bytes=max_op_bytes, max_ndim=max_ndim)  # fmt: skip
+        config = local_config(
+            memory_budget=memory_budget,
+            session_quota=session_quota,
+            max_op_bytes=max_op_bytes,
+            max_ndim=max_ndim,
+        )
         self._attach(LocalConnection(index, count, config), LOCAL_URL, index)
 
     def __repr__(self) -> str:

@@ -8,8 +8,11 @@ that runs the server's own executor; ``capture:`` a record-only capture device, 
 
 from __future__ import annotations
 
+from typing import Unpack
+
 from protocol import CaptureSpec, NdArraySpec, RemoteSpec, parse_device_spec
 
+from ._options import ConnectionKeywords
 from .capture.device import CaptureDevice
 from .device import Device, RemoteDevice
 from .errors import CaptureError
@@ -20,28 +23,32 @@ def open_device(
     index: int = 0,
     *,
     token: str | None = None,
-    ca_file: str | None = None,
-    open_timeout: float = 10.0,
+    **keywords: Unpack[ConnectionKeywords],
 ) -> Device:
-    """The device ``spec`` names (device ``index`` of a server or of ``ndarray:N``).
+    """The device ``spec`` names (device ``index`` of a server or of ``ndarray:N``); ``token``
+    and the connection's keyword arguments are :class:`~client.RemoteDevice`'s, for a server.
 
     Raises:
         DeviceSpecError: ``spec`` names no valid device (the message lists the valid kinds).
         CaptureError: a capture device over a capture device.
         HandshakeError, ConnectionLost: as :class:`~client.RemoteDevice` raises them.
     """
-    return _open(parse_device_spec(spec), index, token, ca_file, open_timeout)
+    return _open(parse_device_spec(spec), index, token, keywords)
 
 
-def _open(spec: NdArraySpec | RemoteSpec | CaptureSpec, index: int, token: str | None,
-          ca_file: str | None, open_timeout: float) -> Device:  # fmt: skip
+def _open(
+    spec: NdArraySpec | RemoteSpec | CaptureSpec,
+    index: int,
+    token: str | None,
+    keywords: ConnectionKeywords,
+) -> Device:
     if isinstance(spec, RemoteSpec):
-        return RemoteDevice(spec.url, index, token, open_timeout=open_timeout, ca_file=ca_file)
+        return RemoteDevice(spec.url, index, token, **keywords)
     if isinstance(spec, NdArraySpec):
         from .local import LocalDevice  # the server's executor, loaded only when asked for
 
         return LocalDevice(index=index, count=spec.count)
     if isinstance(spec.inner, CaptureSpec):
         raise CaptureError(f"{spec}: a capture device over a capture device is not supported")
-    inner = None if spec.inner is None else _open(spec.inner, index, token, ca_file, open_timeout)
+    inner = None if spec.inner is None else _open(spec.inner, index, token, keywords)
     return CaptureDevice(inner)

@@ -29,7 +29,7 @@ Bytes = bytes | bytearray | memoryview
 
 # Masking (5.3) up to this many bytes is one XOR of two Python integers; longer payloads are
 # XORed eight bytes at a time by numpy, whose call costs more than the integers' below it
-# (bench/REASONS.md, "Masking").
+# (bench/REASONS.md, 'Masking').
 SMALL_MASK = 1 << 10
 MAX_CONTROL_PAYLOAD = 125  # 5.5: control frames carry at most 125 bytes
 FIRST_CONTROL = 8  # 5.2: opcodes from 8 up are control frames
@@ -171,7 +171,7 @@ def apply_mask(data: Bytes, mask: bytes) -> bytes | bytearray:
 def unmask_in_place(view: memoryview, mask: bytes, offset: int) -> None:
     """XOR ``view`` (bytes) in place with the 4-byte ``mask``, ``view`` starting ``offset``
     bytes into the frame's payload: a small view as integers, a large one eight bytes at a
-    time on aligned words by numpy (one pass, no copy)."""
+    time on aligned words by numpy, in one pass over the view (bench/REASONS.md, 'Masking')."""
     key = rotate_mask(mask, offset)
     n = len(view)
     if n <= SMALL_MASK:

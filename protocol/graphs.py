@@ -123,8 +123,9 @@ def _declare(graph: GraphDef) -> tuple[dict[int, TensorMeta], set[int]]:
 
 # Ops whose result may be a view of their first input (numpy decides: a reshape of a
 # contiguous array is one, a basic index is one, astype to the same dtype is the array).
-_VIEW_KINDS = frozenset({"reshape", "getitem", "permute_dims", "axes", "moveaxis",
-                         "broadcast_to", "astype"})  # fmt: skip
+_VIEW_KINDS = frozenset(
+    {"reshape", "getitem", "permute_dims", "axes", "moveaxis", "broadcast_to", "astype"}
+)
 _VIEW_NAMES = frozenset({"real", "imag"})  # unary ops that give a real array itself
 
 

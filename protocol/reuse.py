@@ -1,8 +1,9 @@
 """Memory a pool may hand out again: an array that nothing but its pool entry refers to.
 
 Both sides keep large arrays for reuse, because writing memory the process has never touched
-costs a page fault per page (``bench/README.md``): the server keeps freed tensors for uploads
-(``server/budget.py``), the client keeps receive buffers for downloads (``client/_buffers.py``).
+costs a page fault per page (bench/REASONS.md, 'Receive buffer pool'): the server keeps freed
+tensors for uploads (``server/budget.py``), the client keeps receive buffers for downloads
+(``client/_buffers.py``).
 Either may hand an array out again only once nobody can see it any more: no numpy view, no
 ``np.frombuffer`` result, no memoryview (a reply still being sent) over it. Each of those keeps
 a reference to the array, so the reference count tells: a :class:`Pooled` entry whose array

@@ -91,7 +91,8 @@ def check_fits(value: PyScalar, dtype: DType) -> None:
         raise OpDTypeError(f"a complex fill value cannot fill a {dtype} array")
 
 
-# Each integer dtype's bounds, as Python ints (check_fits runs per scalar op: np.iinfo costs ~1 us)
+# Each integer dtype's bounds, as Python ints: check_fits runs per scalar op, and np.iinfo is a
+# costly call (bench/REASONS.md, 'Integer bounds table')
 _INT_BOUNDS = {
     d: (int(np.iinfo(to_numpy(d)).min), int(np.iinfo(to_numpy(d)).max))  # type: ignore[type-var]
     for d in DTYPES

@@ -190,8 +190,8 @@ def main(argv: list[str] | None = None) -> int:
     prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]  # *_created: noise
     # A large batch is many small objects (its ops), and CPython's default collects its youngest
     # generation every 700 allocations: under a stream of 100k-op batches, full collections over
-    # them held the event loop 0.1-0.47 s (another session's p99 read 138-156 ms; 47-51 ms with
-    # these thresholds). What the server keeps at startup is frozen out of every collection.
+    # them hold the event loop for long (bench/REASONS.md, 'Garbage collector thresholds').
+    # What the server keeps at startup is frozen out of every collection.
     gc.freeze()
     gc.set_threshold(50_000, 20, 100)
     try:

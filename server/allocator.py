@@ -3,13 +3,12 @@
 numpy allocates every op's result with malloc. By default glibc serves a block above 128 KiB
 (raised as blocks are freed, to 32 MiB at most) with a fresh ``mmap`` and returns freed memory
 at the top of a heap to the kernel once 128 KiB or more is free there. Either way the next
-result of that size lands in fresh pages, and on the measured VMs writing a fresh page costs
-a fault of several microseconds: a training step of a 512-1024-1024-10 MLP took 6300 minor
-faults and twice local numpy's time on the server, against none in a local process, which
-frees each result before it allocates the next one of the same size (``bench/README.md``,
-"Training"). With blocks up to 32 MiB served from malloc's heaps and 32 MiB kept free at the top
-of each heap before it is trimmed, the same step takes 2 faults (measured with 16, 32, 64 and
-128 MiB kept: 2.2 faults a step each; with the default trim, 483).
+result of that size lands in fresh pages, and on a VM writing a fresh page costs a fault to
+the host: a training step on the server then faults on page after page, where a local process,
+which frees each result before it allocates the next one of the same size, does not. With
+blocks up to 32 MiB served from malloc's heaps and 32 MiB kept free at the top of each heap
+before it is trimmed, the step faults almost never (bench/REASONS.md, 'malloc keeps freed
+memory').
 
 What this keeps is not counted in ``--memory-budget``: up to 32 MiB at the top of each of
 malloc's heaps (one per thread that allocates), plus freed blocks below live ones, which no
@@ -28,7 +27,7 @@ import sys
 M_TRIM_THRESHOLD = -1  # glibc's malloc.h: free memory kept at a heap's top before trimming
 M_MMAP_THRESHOLD = -3  # ... blocks at least this large get their own mmap
 MMAP_THRESHOLD = 32 << 20  # glibc's ceiling for it (HEAP_MAX_SIZE / 2 on 64-bit)
-TRIM_THRESHOLD = 32 << 20  # a block's worth: enough for every step measured (see above)
+TRIM_THRESHOLD = 32 << 20  # a block's worth; larger keeps no more faults away (see above)
 
 
 def _glibc() -> ctypes.CDLL | None:
@@ -54,8 +53,10 @@ def keep_freed_memory() -> bool:
     libc = _glibc()
     if libc is None:
         return False
-    return bool(libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
-                and libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD))  # fmt: skip
+    return bool(
+        libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+        and libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD)
+    )
 
 
 def give_back_freed_memory() -> bool:

@@ -9,21 +9,23 @@ Spare memory: the buffers of freed uploads are kept for a while and handed to up
 same size. (Freed op results go back to malloc, whose heaps keep them for the next results:
 ``server/allocator.py``. Kept here, they would be out of malloc's reach, and every op would
 write fresh pages.) Reuse is the point: on a VM, writing a large fresh allocation faults in every
-page, which costs more than receiving the bytes (``bench/README.md``). An array is handed out
-again only when nothing but the budget refers to it (:func:`protocol.reuse.unused`: a read
-reply still being sent holds a view), and never without reference counts (PyPy).
+page, which costs more than receiving the bytes (bench/REASONS.md, 'Receive buffer pool').
+An array is handed out again only when nothing but the budget refers to it
+(:func:`protocol.reuse.unused`: a read reply still being sent holds a view), and never without
+reference counts (PyPy).
 
 Overhead: what the process spends to keep each tensor and failure record beyond its array's
 bytes (its id, record, array header) is counted too, in ``overhead`` (each session's
 :class:`Bookkeeping` charges it, a granule at a time), against the same limit but apart from
-``used``, which stays the tensor bytes that clients see (``server_tensor_bytes``). Without it
-the number of tensors was unbounded: 2.4M empty tensors took 1.7 GiB that no count saw.
+``used``, which stays the tensor bytes that clients see (``server_tensor_bytes``), so that
+the number of tensors is bounded too: many empty tensors take memory that no tensor byte
+counts (bench/REASONS.md, 'Bookkeeping charged per tensor').
 
 Upload holds: the buffer of an upload is counted from the moment the decoder allocates it
 (:meth:`MemoryBudget.hold`) until the op that stores it takes its bytes over
-(:meth:`MemoryBudget.take`) or the buffer is dropped (a finalizer gives them back). Checking
-queued uploads only against what was free, without holding it, let eight queued 120 MiB uploads
-of one session all be allocated under a 128 MiB quota.
+(:meth:`MemoryBudget.take`) or the buffer is dropped (a finalizer gives them back), so that
+uploads queued behind each other cannot all be allocated against the same free bytes
+(bench/REASONS.md, 'Upload holds').
 
 Threads: shared by every session, on the event loop and in worker threads, so it locks. The
 lock is reentrant: a hold's finalizer runs wherever its buffer dies, which may be inside a

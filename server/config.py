@@ -42,10 +42,10 @@ from .setting_values import (
 )
 from .setting_values import cgroup_memory_limit as cgroup_memory_limit
 
-# Element operations one op may cost (``executor.cost``, about a nanosecond each here): the
-# default of ``--max-op-cost``. 2**35 is about 34 s of numpy's work on the measured 2-core VM;
-# it passes a 4096x4096 float32 matmul 8 times over, a 6000x6000 float64 one, and a reduction
-# over 2**34 elements, and refuses a 3e10-multiply-add int64 matmul (about 43 s).
+# Element operations one op may cost (``executor.cost``, about a nanosecond each): the default
+# of ``--max-op-cost``. It passes a 4096x4096 float32 matmul 8 times over, a 6000x6000 float64
+# one and a reduction over 2**34 elements, and refuses a 3e10-multiply-add int64 matmul
+# (bench/REASONS.md, 'Default --max-op-cost').
 MAX_OP_COST = 2**35
 
 

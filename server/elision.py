@@ -6,9 +6,8 @@ by nothing else, receives the sum (its "temporary elision", for arrays of 256 Ki
 step-by-step replay cannot see reference counts, but a plan knows the whole graph before it
 runs, so it decides once, at registration, for every replay. Training steps are full of such
 chains (Adam's ``v = beta2 * v + (1 - beta2) * g * g`` makes two temporaries per parameter).
-Measured on the wide MLP's step (154 ops, 15 of them elided), a replay took 21.6-21.7 ms
-against 22.9-23.4 ms without (the same plan, in one process): the result lands in memory that
-was just read, still in the cache, where a new array is memory the cache has to fetch again.
+The result lands in memory that was just read, still in the cache, where a new array is memory
+the cache has to fetch again (bench/REASONS.md, 'Temporary elision').
 
 A step writes into input ``t`` when all of these hold:
 - the step is one ufunc call that numpy's ``out=`` leaves exact
@@ -20,7 +19,7 @@ A step writes into input ``t`` when all of these hold:
   included), and no op that reads it could return a view of it (only ufuncs, ``where`` and
   in-place ops read it). A view of ``t`` that outlived ``t`` would see the write;
 - at replay, every input of the step is C-contiguous (checked by
-  :func:`~server.executor.elementwise.into_input`, which else returns a new array as before):
+  :func:`~server.executor.elementwise.into_input`, which else returns a new array):
   numpy's own result would then be C-ordered like ``t``, so the result keeps numpy's layout,
   which a later reduction's bits depend on (it sums in memory order).
 

@@ -1,5 +1,5 @@
 """Tensors that one session lets another server (or another session of this one) copy once:
-the capabilities of direct transfers (issue 18). No I/O here: the network side of a pull is
+the capabilities of direct transfers. No I/O here: the network side of a pull is
 ``server/peers.py``, given to each session as a :data:`Fetch`.
 
 Theory of operation. ``expose`` (the :class:`~protocol.Expose` request, answered once every op

@@ -9,8 +9,8 @@ the per-op caps and its cost depend only on (op name, input metas; and for a sca
 Python type and side, once an integer is known to fit), so they are computed once and cached
 (only when the checks pass: a refused op goes to the general path, which refuses it again with
 its error), with the op's computation as one prepared ufunc call where it is one
-(``elementwise.one_call``: no dtype rules per op, a scalar's dtype found once; about 1 us of
-the server's 7 per op in ``python -m bench.cpu``); ``resolve`` leaves these ops' metas
+(``elementwise.one_call``: no dtype rules per op, a scalar's dtype found once;
+bench/REASONS.md, 'Prepared calls on the fast path'); ``resolve`` leaves these ops' metas
 unchanged; a result that numpy allocated afresh (its own root, not held, of exactly the
 inferred shape, dtype and reserved bytes) needs none of the root bookkeeping of
 :meth:`Outcomes.keep`. Anything else — a failed or unknown input, a taken output id, a refused

@@ -1,13 +1,11 @@
 """A batch's frees, planned and applied in parts, so that one batch of a million of them does not
-hold the event loop (one of 1.2M frees held it for 0.3 s, in one piece before its ops and one
-after them).
+hold the event loop (bench/REASONS.md, 'Frees at last use, in parts').
 
 Frees of tensors that no op of the batch uses are applied before its first op, and the others
 right after the last op that uses them (``Session.step``, ``Job.frees_after``), as numpy frees a
 temporary: memory freed and allocated in one batch counts against the quota only once, and the
-next result reuses the block while it is still in the cache (a training step's batches, replayed
-in one process: 24.0 ms a step with every free at the end, 21.1 with each at its last use;
-``bench/README.md``, "Training"). Once the ops have run, every id of the batch is freed again
+next result reuses the block while it is still in the cache (bench/REASONS.md, 'Frees at last
+use, in parts'). Once the ops have run, every id of the batch is freed again
 (frees are idempotent), so an id that an op made after its free does not outlive the batch.
 
 Both are generators that yield after every :data:`PART` ids or ops; ``Session.step`` runs them

@@ -53,9 +53,9 @@ log = logging.getLogger("tensorwire.session")
 
 FAILURES_KEPT = 256  # failed registrations a session remembers (each an ErrorInfo)
 # What a registered op holds beside numpy's memory: its message model, its plan step, its
-# metas. Measured: 8 graphs of 100k ops grew the server by 814 MiB, about 1 KiB an op. It is
-# charged as bytes (bound by --max-graph-bytes, the quota and the budget), so that many small
-# graphs cannot hold memory that nothing counts.
+# metas, about 1 KiB (bench/REASONS.md, 'Registered op charge'). It is charged as bytes
+# (bound by --max-graph-bytes, the quota and the budget), so that many small graphs cannot
+# hold memory that nothing counts.
 OP_BYTES = 1024
 
 

@@ -52,8 +52,19 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 # Labels of refusals_total: connections refused or dropped. Ops refused by a limit (size,
 # quota, budget) are counted by code in op_errors_total.
-REFUSAL_LIMITS = ("auth", "version", "device_index", "handshake_timeout", "draining", "origin",
-                  "connections", "idle", "send_timeout", "deadline", "shutdown")  # fmt: skip
+REFUSAL_LIMITS = (
+    "auth",
+    "version",
+    "device_index",
+    "handshake_timeout",
+    "draining",
+    "origin",
+    "connections",
+    "idle",
+    "send_timeout",
+    "deadline",
+    "shutdown",
+)
 REFUSAL_LIMIT = {  # handshake refusals: the limit label of each error code
     ErrorCode.AUTH_FAILED: "auth",
     ErrorCode.VERSION_MISMATCH: "version",

@@ -8,12 +8,12 @@ default its own ``--token``: servers that share one secret authenticate to each 
 checking a ``wss://`` source's certificate against ``--peer-ca-file`` or the system's CAs;
 sends one :class:`~protocol.Claim` with the capability and receives the tensor as a read reply,
 straight into memory that the pulled tensor then keeps (the session keeps no receive buffers).
-One session per source is kept and shared by every pull from it (opening one costs about 5 ms:
-the upgrade and the handshake), renewed once when it has ended (the source's idle timeout, a
-restart) and closed when the server stops. It imports the client only when a pull
-runs (the one import of ``client`` from ``server``, named in the import contract). A source is
-contacted only if it matches ``--peers``: otherwise a client could make the server connect
-anywhere its network reaches.
+One session per source is kept and shared by every pull from it (opening one, the upgrade and
+the handshake, costs more than a small pull: bench/REASONS.md, 'Kept peer sessions'), renewed
+once when it has ended (the source's idle timeout, a restart) and closed when the server stops.
+It imports the client only when a pull runs (the one import of ``client`` from ``server``,
+named in the import contract). A source is contacted only if it matches ``--peers``: otherwise
+a client could make the server connect anywhere its network reaches.
 
 Failures are the op's, never the session's: each raises :class:`StoreError` with
 ``transfer_failed`` (no credentials for the source, refused, unreachable, lost midway, or
@@ -118,14 +118,20 @@ class PeerFetcher:
                 self._sessions.move_to_end(url)
                 return conn
         from client._connection import Connection
-        from client._liveness import Liveness
+        from client._options import ConnectionOptions
         from client.errors import ConnectionLost, HandshakeError
 
-        liveness = Liveness(PING_INTERVAL, PING_TIMEOUT, PULL_TIMEOUT)
+        options = ConnectionOptions(
+            token=self._token,
+            open_timeout=OPEN_TIMEOUT,
+            ca_file=self._ca_file,
+            timeout=PULL_TIMEOUT,
+            ping_interval=PING_INTERVAL,
+            ping_timeout=PING_TIMEOUT,
+            pool_bytes=0,  # a pulled tensor's memory is the store's, counted: none kept beside
+        )
         try:
-            conn = Connection(
-                url, 0, self._token, OPEN_TIMEOUT, self._ca_file, liveness, pool_bytes=0
-            )
+            conn = Connection(url, 0, options)
         except HandshakeError as exc:
             raise _failed(
                 f"{source} refused this server's session: {exc} (a server presents its "
@@ -158,8 +164,13 @@ class PeerFetcher:
 
 
 def _claim(request_id: int, op: Pull, claimant: str) -> Claim:
-    return Claim(request_id=request_id, capability=op.capability, claimant=claimant,
-                 shape=op.shape, dtype=op.dtype)  # fmt: skip
+    return Claim(
+        request_id=request_id,
+        capability=op.capability,
+        claimant=claimant,
+        shape=op.shape,
+        dtype=op.dtype,
+    )
 
 
 def _failed(message: str) -> StoreError:

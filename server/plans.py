@@ -45,8 +45,8 @@ _IN_PLACE: dict[type, Runner] = {
 Expect = tuple[tuple[int, ...], np.dtype[Any]]  # a result's shape and numpy dtype
 # The least cost a step counts for, whatever its arrays' sizes: a graph of over
 # INLINE_COST / MIN_STEP_COST ops (1024) runs in a worker thread. (Below the loop's own time
-# per step, about 1 us, in the cost model's unit of about 1 ns: a bound on a graph's length,
-# not a price.)
+# per step, in the cost model's unit: a bound on a graph's length, not a price; bench/REASONS.md,
+# 'Inline slices of the event loop'.)
 MIN_STEP_COST = 64
 
 

@@ -102,8 +102,9 @@ class Requests:
         view = sent_view(value.array)  # not a copy: a strided view is copied as it is sent
         self.store.share(request.tensor, view)  # the reply's bytes are written later
         meta = value.meta
-        reply = ReadReply(request_id=request.request_id, shape=meta.shape, dtype=meta.dtype,
-                          nbytes=view.nbytes)  # fmt: skip
+        reply = ReadReply(
+            request_id=request.request_id, shape=meta.shape, dtype=meta.dtype, nbytes=view.nbytes
+        )
         return reply, (view,)
 
     def _transfer(self, request: Expose | Claim) -> Reply:
@@ -125,8 +126,12 @@ class Requests:
         except StoreError as exc:
             return _failed(request.request_id, exc)
         meta = exposure.meta
-        reply = ReadReply(request_id=request.request_id, shape=meta.shape, dtype=meta.dtype,
-                          nbytes=exposure.sent.nbytes)  # fmt: skip
+        reply = ReadReply(
+            request_id=request.request_id,
+            shape=meta.shape,
+            dtype=meta.dtype,
+            nbytes=exposure.sent.nbytes,
+        )
         return reply, (exposure.sent,)
 
 

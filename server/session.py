@@ -68,9 +68,10 @@ from .requests import Reply as Reply
 from .requests import Requests
 from .store import Failure, TensorStore
 
-INLINE_COST = 1 << 16  # executor.cost (about 1 ns each) that may run on the loop: ~65 us
-INLINE_SLICE = 0.002  # seconds step(inline=True) runs before it pauses (100k ops held it 1-4 s)
-FIRST_SLICE = 0.02  # a batch's first: a client's flush of 2048 cheap ops (~18 ms) runs whole
+# How ops share the event loop (bench/REASONS.md, 'Inline slices of the event loop'):
+INLINE_COST = 1 << 16  # executor.cost (about 1 ns each) that may run on the loop
+INLINE_SLICE = 0.002  # seconds step(inline=True) runs before it pauses
+FIRST_SLICE = 0.02  # a batch's first: a client's flush of 2048 cheap ops runs whole
 
 
 class Session:
@@ -165,8 +166,8 @@ class Session:
         """Run ops from ``job.next``. With ``inline``, stop before the first op whose cost
         exceeds :data:`INLINE_COST`, or pause (``job.paused``: go on inline on a later turn of
         the loop) once it ran for :data:`INLINE_SLICE` seconds (:data:`FIRST_SLICE` from a
-        batch's first op: pausing every client batch cost 8% of pipelined throughput). Returns
-        True when every op has run and the batch's frees are applied.
+        batch's first op, so that a client's batch rarely pauses). Returns True when every op
+        has run and the batch's frees are applied.
         """
         ops = job.batch.ops
         first, job.paused = job.next, False
@@ -314,7 +315,7 @@ class Session:
 
     def replies(self, job: Job) -> Iterator[Reply]:
         """:meth:`finish`'s replies, each made as it is taken (the caller may give the loop turns
-        between them: 100k read replies took 1.2 s), all taken before the session runs on."""
+        between them: a batch may hold 100k reads), all taken before the session runs on."""
         for graph_id in job.batch.drop_graphs:
             self.graphs.drop(graph_id)
         errors = [*job.errors, *self.store.take_unrecorded()]  # failures kept nowhere

@@ -331,15 +331,21 @@ class TensorStore:
         # An owning array is dense with non-negative strides: ravel("K") is its memory in order.
         fresh[...] = old.ravel(order="K").view(np.uint8)
         start = old.ctypes.data
-        users = [(i, v) for i, v in self._items.items()
-                 if isinstance(v, Stored) and root_of(v.array) is old]  # fmt: skip
+        users = [
+            (i, v)
+            for i, v in self._items.items()
+            if isinstance(v, Stored) and root_of(v.array) is old
+        ]
         assert len(users) == entry.users
         for tensor_id, value in users:
             view = value.array
             moved: np.ndarray[Any, Any] = np.ndarray(
-                view.shape, view.dtype, buffer=fresh,
-                offset=view.ctypes.data - start, strides=view.strides,
-            )  # fmt: skip
+                view.shape,
+                view.dtype,
+                buffer=fresh,
+                offset=view.ctypes.data - start,
+                strides=view.strides,
+            )
             moved.flags.writeable = bool(view.flags.writeable)
             self._items[tensor_id] = Stored(moved, value.meta)
         del self._roots[id(old)]

@@ -10,8 +10,8 @@ back (``Session.leave_thread``). The thread keeps its worker slot until numpy re
 most ``worker_threads`` such ops run at once; cheap ops, reads and pings never wait for them.
 How long numpy may take is bounded before it starts: an op whose estimated work is over
 ``--max-op-cost`` is refused (``Session._over_cost``), so a slot is held for roughly the cap /
-numpy's rate at most (about 34 s here by default). A ``pull`` (a direct transfer) holds its
-slot while its bytes arrive, at most ``server.peers.PULL_TIMEOUT`` (120 s).
+numpy's rate at most (bench/REASONS.md, 'Default --max-op-cost'). A ``pull`` (a direct
+transfer) holds its slot while its bytes arrive, at most ``server.peers.PULL_TIMEOUT`` (120 s).
 """
 
 from __future__ import annotations

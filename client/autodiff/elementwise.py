@@ -43,7 +43,7 @@ UNARY_GRADIENTS: dict[str, UnaryGradient] = {
     # piecewise constant: zero wherever the derivative exists, as PyTorch has it
     **dict.fromkeys(
         ["floor", "ceil", "round", "trunc", "sign"], lambda xp, x, y, g: xp.zeros_like(g)
-    ),  # fmt: skip
+    ),
 }
 
 
@@ -102,33 +102,54 @@ def _pow_exponent(xp: Any, a: Any, b: Any, y: Any, g: Any) -> Any:
 BINARY: dict[str, tuple[Callable[[Any, Any, Any], Any], Gradient, Gradient]] = {
     "add": (lambda xp, a, b: a + b, lambda xp, a, b, y, g: g, lambda xp, a, b, y, g: g),
     "subtract": (lambda xp, a, b: a - b, lambda xp, a, b, y, g: g, lambda xp, a, b, y, g: -g),
-    "multiply": (lambda xp, a, b: a * b,
-                 lambda xp, a, b, y, g: g * b, lambda xp, a, b, y, g: g * a),
-    "divide": (lambda xp, a, b: a / b,
-               lambda xp, a, b, y, g: g / b, lambda xp, a, b, y, g: -(g * y) / b),
+    "multiply": (
+        lambda xp, a, b: a * b,
+        lambda xp, a, b, y, g: g * b,
+        lambda xp, a, b, y, g: g * a,
+    ),
+    "divide": (
+        lambda xp, a, b: a / b,
+        lambda xp, a, b, y, g: g / b,
+        lambda xp, a, b, y, g: -(g * y) / b,
+    ),
     "pow": (lambda xp, a, b: a**b, _pow_base, _pow_exponent),
-    "maximum": (lambda xp, a, b: xp.maximum(a, b),
-                lambda xp, a, b, y, g: _won(xp, g, a > b, a == b),
-                lambda xp, a, b, y, g: _won(xp, g, b > a, a == b)),
-    "minimum": (lambda xp, a, b: xp.minimum(a, b),
-                lambda xp, a, b, y, g: _won(xp, g, a < b, a == b),
-                lambda xp, a, b, y, g: _won(xp, g, b < a, a == b)),
+    "maximum": (
+        lambda xp, a, b: xp.maximum(a, b),
+        lambda xp, a, b, y, g: _won(xp, g, a > b, a == b),
+        lambda xp, a, b, y, g: _won(xp, g, b > a, a == b),
+    ),
+    "minimum": (
+        lambda xp, a, b: xp.minimum(a, b),
+        lambda xp, a, b, y, g: _won(xp, g, a < b, a == b),
+        lambda xp, a, b, y, g: _won(xp, g, b < a, a == b),
+    ),
     # piecewise constant in both operands: zero wherever the derivative exists
-    "floor_divide": (lambda xp, a, b: a // b,
-                     lambda xp, a, b, y, g: xp.zeros_like(g),
-                     lambda xp, a, b, y, g: xp.zeros_like(g)),
-    "remainder": (lambda xp, a, b: a % b,
-                  lambda xp, a, b, y, g: g,
-                  lambda xp, a, b, y, g: -(g * xp.floor_divide(a, b))),
-    "logaddexp": (lambda xp, a, b: xp.logaddexp(a, b),
-                  lambda xp, a, b, y, g: g * xp.exp(a - y),
-                  lambda xp, a, b, y, g: g * xp.exp(b - y)),
-    "atan2": (lambda xp, a, b: xp.atan2(a, b),
-              lambda xp, a, b, y, g: g * b / (a * a + b * b),
-              lambda xp, a, b, y, g: -(g * a) / (a * a + b * b)),
-    "hypot": (lambda xp, a, b: xp.hypot(a, b),
-              lambda xp, a, b, y, g: g * a / y, lambda xp, a, b, y, g: g * b / y),
-}  # fmt: skip
+    "floor_divide": (
+        lambda xp, a, b: a // b,
+        lambda xp, a, b, y, g: xp.zeros_like(g),
+        lambda xp, a, b, y, g: xp.zeros_like(g),
+    ),
+    "remainder": (
+        lambda xp, a, b: a % b,
+        lambda xp, a, b, y, g: g,
+        lambda xp, a, b, y, g: -(g * xp.floor_divide(a, b)),
+    ),
+    "logaddexp": (
+        lambda xp, a, b: xp.logaddexp(a, b),
+        lambda xp, a, b, y, g: g * xp.exp(a - y),
+        lambda xp, a, b, y, g: g * xp.exp(b - y),
+    ),
+    "atan2": (
+        lambda xp, a, b: xp.atan2(a, b),
+        lambda xp, a, b, y, g: g * b / (a * a + b * b),
+        lambda xp, a, b, y, g: -(g * a) / (a * a + b * b),
+    ),
+    "hypot": (
+        lambda xp, a, b: xp.hypot(a, b),
+        lambda xp, a, b, y, g: g * a / y,
+        lambda xp, a, b, y, g: g * b / y,
+    ),
+}
 
 
 def _binary(name: str) -> Callable[[Autodiff, Any, Any], Tensor]:
@@ -143,9 +164,11 @@ def _binary(name: str) -> Callable[[Autodiff, Any, Any], Tensor]:
         y = forward(xp, aa, ba)
 
         def backward(g: Any) -> tuple[Any, ...]:
-            return tuple(_fitted(xp, gradient(xp, aa, ba, y, g), t) if t.requires_grad else None
-                         for gradient, t in ((gradient_a, a), (gradient_b, b))
-                         if isinstance(t, Tensor))  # fmt: skip
+            return tuple(
+                _fitted(xp, gradient(xp, aa, ba, y, g), t) if t.requires_grad else None
+                for gradient, t in ((gradient_a, a), (gradient_b, b))
+                if isinstance(t, Tensor)
+            )
 
         return record(ad, name, y, inputs, backward)
 
@@ -168,8 +191,9 @@ def where(ad: Autodiff, condition: Any, x1: Any, x2: Any, /) -> Tensor:
 
     def backward(g: Any) -> tuple[Any, ...]:
         ga, gb = xp.where(cond, g, 0.0), xp.where(cond, 0.0, g)
-        return tuple(_fitted(xp, grad, t) for grad, t in ((ga, a), (gb, b))
-                     if isinstance(t, Tensor))  # fmt: skip
+        return tuple(
+            _fitted(xp, grad, t) for grad, t in ((ga, a), (gb, b)) if isinstance(t, Tensor)
+        )
 
     watched = (mask,) if isinstance(mask, Tensor) else ()
     return record(ad, "where", y, inputs, backward, watched=watched)
@@ -198,8 +222,15 @@ def clip(ad: Autodiff, x: Any, /, min: Any = None, max: Any = None) -> Tensor:  
     return record(ad, "clip", y, (t,), backward, watched=bounds)
 
 
-def astype(ad: Autodiff, x: Any, dtype: Any, /, *, copy: bool = True, device: Any = None,
-           ) -> Tensor:  # fmt: skip
+def astype(
+    ad: Autodiff,
+    x: Any,
+    dtype: Any,
+    /,
+    *,
+    copy: bool = True,
+    device: Any = None,
+) -> Tensor:
     """A cast; between floating types the gradient is cast back."""
     t = as_tensor(ad, x)
     xp, source = ad.xp, t.array.dtype
@@ -211,5 +242,9 @@ def astype(ad: Autodiff, x: Any, dtype: Any, /, *, copy: bool = True, device: An
 FUNCTIONS: dict[str, Callable[..., Tensor]] = {
     **{name: _unary(name, gradient) for name, gradient in UNARY_GRADIENTS.items()},
     **{name: _binary(name) for name in BINARY},
-    "sigmoid": sigmoid, "relu": relu, "where": where, "clip": clip, "astype": astype,
-}  # fmt: skip
+    "sigmoid": sigmoid,
+    "relu": relu,
+    "where": where,
+    "clip": clip,
+    "astype": astype,
+}

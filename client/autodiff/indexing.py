@@ -115,9 +115,14 @@ def getitem(ad: Autodiff, x: Any, key: Any, /) -> Tensor:
     xp, shape, device = ad.xp, tuple(t.array.shape), t.array.device
     y = t.array[plain_key_or_item]
     if not arrays and all(_is_basic(item) for item in items):
-        return record(ad, "__getitem__", y, (t,),
-                      lambda g: (_scattered(xp, g, shape, plain_key_or_item, device),),
-                      view_of=t)  # fmt: skip
+        return record(
+            ad,
+            "__getitem__",
+            y,
+            (t,),
+            lambda g: (_scattered(xp, g, shape, plain_key_or_item, device),),
+            view_of=t,
+        )
     if arrays and len(items) == 1 and xp.isdtype(arrays[0].dtype, "bool"):  # each taken once
         return record(
             ad,
@@ -165,5 +170,7 @@ def _scattered(xp: Any, g: Any, shape: tuple[int, ...], key: Any, device: Any) -
 
 
 FUNCTIONS: dict[str, Callable[..., Tensor]] = {
-    "take": take, "take_along_axis": take_along_axis, "getitem": getitem,
-}  # fmt: skip
+    "take": take,
+    "take_along_axis": take_along_axis,
+    "getitem": getitem,
+}

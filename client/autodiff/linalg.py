@@ -46,8 +46,8 @@ def linear(ad: Autodiff, x: Any, weight: Any, bias: Any = None, /) -> Tensor:
     """``x @ weight.mT + bias`` (PyTorch's ``F.linear``): ``weight`` is (out, in), ``x`` is
     (..., in). As one op its weight gradient is ``g.mT @ x``, made in the weight's own layout;
     through ``matmul`` and ``.mT`` it would be the transpose of a C-contiguous array, which an
-    optimizer's in-place update then reads against the grain (7 ms instead of 0.3 ms for a
-    1024 x 1024 float32 update on the project's machines)."""
+    optimizer's in-place update then reads against the grain, many times slower
+    (bench/REASONS.md, 'linear as one op')."""
     t, w = as_tensor(ad, x), as_tensor(ad, weight)
     b = None if bias is None else as_tensor(ad, bias)
     if w.ndim != 2 or (b is not None and tuple(b.shape) != (w.shape[0],)):

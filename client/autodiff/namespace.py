@@ -14,9 +14,12 @@ from . import elementwise, indexing, linalg, reductions, shaping
 from .tensor import Tensor, record
 
 DIFFERENTIABLE: dict[str, Callable[..., Tensor]] = {
-    **elementwise.FUNCTIONS, **reductions.FUNCTIONS, **shaping.FUNCTIONS,
-    **indexing.FUNCTIONS, **linalg.FUNCTIONS,
-}  # fmt: skip
+    **elementwise.FUNCTIONS,
+    **reductions.FUNCTIONS,
+    **shaping.FUNCTIONS,
+    **indexing.FUNCTIONS,
+    **linalg.FUNCTIONS,
+}
 
 _SUBNAMESPACES = ("linalg", "fft")
 
@@ -37,8 +40,8 @@ class Autodiff:
     the function). Data types and constants are ``xp``'s own.
     """
 
-    # The functions the tensor's operators call, typed for them (set from DIFFERENTIABLE below;
-    # the rest are typed by __getattr__).
+    # The functions behind the tensor's operators and properties, typed as giving tensors (set
+    # from DIFFERENTIABLE below; the rest are typed by __getattr__).
     add: Callable[..., Tensor]
     subtract: Callable[..., Tensor]
     multiply: Callable[..., Tensor]
@@ -82,13 +85,22 @@ class Autodiff:
             known = self._real_floating[dtype] = bool(self.xp.isdtype(dtype, "real floating"))
         return known
 
-    def asarray(self, obj: Any, /, *, dtype: Any = None, device: Any = None,
-                copy: bool | None = None, requires_grad: bool = False) -> Tensor:  # fmt: skip
+    def asarray(
+        self,
+        obj: Any,
+        /,
+        *,
+        dtype: Any = None,
+        device: Any = None,
+        copy: bool | None = None,
+        requires_grad: bool = False,
+    ) -> Tensor:
         """The standard's ``asarray``, as a tensor; a tensor given is read through its array."""
         if isinstance(obj, Tensor):
             obj = obj.array
-        kwargs = {k: v for k, v in (("dtype", dtype), ("device", device), ("copy", copy))
-                  if v is not None}  # fmt: skip
+        kwargs = {
+            k: v for k, v in (("dtype", dtype), ("device", device), ("copy", copy)) if v is not None
+        }
         return Tensor(self, self.xp.asarray(obj, **kwargs), requires_grad=requires_grad)
 
     def tensor(self, array: Any, /, *, requires_grad: bool = False) -> Tensor:
@@ -138,8 +150,9 @@ def _passed_through(ad: Autodiff, name: str, function: Callable[..., Any]) -> Ca
 
     def passed_through(*args: Any, **kwargs: Any) -> Any:
         inputs: list[Tensor] = []
-        result = function(*_arrays(args, inputs), **{k: _arrays(v, inputs)
-                                                      for k, v in kwargs.items()})  # fmt: skip
+        result = function(
+            *_arrays(args, inputs), **{k: _arrays(v, inputs) for k, v in kwargs.items()}
+        )
         return _tensors(ad, name, result, () if value_free else tuple(inputs))
 
     passed_through.__name__ = passed_through.__qualname__ = name.rsplit(".", 1)[-1]

@@ -23,8 +23,14 @@ class Node:
 
     __slots__ = ("name", "inputs", "backward", "watched", "versions", "output_version", "freed")
 
-    def __init__(self, name: str, inputs: tuple[Tensor, ...], backward: Backward | None,
-                 output_version: int = 0, watched: tuple[Tensor, ...] = ()) -> None:  # fmt: skip
+    def __init__(
+        self,
+        name: str,
+        inputs: tuple[Tensor, ...],
+        backward: Backward | None,
+        output_version: int = 0,
+        watched: tuple[Tensor, ...] = (),
+    ) -> None:
         self.name = name  # the op, named in errors
         self.inputs = inputs
         self.backward = backward  # None: the op has no gradient

@@ -29,8 +29,15 @@ def _count(shape: tuple[int, ...], axes: tuple[int, ...]) -> int:
     return math.prod(shape[a] for a in axes)
 
 
-def sum(ad: Autodiff, x: Any, /, *, axis: Axis = None, dtype: Any = None,  # noqa: A001
-        keepdims: bool = False) -> Tensor:  # fmt: skip
+def sum(
+    ad: Autodiff,
+    x: Any,
+    /,
+    *,
+    axis: Axis = None,
+    dtype: Any = None,  # noqa: A001
+    keepdims: bool = False,
+) -> Tensor:
     t = as_tensor(ad, x)
     xp, shape = ad.xp, tuple(t.array.shape)
     axes, source = normalized_axes(axis, len(shape)), t.array.dtype
@@ -49,8 +56,9 @@ def mean(ad: Autodiff, x: Any, /, *, axis: Axis = None, keepdims: bool = False) 
     axes = normalized_axes(axis, len(shape))
     y = xp.mean(t.array, axis=axis, keepdims=keepdims)
     n = _count(shape, axes)
-    return record(ad, "mean", y, (t,),
-                  lambda g: (xp.broadcast_to(_spread(xp, g, shape, axes) / n, shape),))  # fmt: skip
+    return record(
+        ad, "mean", y, (t,), lambda g: (xp.broadcast_to(_spread(xp, g, shape, axes) / n, shape),)
+    )
 
 
 def _extreme(name: str) -> Callable[..., Tensor]:
@@ -72,8 +80,9 @@ def _extreme(name: str) -> Callable[..., Tensor]:
     return extreme
 
 
-def _spread_moments(ad: Autodiff, name: str, x: Any, axis: Axis, correction: float,
-                    keepdims: bool) -> Tensor:  # fmt: skip
+def _spread_moments(
+    ad: Autodiff, name: str, x: Any, axis: Axis, correction: float, keepdims: bool
+) -> Tensor:
     """``var`` and ``std``: d var/dx = 2 (x - mean) / (n - correction); d std = d var / 2 std."""
     t = as_tensor(ad, x)
     xp, xa, shape = ad.xp, t.array, tuple(t.array.shape)
@@ -91,13 +100,15 @@ def _spread_moments(ad: Autodiff, name: str, x: Any, axis: Axis, correction: flo
     return record(ad, name, y, (t,), backward)
 
 
-def var(ad: Autodiff, x: Any, /, *, axis: Axis = None, correction: float = 0.0,
-        keepdims: bool = False) -> Tensor:  # fmt: skip
+def var(
+    ad: Autodiff, x: Any, /, *, axis: Axis = None, correction: float = 0.0, keepdims: bool = False
+) -> Tensor:
     return _spread_moments(ad, "var", x, axis, correction, keepdims)
 
 
-def std(ad: Autodiff, x: Any, /, *, axis: Axis = None, correction: float = 0.0,
-        keepdims: bool = False) -> Tensor:  # fmt: skip
+def std(
+    ad: Autodiff, x: Any, /, *, axis: Axis = None, correction: float = 0.0, keepdims: bool = False
+) -> Tensor:
     return _spread_moments(ad, "std", x, axis, correction, keepdims)
 
 
@@ -116,10 +127,14 @@ def logsumexp(ad: Autodiff, x: Any, /, *, axis: Axis = None, keepdims: bool = Fa
     axes = normalized_axes(axis, len(shape))
     shifted, m = _shifted(xp, xa, axes)
     kept = xp.log(xp.sum(xp.exp(shifted), axis=axes, keepdims=True)) + m
-    y = kept if keepdims else xp.reshape(kept, tuple(n for i, n in enumerate(shape)
-                                                     if i not in axes))  # fmt: skip
-    return record(ad, "logsumexp", y, (t,),
-                  lambda g: (_spread(xp, g, shape, axes) * xp.exp(xa - kept),))  # fmt: skip
+    y = (
+        kept
+        if keepdims
+        else xp.reshape(kept, tuple(n for i, n in enumerate(shape) if i not in axes))
+    )
+    return record(
+        ad, "logsumexp", y, (t,), lambda g: (_spread(xp, g, shape, axes) * xp.exp(xa - kept),)
+    )
 
 
 def log_softmax(ad: Autodiff, x: Any, /, *, axis: int = -1) -> Tensor:
@@ -129,8 +144,9 @@ def log_softmax(ad: Autodiff, x: Any, /, *, axis: int = -1) -> Tensor:
     axes = normalized_axes(axis, xa.ndim)
     shifted, _ = _shifted(xp, xa, axes)
     y = shifted - xp.log(xp.sum(xp.exp(shifted), axis=axes, keepdims=True))
-    return record(ad, "log_softmax", y, (t,),
-                  lambda g: (g - xp.exp(y) * xp.sum(g, axis=axes, keepdims=True),))  # fmt: skip
+    return record(
+        ad, "log_softmax", y, (t,), lambda g: (g - xp.exp(y) * xp.sum(g, axis=axes, keepdims=True),)
+    )
 
 
 def softmax(ad: Autodiff, x: Any, /, *, axis: int = -1) -> Tensor:
@@ -140,11 +156,19 @@ def softmax(ad: Autodiff, x: Any, /, *, axis: int = -1) -> Tensor:
     axes = normalized_axes(axis, xa.ndim)
     e = xp.exp(_shifted(xp, xa, axes)[0])
     y = e / xp.sum(e, axis=axes, keepdims=True)
-    return record(ad, "softmax", y, (t,),
-                  lambda g: (y * (g - xp.sum(g * y, axis=axes, keepdims=True)),))  # fmt: skip
+    return record(
+        ad, "softmax", y, (t,), lambda g: (y * (g - xp.sum(g * y, axis=axes, keepdims=True)),)
+    )
 
 
 FUNCTIONS: dict[str, Callable[..., Tensor]] = {
-    "sum": sum, "mean": mean, "max": _extreme("max"), "min": _extreme("min"), "var": var,
-    "std": std, "logsumexp": logsumexp, "log_softmax": log_softmax, "softmax": softmax,
-}  # fmt: skip
+    "sum": sum,
+    "mean": mean,
+    "max": _extreme("max"),
+    "min": _extreme("min"),
+    "var": var,
+    "std": std,
+    "logsumexp": logsumexp,
+    "log_softmax": log_softmax,
+    "softmax": softmax,
+}

@@ -21,8 +21,14 @@ def _reshaped_back(ad: Autodiff, name: str, t: Tensor, y: Any) -> Tensor:
     return record(ad, name, y, (t,), lambda g: (xp.reshape(g, shape),), view_of=t)
 
 
-def reshape(ad: Autodiff, x: Any, /, shape: Sequence[int], *, copy: bool | None = None,
-            ) -> Tensor:  # fmt: skip
+def reshape(
+    ad: Autodiff,
+    x: Any,
+    /,
+    shape: Sequence[int],
+    *,
+    copy: bool | None = None,
+) -> Tensor:
     t = as_tensor(ad, x)
     kwargs = {} if copy is None else {"copy": copy}
     return _reshaped_back(ad, "reshape", t, ad.xp.reshape(t.array, tuple(shape), **kwargs))
@@ -43,29 +49,41 @@ def permute_dims(ad: Autodiff, x: Any, /, axes: Sequence[int]) -> Tensor:
     xp, order = ad.xp, tuple(a % max(t.ndim, 1) for a in axes)
     inverse = tuple(sorted(range(len(order)), key=order.__getitem__))
     y = xp.permute_dims(t.array, order)
-    return record(ad, "permute_dims", y, (t,), lambda g: (xp.permute_dims(g, inverse),),
-                  view_of=t)  # fmt: skip
+    return record(ad, "permute_dims", y, (t,), lambda g: (xp.permute_dims(g, inverse),), view_of=t)
 
 
 def matrix_transpose(ad: Autodiff, x: Any, /) -> Tensor:
     t = as_tensor(ad, x)
     xp = ad.xp
-    return record(ad, "matrix_transpose", xp.matrix_transpose(t.array), (t,),
-                  lambda g: (xp.matrix_transpose(g),), view_of=t)  # fmt: skip
+    return record(
+        ad,
+        "matrix_transpose",
+        xp.matrix_transpose(t.array),
+        (t,),
+        lambda g: (xp.matrix_transpose(g),),
+        view_of=t,
+    )
 
 
 def broadcast_to(ad: Autodiff, x: Any, /, shape: Sequence[int]) -> Tensor:
     t = as_tensor(ad, x)
     xp, source = ad.xp, tuple(t.array.shape)
-    return record(ad, "broadcast_to", xp.broadcast_to(t.array, tuple(shape)), (t,),
-                  lambda g: (unbroadcast(xp, g, source),), view_of=t)  # fmt: skip
+    return record(
+        ad,
+        "broadcast_to",
+        xp.broadcast_to(t.array, tuple(shape)),
+        (t,),
+        lambda g: (unbroadcast(xp, g, source),),
+        view_of=t,
+    )
 
 
 def flip(ad: Autodiff, x: Any, /, *, axis: int | tuple[int, ...] | None = None) -> Tensor:
     t = as_tensor(ad, x)
     xp = ad.xp
-    return record(ad, "flip", xp.flip(t.array, axis=axis), (t,),
-                  lambda g: (xp.flip(g, axis=axis),), view_of=t)  # fmt: skip
+    return record(
+        ad, "flip", xp.flip(t.array, axis=axis), (t,), lambda g: (xp.flip(g, axis=axis),), view_of=t
+    )
 
 
 def _along(axis: int, item: int | slice) -> tuple[Any, ...]:
@@ -104,13 +122,25 @@ def stack(ad: Autodiff, arrays: Sequence[Any], /, *, axis: int = 0) -> Tensor:
     xp = ad.xp
     y = xp.stack([t.array for t in tensors], axis=axis)
     along = axis % y.ndim
-    return record(ad, "stack", y, tensors,
-                  lambda g: tuple(g[_along(along, i)] if t.requires_grad else None
-                                  for i, t in enumerate(tensors)))  # fmt: skip
+    return record(
+        ad,
+        "stack",
+        y,
+        tensors,
+        lambda g: tuple(
+            g[_along(along, i)] if t.requires_grad else None for i, t in enumerate(tensors)
+        ),
+    )
 
 
 FUNCTIONS: dict[str, Callable[..., Tensor]] = {
-    "reshape": reshape, "expand_dims": expand_dims, "squeeze": squeeze,
-    "permute_dims": permute_dims, "matrix_transpose": matrix_transpose,
-    "broadcast_to": broadcast_to, "flip": flip, "concat": concat, "stack": stack,
-}  # fmt: skip
+    "reshape": reshape,
+    "expand_dims": expand_dims,
+    "squeeze": squeeze,
+    "permute_dims": permute_dims,
+    "matrix_transpose": matrix_transpose,
+    "broadcast_to": broadcast_to,
+    "flip": flip,
+    "concat": concat,
+    "stack": stack,
+}

@@ -7,7 +7,7 @@ Every operator dispatches through the tensor's namespace (``self._ad``, an
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from .backward import run_backward
@@ -19,6 +19,43 @@ if TYPE_CHECKING:
     from .namespace import Autodiff
 
 
+# --- the operators, from factories (each is a plain method to Python and to mypy) -------------
+
+Operator = Callable[["Tensor", Any], "Tensor"]
+
+
+def _unary_operator(name: str) -> Callable[[Tensor], Tensor]:
+    def unary_operator(self: Tensor) -> Tensor:
+        function: Callable[[Tensor], Tensor] = getattr(self._ad, name)
+        return function(self)
+
+    unary_operator.__doc__ = f"The namespace's ``{name}`` of this tensor."
+    return unary_operator
+
+
+def _binary_operator(name: str, reflected: bool = False) -> Operator:
+    def binary_operator(self: Tensor, other: Any) -> Tensor:
+        function: Callable[[Any, Any], Tensor] = getattr(self._ad, name)
+        return function(other, self) if reflected else function(self, other)
+
+    order = "``other`` and this tensor" if reflected else "this tensor and ``other``"
+    binary_operator.__doc__ = f"The namespace's ``{name}`` of {order}."
+    return binary_operator
+
+
+def _binary_operators(name: str) -> tuple[Operator, Operator]:
+    """The operator for ``name`` and its reflected form."""
+    return _binary_operator(name), _binary_operator(name, reflected=True)
+
+
+def _in_place_operator(method: str) -> Operator:
+    def in_place_operator(self: Tensor, other: Any) -> Tensor:
+        return self._in_place(method, other)
+
+    in_place_operator.__doc__ = f"``{method}`` of the array, where no gradient can be corrupted."
+    return in_place_operator
+
+
 class Tensor:
     """An array of the wrapped namespace that records how it was made.
 
@@ -27,12 +64,26 @@ class Tensor:
     standard's do, with Python scalars and plain arrays of the same device as constants.
     """
 
-    __slots__ = ("array", "_ad", "_requires_grad", "_grad", "_node", "_counter",
-                 "_retains_grad", "_shared", "__weakref__")  # fmt: skip
+    __slots__ = (
+        "array",
+        "_ad",
+        "_requires_grad",
+        "_grad",
+        "_node",
+        "_counter",
+        "_retains_grad",
+        "_shared",
+        "__weakref__",
+    )
     __array_ufunc__ = None  # numpy defers to our reflected operators: ndarray + Tensor records
 
-    def __init__(self, ad: Autodiff, array: Any, requires_grad: bool = False,
-                 counter: list[int] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        ad: Autodiff,
+        array: Any,
+        requires_grad: bool = False,
+        counter: list[int] | None = None,
+    ) -> None:
         self.array = array
         self._ad = ad
         self._requires_grad = False
@@ -231,105 +282,32 @@ class Tensor:
     def __array_namespace__(self, *, api_version: str | None = None) -> Autodiff:
         return self._ad
 
-    __hash__ = object.__hash__  # by identity, as PyTorch's; __eq__ is element-wise
+    # --- operators, from the table (each one is the namespace's function of the same meaning)
+    __neg__ = _unary_operator("negative")
+    __pos__ = _unary_operator("positive")
+    __abs__ = _unary_operator("abs")
+    __invert__ = _unary_operator("bitwise_invert")
 
-    # --- operators (each one is the namespace's function of the same meaning) -------------
-    def __add__(self, other: Any) -> Tensor:
-        return self._ad.add(self, other)
-
-    def __radd__(self, other: Any) -> Tensor:
-        return self._ad.add(other, self)
-
-    def __sub__(self, other: Any) -> Tensor:
-        return self._ad.subtract(self, other)
-
-    def __rsub__(self, other: Any) -> Tensor:
-        return self._ad.subtract(other, self)
-
-    def __mul__(self, other: Any) -> Tensor:
-        return self._ad.multiply(self, other)
-
-    def __rmul__(self, other: Any) -> Tensor:
-        return self._ad.multiply(other, self)
-
-    def __truediv__(self, other: Any) -> Tensor:
-        return self._ad.divide(self, other)
-
-    def __rtruediv__(self, other: Any) -> Tensor:
-        return self._ad.divide(other, self)
-
-    def __floordiv__(self, other: Any) -> Tensor:
-        return self._ad.floor_divide(self, other)
-
-    def __rfloordiv__(self, other: Any) -> Tensor:
-        return self._ad.floor_divide(other, self)
-
-    def __mod__(self, other: Any) -> Tensor:
-        return self._ad.remainder(self, other)
-
-    def __rmod__(self, other: Any) -> Tensor:
-        return self._ad.remainder(other, self)
-
-    def __pow__(self, other: Any) -> Tensor:
-        return self._ad.pow(self, other)
-
-    def __rpow__(self, other: Any) -> Tensor:
-        return self._ad.pow(other, self)
-
-    def __matmul__(self, other: Any) -> Tensor:
-        return self._ad.matmul(self, other)
-
-    def __rmatmul__(self, other: Any) -> Tensor:
-        return self._ad.matmul(other, self)
-
-    def __neg__(self) -> Tensor:
-        return self._ad.negative(self)
-
-    def __pos__(self) -> Tensor:
-        return self._ad.positive(self)
-
-    def __abs__(self) -> Tensor:
-        return self._ad.abs(self)
-
-    def __lt__(self, other: Any) -> Tensor:
-        return self._ad.less(self, other)
-
-    def __le__(self, other: Any) -> Tensor:
-        return self._ad.less_equal(self, other)
-
-    def __gt__(self, other: Any) -> Tensor:
-        return self._ad.greater(self, other)
-
-    def __ge__(self, other: Any) -> Tensor:
-        return self._ad.greater_equal(self, other)
-
-    def __eq__(self, other: Any) -> Tensor:  # type: ignore[override]
-        return self._ad.equal(self, other)
-
-    def __ne__(self, other: Any) -> Tensor:  # type: ignore[override]
-        return self._ad.not_equal(self, other)
-
+    __add__, __radd__ = _binary_operators("add")
+    __sub__, __rsub__ = _binary_operators("subtract")
+    __mul__, __rmul__ = _binary_operators("multiply")
+    __truediv__, __rtruediv__ = _binary_operators("divide")
+    __floordiv__, __rfloordiv__ = _binary_operators("floor_divide")
+    __mod__, __rmod__ = _binary_operators("remainder")
+    __pow__, __rpow__ = _binary_operators("pow")
+    __matmul__, __rmatmul__ = _binary_operators("matmul")
     # bitwise, as the standard's operators are (on booleans that is logical)
-    def __and__(self, other: Any) -> Tensor:
-        return self._ad.bitwise_and(self, other)
+    __and__, __rand__ = _binary_operators("bitwise_and")
+    __or__, __ror__ = _binary_operators("bitwise_or")
+    __xor__, __rxor__ = _binary_operators("bitwise_xor")
 
-    def __rand__(self, other: Any) -> Tensor:
-        return self._ad.bitwise_and(other, self)
-
-    def __or__(self, other: Any) -> Tensor:
-        return self._ad.bitwise_or(self, other)
-
-    def __ror__(self, other: Any) -> Tensor:
-        return self._ad.bitwise_or(other, self)
-
-    def __xor__(self, other: Any) -> Tensor:
-        return self._ad.bitwise_xor(self, other)
-
-    def __rxor__(self, other: Any) -> Tensor:
-        return self._ad.bitwise_xor(other, self)
-
-    def __invert__(self) -> Tensor:
-        return self._ad.bitwise_invert(self)
+    __lt__ = _binary_operator("less")
+    __le__ = _binary_operator("less_equal")
+    __gt__ = _binary_operator("greater")
+    __ge__ = _binary_operator("greater_equal")
+    __eq__ = _binary_operator("equal")  # type: ignore[assignment]
+    __ne__ = _binary_operator("not_equal")  # type: ignore[assignment]
+    __hash__ = object.__hash__  # by identity, as PyTorch's; __eq__ is element-wise
 
     def __getitem__(self, key: Any) -> Tensor:
         return self._ad.getitem(self, key)
@@ -360,17 +338,10 @@ class Tensor:
             self.array = self._ad.xp.asarray(self.array, copy=True)
             self._shared = False
 
-    def __iadd__(self, other: Any) -> Tensor:
-        return self._in_place("__iadd__", other)
-
-    def __isub__(self, other: Any) -> Tensor:
-        return self._in_place("__isub__", other)
-
-    def __imul__(self, other: Any) -> Tensor:
-        return self._in_place("__imul__", other)
-
-    def __itruediv__(self, other: Any) -> Tensor:
-        return self._in_place("__itruediv__", other)
+    __iadd__ = _in_place_operator("__iadd__")
+    __isub__ = _in_place_operator("__isub__")
+    __imul__ = _in_place_operator("__imul__")
+    __itruediv__ = _in_place_operator("__itruediv__")
 
 
 def _plain(value: Any) -> Any:
@@ -382,9 +353,16 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def record(ad: Autodiff, name: str, array: Any, inputs: tuple[Tensor, ...],
-           backward: Backward | None, *, view_of: Tensor | None = None,
-           watched: tuple[Tensor, ...] = ()) -> Tensor:  # fmt: skip
+def record(
+    ad: Autodiff,
+    name: str,
+    array: Any,
+    inputs: tuple[Tensor, ...],
+    backward: Backward | None,
+    *,
+    view_of: Tensor | None = None,
+    watched: tuple[Tensor, ...] = (),
+) -> Tensor:
     """The output of op ``name``: recorded with its inputs and ``backward`` when gradients are
     on, some input requires one and the output is real floating point; else a constant.
 

@@ -1,21 +1,21 @@
-"""The ONNX counterpart of each op of the catalogue, for :func:`client.capture.onnx.to_onnx`.
+"""The ONNX counterparts of the element-wise ops and the reductions, for
+:func:`client.capture.onnx.to_onnx` (the other ops' are in :mod:`._onnx_shapes`).
 
-Each converter reads its op's inputs as ONNX value names (:class:`Export` holds the name each
-graph id has now), adds the nodes that compute what the server's numpy runner computes
-(``server/executor/``) and binds the op's output id to the last node's value. numpy's dtype
-rules are followed by casting: an element-wise op runs on the dtypes of the numpy loop that
-the server's call would pick (``ufunc.resolve_dtypes``), a reduction on its result dtype. An op
-with no exact counterpart raises :class:`NoCounterpart`, which the caller names the op in.
+Each converter reads its op's inputs as ONNX value names (:class:`Export`, in :mod:`._onnx_builder`,
+holds the name each graph id has now), adds the nodes that compute what the server's numpy runner
+computes (``server/executor/``) and binds the op's output id to the last node's value. numpy's dtype
+rules are followed by casting: an element-wise op runs on the dtypes of the numpy loop that the
+server's call would pick (``ufunc.resolve_dtypes``), a reduction on its result dtype. An op with no
+exact counterpart raises :class:`NoCounterpart`, which the caller names the op in.
 
-``onnx`` is imported where a node or a tensor is made, not here: the export is optional, and
-this module loads without it.
+``onnx`` is imported where a node or a tensor is made (:class:`Export`), not here: the export
+is optional, and this module loads without it.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -35,106 +35,69 @@ from protocol.ops.elementwise import operand_dtype
 from protocol.ops.rules import elementwise_rule, reduce_rule
 from protocol.scalars import Scalar, scalar_to_python
 
-if TYPE_CHECKING:
-    from onnx import NodeProto, TensorProto
-
-INT64_MIN = -(2**63)  # a Slice end before index 0, for a negative step
-
-
-class NoCounterpart(Exception):
-    """The op has no exact ONNX counterpart; the message says why."""
-
-
-class Export:
-    """The ONNX graph being built: its nodes and initializers, and the value name each graph id
-    has now (an in-place op gives its target a new one: ONNX values are assigned once)."""
-
-    def __init__(self, metas: dict[int, TensorMeta], reserved: set[str]) -> None:
-        self.metas = metas
-        self.names: dict[int, str] = {}
-        self.nodes: list[NodeProto] = []
-        self.initializers: list[TensorProto] = []
-        self.node_prefix = ""
-        self._taken = set(reserved)  # the declared names, which no made-up name may take
-        self._count = 0
-
-    def fresh(self, hint: str) -> str:
-        """A value name not used yet."""
-        while True:
-            self._count += 1
-            name = f"{hint}_{self._count}"
-            if name not in self._taken:
-                self._taken.add(name)
-                return name
-
-    def value(self, tensor_id: int) -> str:
-        return self.names[tensor_id]
-
-    def constant(self, array: np.ndarray[Any, Any], name: str | None = None) -> str:
-        """An initializer holding ``array``; its value name."""
-        from onnx import numpy_helper
-
-        name = name or self.fresh("const")
-        self._taken.add(name)
-        self.initializers.append(numpy_helper.from_array(np.asarray(array, order="C"), name))
-        return name
-
-    def ints(self, values: Sequence[int]) -> str:
-        """A 1-D int64 initializer: the shapes, axes and indices ONNX takes as inputs."""
-        return self.constant(np.asarray(values, dtype=np.int64).reshape(len(values)))
-
-    def scalar(self, value: complex | float, dtype: DType) -> str:
-        return self.constant(np.asarray(value, dtype=to_numpy(dtype)))
-
-    def node(self, op_type: str, inputs: Sequence[str], outputs: int = 1, **attrs: Any) -> str:
-        """Add one node; the name of its (first) output value."""
-        return self.node_outputs(op_type, inputs, outputs, **attrs)[0]
-
-    def node_outputs(
-        self, op_type: str, inputs: Sequence[str], outputs: int, **attrs: Any
-    ) -> list[str]:
-        from onnx import helper
-
-        names = [self.fresh(op_type.lower()) for _ in range(outputs)]
-        label = f"{self.node_prefix}/{op_type}_{len(self.nodes)}"
-        self.nodes.append(helper.make_node(op_type, inputs, names, name=label, **attrs))
-        return names
-
-    def cast(self, name: str, have: DType, want: DType) -> str:
-        if have == want:
-            return name
-        return self.node("Cast", [name], to=onnx_dtype(want))
-
-
-def onnx_dtype(dtype: DType) -> int:
-    from onnx import helper
-
-    return int(helper.np_dtype_to_tensor_dtype(to_numpy(dtype)))
-
-
-Converter = Callable[[Export, Any], None]
-
+from ._onnx_builder import Converter, Export, NoCounterpart
 
 # --- element-wise -----------------------------------------------------------------------------
 
 _UNARY = {
-    "abs": "Abs", "negative": "Neg", "exp": "Exp", "log": "Log", "sqrt": "Sqrt", "sin": "Sin",
-    "cos": "Cos", "tan": "Tan", "asin": "Asin", "acos": "Acos", "atan": "Atan", "sinh": "Sinh",
-    "cosh": "Cosh", "tanh": "Tanh", "asinh": "Asinh", "acosh": "Acosh", "atanh": "Atanh",
-    "floor": "Floor", "ceil": "Ceil", "round": "Round", "sign": "Sign", "isnan": "IsNaN",
-    "isinf": "IsInf", "reciprocal": "Reciprocal", "bitwise_invert": "BitwiseNot",
+    "abs": "Abs",
+    "negative": "Neg",
+    "exp": "Exp",
+    "log": "Log",
+    "sqrt": "Sqrt",
+    "sin": "Sin",
+    "cos": "Cos",
+    "tan": "Tan",
+    "asin": "Asin",
+    "acos": "Acos",
+    "atan": "Atan",
+    "sinh": "Sinh",
+    "cosh": "Cosh",
+    "tanh": "Tanh",
+    "asinh": "Asinh",
+    "acosh": "Acosh",
+    "atanh": "Atanh",
+    "floor": "Floor",
+    "ceil": "Ceil",
+    "round": "Round",
+    "sign": "Sign",
+    "isnan": "IsNaN",
+    "isinf": "IsInf",
+    "reciprocal": "Reciprocal",
+    "bitwise_invert": "BitwiseNot",
     "logical_not": "Not",
-}  # fmt: skip
+}
 _BINARY = {
-    "add": "Add", "subtract": "Sub", "multiply": "Mul", "divide": "Div", "pow": "Pow",
-    "matmul": "MatMul", "maximum": "Max", "minimum": "Min", "equal": "Equal", "less": "Less",
-    "less_equal": "LessOrEqual", "greater": "Greater", "greater_equal": "GreaterOrEqual",
-    "logical_and": "And", "logical_or": "Or", "logical_xor": "Xor", "bitwise_and": "BitwiseAnd",
-    "bitwise_or": "BitwiseOr", "bitwise_xor": "BitwiseXor",
-}  # fmt: skip
+    "add": "Add",
+    "subtract": "Sub",
+    "multiply": "Mul",
+    "divide": "Div",
+    "pow": "Pow",
+    "matmul": "MatMul",
+    "maximum": "Max",
+    "minimum": "Min",
+    "equal": "Equal",
+    "less": "Less",
+    "less_equal": "LessOrEqual",
+    "greater": "Greater",
+    "greater_equal": "GreaterOrEqual",
+    "logical_and": "And",
+    "logical_or": "Or",
+    "logical_xor": "Xor",
+    "bitwise_and": "BitwiseAnd",
+    "bitwise_or": "BitwiseOr",
+    "bitwise_xor": "BitwiseXor",
+}
 # numpy's bool loops of arithmetic ops are logical ones; ONNX has them under those names
-_BOOL_BINARY = {"add": "Or", "multiply": "And", "maximum": "Or", "minimum": "And",
-                "bitwise_and": "And", "bitwise_or": "Or", "bitwise_xor": "Xor"}  # fmt: skip
+_BOOL_BINARY = {
+    "add": "Or",
+    "multiply": "And",
+    "maximum": "Or",
+    "minimum": "And",
+    "bitwise_and": "And",
+    "bitwise_or": "Or",
+    "bitwise_xor": "Xor",
+}
 _LOGICAL = {"logical_not", "logical_and", "logical_or", "logical_xor"}
 _ROUNDING = {"floor", "ceil", "trunc", "round"}
 
@@ -253,8 +216,12 @@ def binary_inplace(ex: Export, op: InPlaceBinary | InPlaceBinaryScalar) -> None:
 
 def where(ex: Export, op: Where) -> None:
     dtype = ex.metas[op.out].dtype
-    branches = _cast_all(ex, [ex.value(op.x1), ex.value(op.x2)],
-                         [ex.metas[op.x1].dtype, ex.metas[op.x2].dtype], dtype)  # fmt: skip
+    branches = _cast_all(
+        ex,
+        [ex.value(op.x1), ex.value(op.x2)],
+        [ex.metas[op.x1].dtype, ex.metas[op.x2].dtype],
+        dtype,
+    )
     ex.names[op.out] = ex.node("Where", [ex.value(op.condition), *branches])
 
 
@@ -267,8 +234,13 @@ def astype(ex: Export, op: AsType) -> None:
 
 # --- reductions -------------------------------------------------------------------------------
 
-_REDUCE = {"sum": "ReduceSum", "prod": "ReduceProd", "mean": "ReduceMean",
-           "max": "ReduceMax", "min": "ReduceMin"}  # fmt: skip
+_REDUCE = {
+    "sum": "ReduceSum",
+    "prod": "ReduceProd",
+    "mean": "ReduceMean",
+    "max": "ReduceMax",
+    "min": "ReduceMin",
+}
 
 
 def reduce(ex: Export, op: Reduce) -> None:
@@ -304,8 +276,9 @@ def _nan_flags(ex: Export, x: str) -> str:
 
 
 def _nan_seen(ex: Export, flags: str, axes: list[int], keepdims: bool) -> str:
-    seen = ex.node("ReduceMax", [flags, ex.ints(axes)], keepdims=int(keepdims),
-                   noop_with_empty_axes=1)  # fmt: skip
+    seen = ex.node(
+        "ReduceMax", [flags, ex.ints(axes)], keepdims=int(keepdims), noop_with_empty_axes=1
+    )
     return ex.cast(seen, "uint8", "bool")
 
 
@@ -352,6 +325,12 @@ def _arg_extreme(ex: Export, op: Reduce, x: str, meta: TensorMeta) -> str:
 
 
 ELEMENTWISE: dict[type, Converter] = {
-    Unary: unary, Binary: binary, BinaryScalar: binary_scalar, InPlaceBinary: binary_inplace,
-    InPlaceBinaryScalar: binary_inplace, Where: where, AsType: astype, Reduce: reduce,
-}  # fmt: skip
+    Unary: unary,
+    Binary: binary,
+    BinaryScalar: binary_scalar,
+    InPlaceBinary: binary_inplace,
+    InPlaceBinaryScalar: binary_inplace,
+    Where: where,
+    AsType: astype,
+    Reduce: reduce,
+}

@@ -1,6 +1,7 @@
 """The ONNX counterparts of the ops that move elements rather than compute them: manipulation,
 indexing, sorting and cumulative sums; and of the creation ops, which become constants (see
-:mod:`client.capture._onnx_ops`, which holds the builder they share).
+:mod:`client.capture._onnx_ops` for the element-wise ops, and :mod:`._onnx_builder` for the
+builder they share).
 
 Shapes are static in a graph (``check_graph`` refuses data-dependent ones), so every shape,
 axis and index these ops take is a constant here, computed the way numpy computes it.
@@ -39,7 +40,7 @@ from protocol.ops import (
 from protocol.ops.indexing import expand_key, numpy_key
 from protocol.scalars import scalar_to_python
 
-from ._onnx_ops import INT64_MIN, Converter, Export, NoCounterpart
+from ._onnx_builder import INT64_MIN, Converter, Export, NoCounterpart
 
 if TYPE_CHECKING:
     from onnx import TensorProto
@@ -223,8 +224,10 @@ def _gather_one_index(ex: Export, op: GetItem) -> str:
     arrays = [d for d, k in enumerate(key) if isinstance(k, ArrayIndex)]
     full = all(k == SliceSpec() for k in key if not isinstance(k, ArrayIndex))
     if len(arrays) != 1 or not full or len(key) != len(shape):
-        raise NoCounterpart("no counterpart for this index (one integer index array among "
-                            "full slices is what ONNX's Gather does)")  # fmt: skip
+        raise NoCounterpart(
+            "no counterpart for this index (one integer index array among "
+            "full slices is what ONNX's Gather does)"
+        )
     index = key[arrays[0]]
     assert isinstance(index, ArrayIndex)
     if not is_integer(ex.metas[index.tensor].dtype):
@@ -274,8 +277,9 @@ def full(ex: Export, op: Full) -> None:
     if op.dtype.startswith("complex"):
         ex.names[op.out] = ex.constant(np.full(op.shape, value))
         return
-    ex.names[op.out] = ex.node("ConstantOfShape", [ex.ints(op.shape)],
-                               value=_tensor(value.reshape(1)))  # fmt: skip
+    ex.names[op.out] = ex.node(
+        "ConstantOfShape", [ex.ints(op.shape)], value=_tensor(value.reshape(1))
+    )
 
 
 def _tensor(array: np.ndarray[Any, Any]) -> TensorProto:
@@ -300,8 +304,7 @@ def eye(ex: Export, op: Eye) -> None:
 def linspace(ex: Export, op: Linspace) -> None:
     if op.dtype.startswith("complex"):
         raise NoCounterpart("no counterpart for complex values")
-    values = np.linspace(op.start, op.stop, op.num, endpoint=op.endpoint,
-                         dtype=to_numpy(op.dtype))  # fmt: skip
+    values = np.linspace(op.start, op.stop, op.num, endpoint=op.endpoint, dtype=to_numpy(op.dtype))
     ex.names[op.out] = ex.constant(values)
 
 
@@ -315,8 +318,9 @@ def sort(ex: Export, op: Sort) -> None:
     shape = _shape_of(ex, op.x)
     axis = op.axis % len(shape)
     k = ex.ints([shape[axis]])
-    values, indices = ex.node_outputs("TopK", [ex.value(op.x), k], 2, axis=axis,
-                                      largest=int(op.descending), sorted=1)  # fmt: skip
+    values, indices = ex.node_outputs(
+        "TopK", [ex.value(op.x), k], 2, axis=axis, largest=int(op.descending), sorted=1
+    )
     ex.names[op.out] = values if op.op == "sort" else indices
 
 
@@ -340,8 +344,23 @@ def _int64(ex: Export, value: int) -> str:
 
 
 SHAPES: dict[type, Converter] = {
-    Reshape: reshape, PermuteDims: permute_dims, MoveAxis: moveaxis, Join: join, Axes: axes,
-    Roll: roll, BroadcastTo: broadcast_to, Tile: tile, Repeat: repeat, Triangle: triangle,
-    GetItem: getitem, SetItem: setitem, Take: take, Sort: sort, Cumulative: cumulative,
-    Full: full, Arange: arange, Eye: eye, Linspace: linspace,
-}  # fmt: skip
+    Reshape: reshape,
+    PermuteDims: permute_dims,
+    MoveAxis: moveaxis,
+    Join: join,
+    Axes: axes,
+    Roll: roll,
+    BroadcastTo: broadcast_to,
+    Tile: tile,
+    Repeat: repeat,
+    Triangle: triangle,
+    GetItem: getitem,
+    SetItem: setitem,
+    Take: take,
+    Sort: sort,
+    Cumulative: cumulative,
+    Full: full,
+    Arange: arange,
+    Eye: eye,
+    Linspace: linspace,
+}

@@ -130,8 +130,9 @@ class _Replay:
 class Jitted(Generic[P, R]):
     """A function recorded once per signature and replayed by id (see the module docstring)."""
 
-    def __init__(self, fn: Callable[P, R], key: Callable[[], Hashable] | None = None,
-                 max_graphs: int = 16) -> None:  # fmt: skip
+    def __init__(
+        self, fn: Callable[P, R], key: Callable[[], Hashable] | None = None, max_graphs: int = 16
+    ) -> None:
         self.fn = fn
         self.key = key
         self.max_graphs = max_graphs
@@ -161,8 +162,9 @@ class Jitted(Generic[P, R]):
         self._replays.move_to_end(signature)
         return self._replay(replay, arrays)
 
-    def _record(self, signature: Hashable, arrays: list[RemoteArray | None],
-                args: Any, kwargs: Any) -> R:  # fmt: skip
+    def _record(
+        self, signature: Hashable, arrays: list[RemoteArray | None], args: Any, kwargs: Any
+    ) -> R:
         given = [a for a in arrays if a is not None]
         if not given:
             raise CaptureError(f"{self.fn.__name__}: a jitted function takes at least one array")
@@ -187,8 +189,10 @@ class Jitted(Generic[P, R]):
                 cap.output(f"out{index}", raw)
         graph = cap.graph
         explicit = len({a.tensor_id for a in given})
-        implicit = [(i, t.meta) for i, t in zip(cap.input_ids[explicit:],
-                                                 graph.inputs[explicit:], strict=True)]  # fmt: skip
+        implicit = [
+            (i, t.meta)
+            for i, t in zip(cap.input_ids[explicit:], graph.inputs[explicit:], strict=True)
+        ]
         self._replays[signature] = _Replay(
             graph.register(device), implicit, template, [_wrapper(leaf) for leaf in leaves]
         )
@@ -229,8 +233,12 @@ def _identity(array: RemoteArray) -> RemoteArray:
     return array
 
 
-def jit(fn: Callable[P, R] | None = None, *, key: Callable[[], Hashable] | None = None,
-        max_graphs: int = 16) -> Any:  # fmt: skip
+def jit(
+    fn: Callable[P, R] | None = None,
+    *,
+    key: Callable[[], Hashable] | None = None,
+    max_graphs: int = 16,
+) -> Any:
     """Decorate a step function: record it once per signature, then replay it by id. As
     ``@jit`` or ``@jit(key=lambda: opt.param_groups[0]["lr"], max_graphs=4)``."""
     if fn is None:

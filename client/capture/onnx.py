@@ -37,7 +37,8 @@ from protocol.ops import (
     Unary,
 )
 
-from ._onnx_ops import ELEMENTWISE, Converter, Export, NoCounterpart, onnx_dtype
+from ._onnx_builder import Converter, Export, NoCounterpart, onnx_dtype
+from ._onnx_ops import ELEMENTWISE
 from ._onnx_shapes import SHAPES
 
 if TYPE_CHECKING:

@@ -79,10 +79,13 @@ class Capture:
         if self._saved or self._graph is not None:
             raise CaptureError("a Capture records once; open a new one")
         hooks: dict[str, Callable[..., Any]] = {
-            "new_id": device.new_id, "submit": self._submit,
-            "submit_upload": self._submit_upload, "release": self._release,
-            "submit_read": self._submit_read, "describe": self._describe,
-        }  # fmt: skip
+            "new_id": device.new_id,
+            "submit": self._submit,
+            "submit_upload": self._submit_upload,
+            "release": self._release,
+            "submit_read": self._submit_read,
+            "describe": self._describe,
+        }
         self._saved = {name: getattr(device, name) for name in _HOOKS}
         for name, hook in hooks.items():
             setattr(device, name, hook)
@@ -116,8 +119,14 @@ class Capture:
 
     # --- declarations -------------------------------------------------------------------------
 
-    def input(self, name: str, array: RemoteArray | None = None, *,
-              shape: Sequence[int] | None = None, dtype: Any = None) -> RemoteArray:  # fmt: skip
+    def input(
+        self,
+        name: str,
+        array: RemoteArray | None = None,
+        *,
+        shape: Sequence[int] | None = None,
+        dtype: Any = None,
+    ) -> RemoteArray:
         """Declare graph input ``name``: an array of this device (returned as it is), or, on a
         record-only device, a placeholder of ``shape`` and ``dtype`` (returned)."""
         self._check_open()
@@ -221,14 +230,19 @@ class Capture:
             for tensor_id in op.outputs():
                 ids.setdefault(tensor_id, len(ids))
         definition = GraphDef(
-            inputs=[GraphTensor(name=n, id=ids[i], shape=m.shape, dtype=m.dtype)
-                    for n, i, m in inputs],
-            outputs=[GraphTensor(name=n, id=ids[i], shape=m.shape, dtype=m.dtype)
-                     for n, i, m in self._outputs],
-            constants=[GraphConstant(id=ids[i], shape=v.shape, dtype=_wire_dtype(v.dtype))
-                       for i, v in self._constants],
+            inputs=[
+                GraphTensor(name=n, id=ids[i], shape=m.shape, dtype=m.dtype) for n, i, m in inputs
+            ],
+            outputs=[
+                GraphTensor(name=n, id=ids[i], shape=m.shape, dtype=m.dtype)
+                for n, i, m in self._outputs
+            ],
+            constants=[
+                GraphConstant(id=ids[i], shape=v.shape, dtype=_wire_dtype(v.dtype))
+                for i, v in self._constants
+            ],
             ops=[renumber(op, ids) for op in self._ops],
-        )  # fmt: skip
+        )
         try:
             check_graph(definition)
         except GraphError as exc:

@@ -110,8 +110,13 @@ def linear(x: ArrayLike, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     return result
 
 
-def layer_norm(x: ArrayLike, normalized_shape: Sequence[int], weight: Tensor | None = None,
-               bias: Tensor | None = None, eps: float = 1e-5) -> Tensor:  # fmt: skip
+def layer_norm(
+    x: ArrayLike,
+    normalized_shape: Sequence[int],
+    weight: Tensor | None = None,
+    bias: Tensor | None = None,
+    eps: float = 1e-5,
+) -> Tensor:
     """Normalise over the last ``len(normalized_shape)`` axes with their mean and biased
     variance (as PyTorch's), then scale by ``weight`` and shift by ``bias`` when given."""
     ad = namespace_of(x, weight, bias)
@@ -162,8 +167,11 @@ def mse_loss(input: ArrayLike, target: ArrayLike, reduction: Reduction = "mean")
     return _reduced(diff * diff, reduction)
 
 
-def cross_entropy(logits: ArrayLike, labels: ArrayLike, reduction: Reduction = "mean",
-                  ) -> Tensor:  # fmt: skip
+def cross_entropy(
+    logits: ArrayLike,
+    labels: ArrayLike,
+    reduction: Reduction = "mean",
+) -> Tensor:
     """The negative log-likelihood of integer class ``labels`` (N,) under the softmax of
     ``logits`` (N, C): ``-log_softmax(logits)[i, labels[i]]``, averaged, summed or per row.
 

@@ -45,8 +45,10 @@ def local_autodiff() -> Autodiff:
     return _local
 
 
-def resolve(ad: Autodiff | None, rng: np.random.Generator | None,
-            ) -> tuple[Autodiff, np.random.Generator]:  # fmt: skip
+def resolve(
+    ad: Autodiff | None,
+    rng: np.random.Generator | None,
+) -> tuple[Autodiff, np.random.Generator]:
     """A layer's ``ad=`` and ``rng=`` with their defaults filled in."""
     return (local_autodiff() if ad is None else ad), (_generator if rng is None else rng)
 
@@ -65,23 +67,34 @@ def parameter(ad: Autodiff, values: np.ndarray[Any, Any]) -> Tensor:
     return ad.asarray(values, requires_grad=True)
 
 
-def uniform(ad: Autodiff, shape: Sequence[int], bound: float, rng: np.random.Generator,
-            dtype: DTypeLike = "float32") -> Tensor:  # fmt: skip
+def uniform(
+    ad: Autodiff,
+    shape: Sequence[int],
+    bound: float,
+    rng: np.random.Generator,
+    dtype: DTypeLike = "float32",
+) -> Tensor:
     """A parameter drawn from U(-bound, bound) (drawn in float64, then cast, as PyTorch's
     ``uniform_`` is exact to the dtype)."""
     values = rng.uniform(-bound, bound, size=tuple(shape)).astype(float_dtype(dtype))
     return parameter(ad, values)
 
 
-def normal(ad: Autodiff, shape: Sequence[int], rng: np.random.Generator, std: float = 1.0,
-           dtype: DTypeLike = "float32") -> Tensor:  # fmt: skip
+def normal(
+    ad: Autodiff,
+    shape: Sequence[int],
+    rng: np.random.Generator,
+    std: float = 1.0,
+    dtype: DTypeLike = "float32",
+) -> Tensor:
     """A parameter drawn from N(0, std^2)."""
     values = (std * rng.standard_normal(size=tuple(shape))).astype(float_dtype(dtype))
     return parameter(ad, values)
 
 
-def constant(ad: Autodiff, shape: Sequence[int], value: float,
-             dtype: DTypeLike = "float32") -> Tensor:  # fmt: skip
+def constant(
+    ad: Autodiff, shape: Sequence[int], value: float, dtype: DTypeLike = "float32"
+) -> Tensor:
     """A parameter filled with ``value`` (LayerNorm's ones and zeros)."""
     return parameter(ad, np.full(tuple(shape), value, dtype=float_dtype(dtype)))
 

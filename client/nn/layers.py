@@ -29,9 +29,16 @@ class Linear(Module):
     so weights files interchange with PyTorch's. Both drawn from U(-k, k), k =
     1/sqrt(in_features): PyTorch's default."""
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = True, *,
-                 ad: Autodiff | None = None, rng: np.random.Generator | None = None,
-                 dtype: DTypeLike = "float32") -> None:  # fmt: skip
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = True,
+        *,
+        ad: Autodiff | None = None,
+        rng: np.random.Generator | None = None,
+        dtype: DTypeLike = "float32",
+    ) -> None:
         super().__init__()
         if in_features < 0 or out_features < 0:
             raise ValueError(f"Linear({in_features}, {out_features}): sizes must be >= 0")
@@ -129,9 +136,15 @@ class LayerNorm(Module):
     PyTorch's), then ``* weight + bias``: ones and zeros to start, when
     ``elementwise_affine``."""
 
-    def __init__(self, normalized_shape: int | Sequence[int], eps: float = 1e-5,
-                 elementwise_affine: bool = True, *, ad: Autodiff | None = None,
-                 dtype: DTypeLike = "float32") -> None:  # fmt: skip
+    def __init__(
+        self,
+        normalized_shape: int | Sequence[int],
+        eps: float = 1e-5,
+        elementwise_affine: bool = True,
+        *,
+        ad: Autodiff | None = None,
+        dtype: DTypeLike = "float32",
+    ) -> None:
         super().__init__()
         shape = (normalized_shape,) if isinstance(normalized_shape, int) else normalized_shape
         self.normalized_shape = tuple(int(n) for n in shape)
@@ -160,9 +173,15 @@ class Embedding(Module):
     PyTorch's; called with integer indices of any shape, it returns their rows, of shape
     ``indices.shape + (embedding_dim,)``."""
 
-    def __init__(self, num_embeddings: int, embedding_dim: int, *,
-                 ad: Autodiff | None = None, rng: np.random.Generator | None = None,
-                 dtype: DTypeLike = "float32") -> None:  # fmt: skip
+    def __init__(
+        self,
+        num_embeddings: int,
+        embedding_dim: int,
+        *,
+        ad: Autodiff | None = None,
+        rng: np.random.Generator | None = None,
+        dtype: DTypeLike = "float32",
+    ) -> None:
         super().__init__()
         if num_embeddings < 1 or embedding_dim < 1:
             raise ValueError(f"Embedding({num_embeddings}, {embedding_dim}): sizes must be >= 1")

@@ -134,8 +134,11 @@ class Module:
         for _, child in self.named_children():
             yield child
 
-    def named_parameters(self, prefix: str = "", recurse: bool = True,
-                         ) -> Iterator[tuple[str, Tensor]]:  # fmt: skip
+    def named_parameters(
+        self,
+        prefix: str = "",
+        recurse: bool = True,
+    ) -> Iterator[tuple[str, Tensor]]:
         """Every parameter once (a shared one under its first name), with dotted names:
         ``"fc1.bias"``, ``"0.weight"`` inside a ``Sequential``; a module's own parameters
         before its submodules', as PyTorch orders them."""

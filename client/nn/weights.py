@@ -57,8 +57,11 @@ def to_numpy(value: Any) -> np.ndarray[Any, Any]:
     return np.ascontiguousarray(np.asarray(value))
 
 
-def save(weights: HasStateDict | Mapping[str, Any], path: PathLike,
-         metadata: Mapping[str, str] | None = None) -> None:  # fmt: skip
+def save(
+    weights: HasStateDict | Mapping[str, Any],
+    path: PathLike,
+    metadata: Mapping[str, str] | None = None,
+) -> None:
     """Write a module's parameters (or a state dict of arrays of any namespace) to ``path`` as
     a safetensors file; ``metadata`` adds text entries to its header."""
     state = weights if isinstance(weights, Mapping) else weights.state_dict()

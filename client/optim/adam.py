@@ -8,7 +8,7 @@ after the first sends the same ops with the same scalars, and a graph captured f
 replays the next ones exactly as running them would. The learning rate, which a schedule
 changes, is read from the group's 0-d array on the device (:mod:`client.optim.optimizer`), in
 the powers' float64, so the step size and AdamW's decay factor are computed in float64 from
-the same double as the Python float would be, and cast to the parameter's dtype as before.
+the same double as the Python float would be, then cast to the parameter's dtype.
 The other hyper-parameters travel as Python scalars: constant, the same in every step.
 """
 
@@ -50,9 +50,14 @@ class Adam(Optimizer):
 
     _decoupled = False  # AdamW: weight decay applied to the parameter, not the gradient
 
-    def __init__(self, params: Params, lr: float = 1e-3,
-                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 0.0) -> None:  # fmt: skip
+    def __init__(
+        self,
+        params: Params,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+    ) -> None:
         check_nonnegative(lr=lr, eps=eps, weight_decay=weight_decay)
         beta1, beta2 = betas
         if not (0.0 <= beta1 < 1.0 and 0.0 <= beta2 < 1.0):
@@ -67,8 +72,9 @@ class Adam(Optimizer):
         # AdamW's 1 - lr * weight_decay at this group's step: (an array where it lives, factor)
         self._decay_factors: list[tuple[Any, Any]] = []
 
-    def _begin_group(self, group: dict[str, Any],
-                     stepping: list[tuple[Tensor, dict[str, Any]]]) -> None:  # fmt: skip
+    def _begin_group(
+        self, group: dict[str, Any], stepping: list[tuple[Tensor, dict[str, Any]]]
+    ) -> None:
         # How many stepping parameters hold each set of powers where it lives: when that is
         # all of its members, it advances in place (every step but one where some parted).
         beside: dict[int, int] = {}
@@ -100,9 +106,11 @@ class Adam(Optimizer):
         if self._decoupled and float(group["weight_decay"]) != 0:
             self._decay_factors = self._decay_factors_for(group, stepping)
 
-    def _decay_factors_for(self, group: dict[str, Any],
-                           stepping: list[tuple[Tensor, dict[str, Any]]],
-                           ) -> list[tuple[Any, Any]]:  # fmt: skip
+    def _decay_factors_for(
+        self,
+        group: dict[str, Any],
+        stepping: list[tuple[Tensor, dict[str, Any]]],
+    ) -> list[tuple[Any, Any]]:
         """AdamW's ``1 - lr * weight_decay`` for this step, computed as PyTorch's Python float
         is (in float64, where the device has it) once per device, and cast to each parameter
         dtype there, as numpy casts the float beside the parameter. Each with a parameter's
@@ -122,8 +130,9 @@ class Adam(Optimizer):
             factors.append((array, xp.astype(factor, array.dtype, copy=False)))
         return factors
 
-    def _update(self, param: Tensor, grad: Any, group: dict[str, Any],
-                state: dict[str, Any]) -> None:  # fmt: skip
+    def _update(
+        self, param: Tensor, grad: Any, group: dict[str, Any], state: dict[str, Any]
+    ) -> None:
         # Python floats: a numpy float64 hyper-parameter would promote float32 arrays.
         weight_decay = float(group["weight_decay"])
         beta1, beta2 = (float(b) for b in group["betas"])
@@ -137,8 +146,11 @@ class Adam(Optimizer):
         if weight_decay != 0:
             if self._decoupled:
                 array = param.array
-                param *= next(f for a, f in self._decay_factors
-                              if a.dtype == array.dtype and lives_with(a, array))  # fmt: skip
+                param *= next(
+                    f
+                    for a, f in self._decay_factors
+                    if a.dtype == array.dtype and lives_with(a, array)
+                )
             else:
                 g = g + weight_decay * param.array
         m, v = state["exp_avg"], state["exp_avg_sq"]
@@ -162,9 +174,14 @@ class AdamW(Adam):
 
     _decoupled = True
 
-    def __init__(self, params: Params, lr: float = 1e-3,
-                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 1e-2) -> None:  # fmt: skip
+    def __init__(
+        self,
+        params: Params,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 1e-2,
+    ) -> None:
         super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
 
 

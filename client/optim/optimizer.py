@@ -162,14 +162,16 @@ class Optimizer:
         self._rates.append(rate)
         return rate
 
-    def _begin_group(self, group: dict[str, Any],
-                     stepping: list[tuple[Tensor, dict[str, Any]]]) -> None:  # fmt: skip
+    def _begin_group(
+        self, group: dict[str, Any], stepping: list[tuple[Tensor, dict[str, Any]]]
+    ) -> None:
         """Called inside ``no_grad()`` once per group per step, before its ``_update`` calls,
         with the parameters that have a gradient and their state: where a subclass computes
         what the whole group shares at this step (Adam's bias corrections)."""
 
-    def _update(self, param: Tensor, grad: Any, group: dict[str, Any],
-                state: dict[str, Any]) -> None:  # fmt: skip
+    def _update(
+        self, param: Tensor, grad: Any, group: dict[str, Any], state: dict[str, Any]
+    ) -> None:
         raise NotImplementedError(f"{type(self).__name__} defines no _update()")
 
     def _state_of(self, param: Tensor) -> dict[str, Any]:

@@ -26,9 +26,15 @@ class SGD(Optimizer):
     learning-rate array.
     """
 
-    def __init__(self, params: Params, lr: float, momentum: float = 0.0,
-                 dampening: float = 0.0, weight_decay: float = 0.0,
-                 nesterov: bool = False) -> None:  # fmt: skip
+    def __init__(
+        self,
+        params: Params,
+        lr: float,
+        momentum: float = 0.0,
+        dampening: float = 0.0,
+        weight_decay: float = 0.0,
+        nesterov: bool = False,
+    ) -> None:
         check_nonnegative(lr=lr, momentum=momentum, weight_decay=weight_decay)
         if nesterov and (momentum <= 0 or dampening != 0):
             raise ValueError(
@@ -44,8 +50,9 @@ class SGD(Optimizer):
         }
         super().__init__(params, defaults)
 
-    def _update(self, param: Tensor, grad: Any, group: dict[str, Any],
-                state: dict[str, Any]) -> None:  # fmt: skip
+    def _update(
+        self, param: Tensor, grad: Any, group: dict[str, Any], state: dict[str, Any]
+    ) -> None:
         # Python floats: a numpy float64 hyper-parameter would promote float32 arrays.
         momentum, xp = float(group["momentum"]), param.namespace.xp
         dampening, weight_decay = float(group["dampening"]), float(group["weight_decay"])

@@ -61,9 +61,13 @@ class DataParallel:
         ValueError, StateDictError: as :func:`replicate` raises them.
     """
 
-    def __init__(self, model: Module, namespaces: Sequence[Autodiff],
-                 build: Callable[[Autodiff], Module],
-                 optimizer: Callable[[list[Tensor]], Optimizer]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        model: Module,
+        namespaces: Sequence[Autodiff],
+        build: Callable[[Autodiff], Module],
+        optimizer: Callable[[list[Tensor]], Optimizer],
+    ) -> None:
         models = replicate(model, namespaces, build)
         self.replicas = [
             Replica(index, ad, made, optimizer(list(made.parameters())), _device_of(made))
@@ -157,8 +161,9 @@ class DataParallel:
         return differing
 
 
-def replicate(model: Module, namespaces: Sequence[Autodiff],
-              build: Callable[[Autodiff], Module]) -> list[Module]:  # fmt: skip
+def replicate(
+    model: Module, namespaces: Sequence[Autodiff], build: Callable[[Autodiff], Module]
+) -> list[Module]:
     """One model per namespace, each holding a copy of ``model``'s parameters.
 
     Replica 0 is ``model`` itself when it lives in ``namespaces[0]``; every other replica is
@@ -236,16 +241,21 @@ def _value(replica: Replica, param: Tensor) -> Any:
     return param.array
 
 
-def _flatten(replica: Replica, params: dict[str, Tensor], names: list[str],
-             array_of: Callable[[Replica, Tensor], Any]) -> Any:  # fmt: skip
+def _flatten(
+    replica: Replica,
+    params: dict[str, Tensor],
+    names: list[str],
+    array_of: Callable[[Replica, Tensor], Any],
+) -> Any:
     """``array_of(replica, param)`` for each of ``names``, flattened and concatenated on the
     replica's device, in the order of ``names``."""
     xp = replica.namespace.xp
     return xp.concat([xp.reshape(array_of(replica, params[name]), (-1,)) for name in names])
 
 
-def _unflatten(replica: Replica, params: dict[str, Tensor], names: list[str],
-               flat: Any) -> list[tuple[str, Any]]:  # fmt: skip
+def _unflatten(
+    replica: Replica, params: dict[str, Tensor], names: list[str], flat: Any
+) -> list[tuple[str, Any]]:
     """``flat`` cut back into arrays of the shapes of ``names``' parameters."""
     xp = replica.namespace.xp
     parts, offset = [], 0

@@ -29,8 +29,15 @@ class CreationFunctions:
     def _dev(self, device: Device | None) -> Device:
         return self.device if device is None else checked_device(device)
 
-    def asarray(self, obj: Any, /, *, dtype: Any = None, device: Device | None = None,
-                copy: builtins.bool | None = None) -> RemoteArray:  # fmt: skip
+    def asarray(
+        self,
+        obj: Any,
+        /,
+        *,
+        dtype: Any = None,
+        device: Device | None = None,
+        copy: builtins.bool | None = None,
+    ) -> RemoteArray:
         """An array on ``device`` from an array, a nested sequence or a scalar."""
         dev = self._dev(device)
         if isinstance(obj, RemoteArray):
@@ -44,25 +51,41 @@ class CreationFunctions:
         values = np.asarray(obj, dtype=None if dtype is None else np.dtype(dtype))
         return upload(values, dev)
 
-    def full(self, shape: int | Sequence[int], fill_value: PyScalar, *, dtype: Any = None,
-             device: Device | None = None) -> RemoteArray:  # fmt: skip
+    def full(
+        self,
+        shape: int | Sequence[int],
+        fill_value: PyScalar,
+        *,
+        dtype: Any = None,
+        device: Device | None = None,
+    ) -> RemoteArray:
         wire = default_dtype(fill_value) if dtype is None else wire_dtype(dtype)
         return full(shape, fill_value, wire, self._dev(device))
 
-    def zeros(self, shape: int | Sequence[int], *, dtype: Any = None,
-              device: Device | None = None) -> RemoteArray:  # fmt: skip
+    def zeros(
+        self, shape: int | Sequence[int], *, dtype: Any = None, device: Device | None = None
+    ) -> RemoteArray:
         return self.full(shape, 0, dtype=_FLOAT64 if dtype is None else dtype, device=device)
 
-    def ones(self, shape: int | Sequence[int], *, dtype: Any = None,
-             device: Device | None = None) -> RemoteArray:  # fmt: skip
+    def ones(
+        self, shape: int | Sequence[int], *, dtype: Any = None, device: Device | None = None
+    ) -> RemoteArray:
         return self.full(shape, 1, dtype=_FLOAT64 if dtype is None else dtype, device=device)
 
-    def empty(self, shape: int | Sequence[int], *, dtype: Any = None,
-              device: Device | None = None) -> RemoteArray:  # fmt: skip
+    def empty(
+        self, shape: int | Sequence[int], *, dtype: Any = None, device: Device | None = None
+    ) -> RemoteArray:
         return self.zeros(shape, dtype=dtype, device=device)
 
-    def full_like(self, x: RemoteArray, /, fill_value: PyScalar, *, dtype: Any = None,
-                  device: Device | None = None) -> RemoteArray:  # fmt: skip
+    def full_like(
+        self,
+        x: RemoteArray,
+        /,
+        fill_value: PyScalar,
+        *,
+        dtype: Any = None,
+        device: Device | None = None,
+    ) -> RemoteArray:
         return self.full(
             x.shape,
             fill_value,
@@ -70,20 +93,31 @@ class CreationFunctions:
             device=x.device if device is None else checked_device(device),
         )
 
-    def zeros_like(self, x: RemoteArray, /, *, dtype: Any = None,
-                   device: Device | None = None) -> RemoteArray:  # fmt: skip
+    def zeros_like(
+        self, x: RemoteArray, /, *, dtype: Any = None, device: Device | None = None
+    ) -> RemoteArray:
         return self.full_like(x, 0, dtype=dtype, device=device)
 
-    def ones_like(self, x: RemoteArray, /, *, dtype: Any = None,
-                  device: Device | None = None) -> RemoteArray:  # fmt: skip
+    def ones_like(
+        self, x: RemoteArray, /, *, dtype: Any = None, device: Device | None = None
+    ) -> RemoteArray:
         return self.full_like(x, 1, dtype=dtype, device=device)
 
-    def empty_like(self, x: RemoteArray, /, *, dtype: Any = None,
-                   device: Device | None = None) -> RemoteArray:  # fmt: skip
+    def empty_like(
+        self, x: RemoteArray, /, *, dtype: Any = None, device: Device | None = None
+    ) -> RemoteArray:
         return self.zeros_like(x, dtype=dtype, device=device)
 
-    def arange(self, start: int | float, /, stop: int | float | None = None, step: int | float = 1,
-               *, dtype: Any = None, device: Device | None = None) -> RemoteArray:  # fmt: skip
+    def arange(
+        self,
+        start: int | float,
+        /,
+        stop: int | float | None = None,
+        step: int | float = 1,
+        *,
+        dtype: Any = None,
+        device: Device | None = None,
+    ) -> RemoteArray:
         if stop is None:
             start, stop = 0, start
         if dtype is None:
@@ -95,8 +129,16 @@ class CreationFunctions:
             device=self._dev(device),
         )
 
-    def eye(self, n_rows: int, n_cols: int | None = None, /, *, k: int = 0, dtype: Any = None,
-            device: Device | None = None) -> RemoteArray:  # fmt: skip
+    def eye(
+        self,
+        n_rows: int,
+        n_cols: int | None = None,
+        /,
+        *,
+        k: int = 0,
+        dtype: Any = None,
+        device: Device | None = None,
+    ) -> RemoteArray:
         wire = "float64" if dtype is None else wire_dtype(dtype)
         rows, k = operator.index(n_rows), operator.index(k)
         cols = rows if n_cols is None else operator.index(n_cols)
@@ -106,18 +148,34 @@ class CreationFunctions:
             device=self._dev(device),
         )
 
-    def linspace(self, start: int | float | complex, stop: int | float | complex, /, num: int,
-                 *, dtype: Any = None, device: Device | None = None,
-                 endpoint: builtins.bool = True) -> RemoteArray:  # fmt: skip
+    def linspace(
+        self,
+        start: int | float | complex,
+        stop: int | float | complex,
+        /,
+        num: int,
+        *,
+        dtype: Any = None,
+        device: Device | None = None,
+        endpoint: builtins.bool = True,
+    ) -> RemoteArray:
         is_c = isinstance(start, complex) or isinstance(stop, complex)
         wire = wire_dtype(dtype) if dtype is not None else "complex128" if is_c else "float64"
         a, b = complex(start), complex(stop)
         num = operator.index(num)
         return apply(
-            lambda out: Linspace(out=out, start=a.real, stop=b.real, start_imag=a.imag,
-                                 stop_imag=b.imag, num=num, endpoint=endpoint, dtype=wire),
+            lambda out: Linspace(
+                out=out,
+                start=a.real,
+                stop=b.real,
+                start_imag=a.imag,
+                stop_imag=b.imag,
+                num=num,
+                endpoint=endpoint,
+                dtype=wire,
+            ),
             device=self._dev(device),
-        )  # fmt: skip
+        )
 
     @staticmethod
     def meshgrid(*arrays: RemoteArray, indexing: str = "xy") -> list[RemoteArray]:
@@ -150,8 +208,9 @@ class CreationFunctions:
         k = operator.index(k)
         return apply(lambda out: Triangle(out=out, op="triu", x=x.tensor_id, k=k), x)
 
-    def from_dlpack(self, x: Any, /, *, device: Device | None = None,
-                    copy: builtins.bool | None = None) -> RemoteArray:  # fmt: skip
+    def from_dlpack(
+        self, x: Any, /, *, device: Device | None = None, copy: builtins.bool | None = None
+    ) -> RemoteArray:
         """Copies a local DLPack-capable array (numpy, torch CPU, ...) to the device."""
         target = self._dev(device)
         if isinstance(x, RemoteArray) and (x.device is target or copy is not False):

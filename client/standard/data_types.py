@@ -20,8 +20,9 @@ class DataTypeFunctions:
     """Mixed into :class:`~client.namespace.Namespace`."""
 
     @staticmethod
-    def astype(x: RemoteArray, dtype: Any, /, *, copy: builtins.bool = True,
-               device: Device | None = None) -> RemoteArray:  # fmt: skip
+    def astype(
+        x: RemoteArray, dtype: Any, /, *, copy: builtins.bool = True, device: Device | None = None
+    ) -> RemoteArray:
         common_device((x,))  # a numpy array here is named in a TypeError
         return x.astype(dtype, copy=copy, device=device)
 

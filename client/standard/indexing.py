@@ -27,8 +27,7 @@ class IndexingFunctions:
         )
 
     @staticmethod
-    def take_along_axis(x: RemoteArray, indices: RemoteArray, /, *,
-                        axis: int = -1) -> RemoteArray:  # fmt: skip
+    def take_along_axis(x: RemoteArray, indices: RemoteArray, /, *, axis: int = -1) -> RemoteArray:
         axis = operator.index(axis)
         return apply(
             lambda out: Take(

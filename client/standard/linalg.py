@@ -76,8 +76,9 @@ class LinalgNamespace:
         return binary_function("matmul", x1, x2)
 
     @staticmethod
-    def matrix_norm(x: RemoteArray, /, *, keepdims: builtins.bool = False,
-                    ord: int | float | str | None = "fro") -> RemoteArray:  # fmt: skip  # noqa: A002
+    def matrix_norm(
+        x: RemoteArray, /, *, keepdims: builtins.bool = False, ord: int | float | str | None = "fro"
+    ) -> RemoteArray:  # noqa: A002
         o = ord if isinstance(ord, str) or ord is None else float(ord)
         return _one("matrix_norm", x, keepdims=keepdims, ord=o)
 
@@ -122,8 +123,9 @@ class LinalgNamespace:
         return _one("svdvals", x)
 
     @staticmethod
-    def tensordot(x1: RemoteArray, x2: RemoteArray, /, *,
-                  axes: int | tuple[Sequence[int], Sequence[int]] = 2) -> RemoteArray:  # fmt: skip
+    def tensordot(
+        x1: RemoteArray, x2: RemoteArray, /, *, axes: int | tuple[Sequence[int], Sequence[int]] = 2
+    ) -> RemoteArray:
         return LinearAlgebraFunctions.tensordot(x1, x2, axes=axes)
 
     @staticmethod

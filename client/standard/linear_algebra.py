@@ -38,8 +38,9 @@ class LinearAlgebraFunctions:
         )
 
     @staticmethod
-    def tensordot(x1: RemoteArray, x2: RemoteArray, /, *,
-                  axes: int | tuple[Sequence[int], Sequence[int]] = 2) -> RemoteArray:  # fmt: skip
+    def tensordot(
+        x1: RemoteArray, x2: RemoteArray, /, *, axes: int | tuple[Sequence[int], Sequence[int]] = 2
+    ) -> RemoteArray:
         if isinstance(axes, int | np.integer):
             n = operator.index(axes)
             if n < 0:
@@ -49,8 +50,9 @@ class LinearAlgebraFunctions:
         else:
             a1, a2 = ints(axes[0]), ints(axes[1])
         return apply(
-            lambda out: Linalg(out=out, op="tensordot", xs=(x1.tensor_id, x2.tensor_id),
-                               axes1=a1, axes2=a2),
+            lambda out: Linalg(
+                out=out, op="tensordot", xs=(x1.tensor_id, x2.tensor_id), axes1=a1, axes2=a2
+            ),
             x1,
             x2,
-        )  # fmt: skip
+        )

@@ -63,14 +63,16 @@ class ManipulationFunctions:
         return apply(lambda out: Axes(out=out, op="flip", x=x.tensor_id, axis=axes), x)
 
     @staticmethod
-    def roll(x: RemoteArray, /, shift: int | Sequence[int], *,
-             axis: int | Sequence[int] | None = None) -> RemoteArray:  # fmt: skip
+    def roll(
+        x: RemoteArray, /, shift: int | Sequence[int], *, axis: int | Sequence[int] | None = None
+    ) -> RemoteArray:
         shifts, axes = ints(shift), opt_ints(axis)
         return apply(lambda out: Roll(out=out, x=x.tensor_id, shift=shifts, axis=axes), x)
 
     @staticmethod
-    def moveaxis(x: RemoteArray, source: int | Sequence[int], destination: int | Sequence[int],
-                 /) -> RemoteArray:  # fmt: skip
+    def moveaxis(
+        x: RemoteArray, source: int | Sequence[int], destination: int | Sequence[int], /
+    ) -> RemoteArray:
         src, dst = ints(source), ints(destination)
         return apply(lambda out: MoveAxis(out=out, x=x.tensor_id, source=src, destination=dst), x)
 
@@ -90,8 +92,9 @@ class ManipulationFunctions:
         return apply(lambda out: Tile(out=out, x=x.tensor_id, reps=reps), x)
 
     @staticmethod
-    def repeat(x: RemoteArray, repeats: int | RemoteArray, /, *,
-               axis: int | None = None) -> RemoteArray:  # fmt: skip
+    def repeat(
+        x: RemoteArray, repeats: int | RemoteArray, /, *, axis: int | None = None
+    ) -> RemoteArray:
         """An array ``repeats`` costs one round trip: the output's length is data-dependent."""
         axis = opt_int(axis)
         if isinstance(repeats, RemoteArray):

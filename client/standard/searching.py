@@ -34,8 +34,13 @@ class SearchingFunctions:
         return reduce("argmin", x, axis, keepdims)
 
     @staticmethod
-    def count_nonzero(x: RemoteArray, /, *, axis: int | Sequence[int] | None = None,
-                      keepdims: builtins.bool = False) -> RemoteArray:  # fmt: skip
+    def count_nonzero(
+        x: RemoteArray,
+        /,
+        *,
+        axis: int | Sequence[int] | None = None,
+        keepdims: builtins.bool = False,
+    ) -> RemoteArray:
         nonzero = binary_operator("not_equal", x, 0, reflected=False)
         return reduce("sum", astype(nonzero, "int64"), axis, keepdims)
 
@@ -46,8 +51,14 @@ class SearchingFunctions:
         return apply_many(lambda out, more: Nonzero(out=out, more=more, x=x.tensor_id), count, x)
 
     @staticmethod
-    def searchsorted(x1: RemoteArray, x2: RemoteArray, /, *, side: str = "left",
-                     sorter: RemoteArray | None = None) -> RemoteArray:  # fmt: skip
+    def searchsorted(
+        x1: RemoteArray,
+        x2: RemoteArray,
+        /,
+        *,
+        side: str = "left",
+        sorter: RemoteArray | None = None,
+    ) -> RemoteArray:
         if side not in ("left", "right"):
             raise ValueError("side must be 'left' or 'right'")
         if sorter is not None:
@@ -70,9 +81,10 @@ class SearchingFunctions:
         if a is None or b is None:
             raise TypeError("where takes arrays or Python scalars")
         return apply(
-            lambda out: Where(out=out, condition=condition.tensor_id, x1=a.tensor_id,
-                              x2=b.tensor_id),
+            lambda out: Where(
+                out=out, condition=condition.tensor_id, x1=a.tensor_id, x2=b.tensor_id
+            ),
             condition,
             a,
             b,
-        )  # fmt: skip
+        )

@@ -16,13 +16,25 @@ class SortingFunctions:
     """Mixed into :class:`~client.namespace.Namespace`."""
 
     @staticmethod
-    def sort(x: RemoteArray, /, *, axis: int = -1, descending: builtins.bool = False,
-             stable: builtins.bool = True) -> RemoteArray:  # fmt: skip
+    def sort(
+        x: RemoteArray,
+        /,
+        *,
+        axis: int = -1,
+        descending: builtins.bool = False,
+        stable: builtins.bool = True,
+    ) -> RemoteArray:
         return _sort("sort", x, axis, descending, stable)
 
     @staticmethod
-    def argsort(x: RemoteArray, /, *, axis: int = -1, descending: builtins.bool = False,
-                stable: builtins.bool = True) -> RemoteArray:  # fmt: skip
+    def argsort(
+        x: RemoteArray,
+        /,
+        *,
+        axis: int = -1,
+        descending: builtins.bool = False,
+        stable: builtins.bool = True,
+    ) -> RemoteArray:
         return _sort("argsort", x, axis, descending, stable)
 
 
@@ -31,7 +43,8 @@ def _sort(
 ) -> RemoteArray:
     axis = operator.index(axis)
     return apply(
-        lambda out: Sort(out=out, op=op, x=x.tensor_id, axis=axis, descending=descending,
-                         stable=stable),
+        lambda out: Sort(
+            out=out, op=op, x=x.tensor_id, axis=axis, descending=descending, stable=stable
+        ),
         x,
-    )  # fmt: skip
+    )

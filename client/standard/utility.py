@@ -14,19 +14,35 @@ class UtilityFunctions:
     """Mixed into :class:`~client.namespace.Namespace`."""
 
     @staticmethod
-    def all(x: RemoteArray, /, *, axis: int | Sequence[int] | None = None,
-            keepdims: builtins.bool = False) -> RemoteArray:  # fmt: skip
+    def all(
+        x: RemoteArray,
+        /,
+        *,
+        axis: int | Sequence[int] | None = None,
+        keepdims: builtins.bool = False,
+    ) -> RemoteArray:
         return reduce("all", x, axis, keepdims)
 
     @staticmethod
-    def any(x: RemoteArray, /, *, axis: int | Sequence[int] | None = None,
-            keepdims: builtins.bool = False) -> RemoteArray:  # fmt: skip
+    def any(
+        x: RemoteArray,
+        /,
+        *,
+        axis: int | Sequence[int] | None = None,
+        keepdims: builtins.bool = False,
+    ) -> RemoteArray:
         return reduce("any", x, axis, keepdims)
 
     @staticmethod
-    def diff(x: RemoteArray, /, *, axis: int = -1, n: int = 1,
-             prepend: RemoteArray | None = None,
-             append: RemoteArray | None = None) -> RemoteArray:  # fmt: skip
+    def diff(
+        x: RemoteArray,
+        /,
+        *,
+        axis: int = -1,
+        n: int = 1,
+        prepend: RemoteArray | None = None,
+        append: RemoteArray | None = None,
+    ) -> RemoteArray:
         if x.ndim == 0:
             raise ValueError("diff needs at least one dimension")
         parts = [p for p in (prepend, x, append) if p is not None]

@@ -81,17 +81,40 @@ from .transfer import Pull as Pull
 from .transfer import SourceURL as SourceURL
 
 AnyOp = (
-    FromBuffer | Full | Arange | Eye | Linspace  # creation
-    | Unary | Binary | BinaryScalar | InPlaceBinary | InPlaceBinaryScalar | Where
+    FromBuffer
+    | Full
+    | Arange
+    | Eye
+    | Linspace  # creation
+    | Unary
+    | Binary
+    | BinaryScalar
+    | InPlaceBinary
+    | InPlaceBinaryScalar
+    | Where
     | AsType  # elementwise
     | Reduce  # reduction
-    | Reshape | PermuteDims | Join | Axes | Roll | MoveAxis | BroadcastTo | Tile | Repeat
+    | Reshape
+    | PermuteDims
+    | Join
+    | Axes
+    | Roll
+    | MoveAxis
+    | BroadcastTo
+    | Tile
+    | Repeat
     | Triangle  # manipulation
-    | GetItem | SetItem | Take  # indexing
-    | Sort | Cumulative | SearchSorted | Nonzero | Unique  # data
+    | GetItem
+    | SetItem
+    | Take  # indexing
+    | Sort
+    | Cumulative
+    | SearchSorted
+    | Nonzero
+    | Unique  # data
     | Linalg  # linalg
     | FFT  # fft
     | RunGraph  # graph
     | Pull  # transfer
-)  # fmt: skip
+)
 Op = Annotated[AnyOp, Field(discriminator="kind")]

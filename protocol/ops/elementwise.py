@@ -17,20 +17,77 @@ from .base import BaseOp, TensorId, TensorMeta, broadcast_shapes
 from .rules import elementwise_rule, result_dtype
 
 UnaryName = Literal[
-    "abs", "negative", "positive", "exp", "expm1", "log", "log1p", "log2", "log10", "sqrt",
-    "square", "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "tanh", "asinh",
-    "acosh", "atanh", "floor", "ceil", "trunc", "round", "sign", "logical_not",
-    "bitwise_invert", "isnan", "isinf", "isfinite", "real", "imag", "conj", "reciprocal",
+    "abs",
+    "negative",
+    "positive",
+    "exp",
+    "expm1",
+    "log",
+    "log1p",
+    "log2",
+    "log10",
+    "sqrt",
+    "square",
+    "sin",
+    "cos",
+    "tan",
+    "asin",
+    "acos",
+    "atan",
+    "sinh",
+    "cosh",
+    "tanh",
+    "asinh",
+    "acosh",
+    "atanh",
+    "floor",
+    "ceil",
+    "trunc",
+    "round",
+    "sign",
+    "logical_not",
+    "bitwise_invert",
+    "isnan",
+    "isinf",
+    "isfinite",
+    "real",
+    "imag",
+    "conj",
+    "reciprocal",
     "signbit",
-]  # fmt: skip
+]
 
 BinaryName = Literal[
-    "add", "subtract", "multiply", "divide", "floor_divide", "remainder", "pow", "matmul",
-    "maximum", "minimum", "equal", "not_equal", "less", "less_equal", "greater",
-    "greater_equal", "logical_and", "logical_or", "logical_xor", "bitwise_and", "bitwise_or",
-    "bitwise_xor", "bitwise_left_shift", "bitwise_right_shift", "atan2", "hypot", "copysign",
-    "logaddexp", "nextafter",
-]  # fmt: skip
+    "add",
+    "subtract",
+    "multiply",
+    "divide",
+    "floor_divide",
+    "remainder",
+    "pow",
+    "matmul",
+    "maximum",
+    "minimum",
+    "equal",
+    "not_equal",
+    "less",
+    "less_equal",
+    "greater",
+    "greater_equal",
+    "logical_and",
+    "logical_or",
+    "logical_xor",
+    "bitwise_and",
+    "bitwise_or",
+    "bitwise_xor",
+    "bitwise_left_shift",
+    "bitwise_right_shift",
+    "atan2",
+    "hypot",
+    "copysign",
+    "logaddexp",
+    "nextafter",
+]
 
 
 class Unary(BaseOp):
@@ -95,7 +152,8 @@ class BinaryScalar(BaseOp):
             s = TensorMeta((), dtype)
             return binary_meta(self.op, s, x) if self.scalar_first else binary_meta(self.op, x, s)
         # binary_meta's result without building the scalar's meta and broadcasting it (a 0-d
-        # operand keeps x's shape): 0.4 us of the client's 4.2 per scalar op (bench.cpu)
+        # operand keeps x's shape): this runs per op built (bench/REASONS.md, 'Scalar op
+        # inference')
         pair = (dtype, x.dtype) if self.scalar_first else (x.dtype, dtype)
         return TensorMeta(x.shape, elementwise_rule(self.op, pair)[0])
 
@@ -109,7 +167,7 @@ class BinaryScalar(BaseOp):
 def _scalar_result(op: BinaryName, is_float: bool, scalar_first: bool, x: TensorMeta) -> TensorMeta:
     """:meth:`BinaryScalar.infer` for a float or bool scalar, whose value neither changes the
     result nor can fail to fit (:func:`~protocol.scalars.check_fits`), so it is cached: the
-    client infers every op it builds (0.8 us of about 6 per pipelined ``x + 1.0``)."""
+    client infers every op it builds (bench/REASONS.md, 'Scalar op inference')."""
     dtype = scalar_dtype(0.0 if is_float else False, x.dtype)
     pair = (dtype, x.dtype) if scalar_first else (x.dtype, dtype)
     return TensorMeta(x.shape, elementwise_rule(op, pair)[0])

@@ -11,9 +11,19 @@ from .base import I64, MultiOutputOp, TensorId, TensorMeta, normalize_axes, norm
 from .rules import complex_dtype, real_dtype
 
 FFTName = Literal[
-    "fft", "ifft", "fftn", "ifftn", "rfft", "irfft", "rfftn", "irfftn", "hfft", "ihfft",
-    "fftshift", "ifftshift",
-]  # fmt: skip
+    "fft",
+    "ifft",
+    "fftn",
+    "ifftn",
+    "rfft",
+    "irfft",
+    "rfftn",
+    "irfftn",
+    "hfft",
+    "ihfft",
+    "fftshift",
+    "ifftshift",
+]
 
 
 class FFT(MultiOutputOp):

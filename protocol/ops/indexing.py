@@ -93,8 +93,9 @@ def _array_index(meta: TensorMeta, shape: tuple[int, ...], dim: int) -> tuple[tu
     return meta.shape, 1
 
 
-def index_shape(shape: tuple[int, ...], key: tuple[IndexItem, ...],
-                metas: tuple[TensorMeta, ...]) -> tuple[int, ...]:  # fmt: skip
+def index_shape(
+    shape: tuple[int, ...], key: tuple[IndexItem, ...], metas: tuple[TensorMeta, ...]
+) -> tuple[int, ...]:
     """The shape of ``x[key]`` for ``x`` of ``shape``; ``metas`` describe the index tensors."""
     by_id = iter(metas)
     tensor_meta = {i: next(by_id) for i, k in enumerate(key) if isinstance(k, ArrayIndex)}

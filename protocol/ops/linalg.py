@@ -19,10 +19,28 @@ from .base import (
 from .rules import float_dtype, real_dtype, reduce_rule, result_dtype
 
 LinalgName = Literal[
-    "cholesky", "det", "inv", "eigh", "eigvalsh", "qr", "svd", "svdvals", "slogdet", "solve",
-    "matrix_power", "matrix_rank", "pinv", "matrix_norm", "vector_norm", "diagonal", "trace",
-    "cross", "outer", "tensordot", "vecdot",
-]  # fmt: skip
+    "cholesky",
+    "det",
+    "inv",
+    "eigh",
+    "eigvalsh",
+    "qr",
+    "svd",
+    "svdvals",
+    "slogdet",
+    "solve",
+    "matrix_power",
+    "matrix_rank",
+    "pinv",
+    "matrix_norm",
+    "vector_norm",
+    "diagonal",
+    "trace",
+    "cross",
+    "outer",
+    "tensordot",
+    "vecdot",
+]
 
 
 def _matrix(x: TensorMeta, square: bool = False) -> tuple[tuple[int, ...], int, int]:
@@ -184,11 +202,25 @@ def _tensordot(op: Linalg, a: TensorMeta, b: TensorMeta) -> tuple[TensorMeta, ..
 
 
 _LINALG: dict[str, Callable[..., tuple[TensorMeta, ...]]] = {
-    "cholesky": _same_square, "inv": _same_square, "matrix_power": _same_square,
-    "pinv": _same_square, "det": _batch_scalar, "slogdet": _batch_scalar,
-    "matrix_rank": _batch_scalar, "trace": _batch_scalar, "matrix_norm": _batch_scalar,
-    "eigh": _decomposition, "eigvalsh": _decomposition, "svdvals": _decomposition,
-    "qr": _decomposition, "svd": _decomposition, "solve": _solve, "vector_norm": _vector_norm,
-    "diagonal": _diagonal, "cross": _cross, "vecdot": _vecdot, "outer": _outer,
+    "cholesky": _same_square,
+    "inv": _same_square,
+    "matrix_power": _same_square,
+    "pinv": _same_square,
+    "det": _batch_scalar,
+    "slogdet": _batch_scalar,
+    "matrix_rank": _batch_scalar,
+    "trace": _batch_scalar,
+    "matrix_norm": _batch_scalar,
+    "eigh": _decomposition,
+    "eigvalsh": _decomposition,
+    "svdvals": _decomposition,
+    "qr": _decomposition,
+    "svd": _decomposition,
+    "solve": _solve,
+    "vector_norm": _vector_norm,
+    "diagonal": _diagonal,
+    "cross": _cross,
+    "vecdot": _vecdot,
+    "outer": _outer,
     "tensordot": _tensordot,
-}  # fmt: skip
+}

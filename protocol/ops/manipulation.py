@@ -201,8 +201,9 @@ class Tile(BaseOp):
         ndim = max(len(x.shape), len(self.reps))
         shape = (1,) * (ndim - len(x.shape)) + x.shape
         reps = (1,) * (ndim - len(self.reps)) + self.reps
-        return TensorMeta(check_shape(tuple(d * r for d, r in zip(shape, reps, strict=True))),
-                          x.dtype)  # fmt: skip
+        return TensorMeta(
+            check_shape(tuple(d * r for d, r in zip(shape, reps, strict=True))), x.dtype
+        )
 
 
 class Repeat(BaseOp):

@@ -9,8 +9,9 @@ from ..errors import OpShapeError
 from .base import I64, BaseOp, TensorId, TensorMeta, normalize_axes, reduced_shape
 from .rules import reduce_rule
 
-ReduceName = Literal["sum", "prod", "mean", "max", "min", "argmax", "argmin", "any", "all",
-                     "std", "var"]  # fmt: skip
+ReduceName = Literal[
+    "sum", "prod", "mean", "max", "min", "argmax", "argmin", "any", "all", "std", "var"
+]
 _NO_IDENTITY = {"max", "min", "argmax", "argmin"}
 
 

@@ -1,32 +1,31 @@
 """What an op costs numpy, counted before it runs: :func:`cost`, in element operations.
 
 An element operation is about a nanosecond of numpy's time on the machine the factors were
-measured on (a 2-core Xeon VM, numpy 2.4 with OpenBLAS, its default threads): ``add`` takes
-0.1-0.5 ns an element on arrays in cache and 1-2 ns on arrays that are not (or memory touched
-for the first time), and counts 1. Each family's factor is about the most measured per unit of
-its work, rounded up, so on a quiet machine the count errs high, within a few times of the
-truth; on a busy one, BLAS and LAPACK (which use every core) ran 2-6x slower than counted.
+measured on (a 2-core Xeon VM, numpy 2.4 with OpenBLAS, its default threads); ``add`` counts 1
+an element. Each family's factor is about the most measured per unit of its work, rounded up,
+so on a quiet machine the count errs high, within a few times of the truth; on a busy one,
+BLAS and LAPACK (which use every core) run slower than counted. The figures the factors rest
+on are in bench/REASONS.md, 'The op cost model'.
+
 The session uses it twice (``server/session.py``): an op that costs more than ``INLINE_COST``
 runs in a worker thread, never on the event loop, and one that costs more than
 ``Limits.max_op_cost`` (``--max-op-cost``) is refused before numpy runs (``limit_exceeded``).
 
-What the counts rest on (ns, measured at 65,536 elements unless said):
+What each family counts:
 
-- element-wise: 0.05-1.5 for most ops; up to 19 for ``floor_divide``, ``logaddexp`` and the
-  trigonometric and logarithmic functions (``uint64`` inputs, converted to float first, are the
-  slowest); complex inputs 1-15 for the plain ops and up to 176 (``acosh`` of ``complex64``)
-  for the others;
-- ``unique_*`` (``np.unique_all``): 6.5 per n log2 n, plus about 10 us a call whatever n;
-  sorting 3.6-4.8 per n log2 n (stable); ``searchsorted`` 18 per query and log2 n;
-- ``fft``: 0.7-1.6 per n log2 n where n has only the factors 2, 3, 5, 7 and 11 (numpy's own
-  passes), 5-13 where it has a larger prime factor (a generic pass or Bluestein's algorithm);
-  transforms of 1-2 points 6-7 an element, and 3.5 us a call;
-- ``matmul``: 0.01-0.05 per multiply-add for float32 and float64 (BLAS, which numpy uses for
-  any layout, copying a strided operand first), 0.06-0.1 for complex, 0.4-1.4 for integer and
-  bool dtypes (numpy's own loop); a matrix-vector product reads its matrix once (about 1 an
-  element read);
-- ``linalg`` factorizations: 0.02-0.4 per m n max(m, n) at n = 1024 (``svd``, ``pinv`` the
-  most), up to 3 per n**3 at n = 32, and 2-23 us a call for tiny matrices.
+- element-wise: 1 an element for most ops, more for the transcendental functions and integer
+  division (``uint64`` inputs, converted to float first, are the slowest) and for complex
+  inputs;
+- ``unique_*`` (``np.unique_all``) and sorting: per n log2 n, plus a call's own time for
+  ``unique_*``; ``searchsorted`` per query and log2 n;
+- ``fft``: per n log2 n, more where n has a prime factor above 11 (numpy's FFT has its own
+  passes for 2, 3, 5, 7 and 11; any other factor takes a generic pass or Bluestein's
+  algorithm), plus a call's own time;
+- ``matmul``: per multiply-add, least for float32 and float64 (BLAS, which numpy uses for any
+  layout, copying a strided operand first), more for complex, most for integer and bool dtypes
+  (numpy's own loop); a matrix-vector product reads its matrix once (about 1 an element read);
+- ``linalg`` factorizations: per m n max(m, n) (``svd``, ``pinv`` the most), plus a call's own
+  time, which dominates for tiny matrices.
 """
 
 from __future__ import annotations
@@ -64,36 +63,67 @@ from protocol.ops import (
 from .base import Array
 
 # Element-wise ops by what one element costs (the most over the real dtypes): 1 unless named.
+# The slowest: transcendental functions and integer division.
 _SLOW = frozenset(
-    ("acosh", "atanh", "cos", "sin", "log", "log2", "log10", "pow", "floor_divide",
-     "remainder", "logaddexp", "hypot", "nextafter")
-)  # fmt: skip  # 8-19 ns (pow of uint64: 29)
+    (
+        "acosh",
+        "atanh",
+        "cos",
+        "sin",
+        "log",
+        "log2",
+        "log10",
+        "pow",
+        "floor_divide",
+        "remainder",
+        "logaddexp",
+        "hypot",
+        "nextafter",
+    )
+)
+# The next: the other transcendental functions, roots and float division.
 _MEDIUM = frozenset(
-    ("asin", "acos", "asinh", "atan", "tan", "tanh", "sinh", "cosh", "exp", "expm1", "log1p",
-     "sqrt", "signbit", "atan2", "copysign", "divide", "reciprocal")
-)  # fmt: skip  # 3-8 ns
-# ... of which these take at most 2 ns on float inputs (SIMD loops; integers convert first)
+    (
+        "asin",
+        "acos",
+        "asinh",
+        "atan",
+        "tan",
+        "tanh",
+        "sinh",
+        "cosh",
+        "exp",
+        "expm1",
+        "log1p",
+        "sqrt",
+        "signbit",
+        "atan2",
+        "copysign",
+        "divide",
+        "reciprocal",
+    )
+)
+# ... of which these are cheap on float inputs (SIMD loops; integers convert first)
 _FAST_ON_FLOATS = _MEDIUM - {"asin", "acos", "log1p"}
 SLOW_ELEMENT, MEDIUM_ELEMENT, FLOAT_ELEMENT = 32, 8, 2
 COMPLEX_ELEMENT, COMPLEX_SLOW_ELEMENT = 16, 192  # complex operands: plain ops, the others
-_COMPLEX_SLOW = (_SLOW | _MEDIUM) - {"divide", "reciprocal"}  # 4-5 ns for complex
+_COMPLEX_SLOW = (_SLOW | _MEDIUM) - {"divide", "reciprocal"}  # complex divide: a plain op
 
 # A multiply-add of matmul (and tensordot), in sixteenths of an element operation, by the
 # result's dtype: BLAS for float and complex, numpy's loop for the rest.
 _MADD_16THS = {"float32": 1, "float64": 2, "complex64": 4, "complex128": 4}
 LOOP_MADD_16THS = 32
 
-UNIQUE_CALL = 1 << 15  # np.unique_all's own time, 10-24 us, even for one element
-# per element and log2 of the length; unique_* as the issue measured it on a loaded machine
-# (14 ms for 65,536 elements, 5-7 here)
+UNIQUE_CALL = 1 << 15  # np.unique_all's own time, even for one element
+# per element and log2 of the length; unique_* as it runs on a loaded machine
 UNIQUE_FACTOR, SORT_FACTOR, SEARCH_FACTOR = 16, 8, 16
-FFT_CALL, FFT_ELEMENT = 1 << 14, 16  # a call's own time (4-10 us); each element's
-# per element and log2 of the length (see _smooth); a prime length as the issue measured it
-# on a loaded machine (20 ms for 65,521, 7-8 here)
+FFT_CALL, FFT_ELEMENT = 1 << 14, 16  # a call's own time; each element's
+# per element and log2 of the length (see _smooth); a prime length as it runs on a loaded
+# machine
 FFT_SMOOTH, FFT_GENERIC = 2, 24
-CROSS_ELEMENT = 16  # 7-10 ns an element: numpy's cross is a dozen small ops
+CROSS_ELEMENT = 16  # numpy's cross is a dozen small ops
 GATHER_FACTOR = 4  # an element read at an index (take, integer-array and mask indexing, where)
-LINALG_CALL, LINALG_MATRIX = 1 << 16, 1 << 12  # a call's own time (up to 41 us); a matrix's
+LINALG_CALL, LINALG_MATRIX = 1 << 16, 1 << 12  # a call's own time; a matrix's
 _SVD_LIKE = frozenset(("svd", "svdvals", "pinv", "matrix_rank"))
 # per m n max(m, n): twice the most measured on a quiet machine (n = 32 to 1024)
 SVD_FACTOR, FACTORIZATION_FACTOR = 4, 2
@@ -109,8 +139,8 @@ def cost(op: AnyOp, meta: TensorMeta, args: Sequence[Array]) -> int:
     largest input or output, which every op reads or writes.
 
     An upload costs nothing: the decoder received its bytes into the array it becomes (a
-    message of one frame, at most 256 KiB, is copied once). Sending it to a worker thread
-    cost a thread hop, about 1 ms on a busy 2-core machine, per uploaded tensor."""
+    message of one frame, at most 256 KiB, is copied once), and a worker thread would cost
+    a thread hop per uploaded tensor (bench/REASONS.md, 'The op cost model')."""
     if type(op) is FromBuffer:
         return 0
     size = max(0, math.prod(meta.shape))  # not np.prod: this runs per op, and np.prod is slower
@@ -197,7 +227,8 @@ def _fft(op: FFT, meta: TensorMeta, args: Sequence[Array], size: int) -> int:
 
 def _smooth(n: int) -> bool:
     """``n`` has no prime factor above 11: numpy's FFT has a pass of its own for each (2, 3, 4,
-    5, 7, 11); any other factor takes a generic pass or Bluestein's algorithm, 5-10x slower."""
+    5, 7, 11); any other factor takes a generic pass or Bluestein's algorithm, several times
+    slower."""
     if n < 1:
         return True
     n >>= (n & -n).bit_length() - 1  # the factors 2 at once

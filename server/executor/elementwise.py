@@ -213,11 +213,31 @@ def _needs_temporary(name: str, result: DType, dtypes: Sequence[DType]) -> bool:
 
 # The binary ops whose ufunc alone computes them (no Note: fix after it), so out= is exact.
 _OUT_SAFE = frozenset(
-    ("add", "subtract", "multiply", "divide", "floor_divide", "remainder", "pow", "maximum",
-     "minimum", "bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_left_shift",
-     "bitwise_right_shift", "logical_and", "logical_or", "logical_xor", "atan2", "hypot",
-     "copysign", "logaddexp", "nextafter")
-)  # fmt: skip
+    (
+        "add",
+        "subtract",
+        "multiply",
+        "divide",
+        "floor_divide",
+        "remainder",
+        "pow",
+        "maximum",
+        "minimum",
+        "bitwise_and",
+        "bitwise_or",
+        "bitwise_xor",
+        "bitwise_left_shift",
+        "bitwise_right_shift",
+        "logical_and",
+        "logical_or",
+        "logical_xor",
+        "atan2",
+        "hypot",
+        "copysign",
+        "logaddexp",
+        "nextafter",
+    )
+)
 
 
 def where(op: Where, args: Sequence[Array], buffers: Sequence[Buffer]) -> Array:
@@ -233,6 +253,10 @@ def astype(op: AsType, args: Sequence[Array], buffers: Sequence[Buffer]) -> Arra
 
 
 RUNNERS: dict[type, Runner] = {
-    Unary: unary, Binary: binary, BinaryScalar: binary_scalar, Where: where, AsType: astype,
-}  # fmt: skip
+    Unary: unary,
+    Binary: binary,
+    BinaryScalar: binary_scalar,
+    Where: where,
+    AsType: astype,
+}
 # binary_inplace is called by executor.run itself, with in_place (as indexing.setitem is)

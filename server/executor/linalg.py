@@ -38,11 +38,14 @@ def linalg(op: Linalg, args: Sequence[Array], buffers: Sequence[Buffer]) -> tupl
         "diagonal": {"offset": op.offset},
         "trace": {"offset": op.offset},
         "matrix_norm": {"ord": "fro" if op.ord is None else op.ord, "keepdims": op.keepdims},
-        "vector_norm": {"ord": 2 if op.ord is None else op.ord, "keepdims": op.keepdims,
-                        "axis": op.axis},
+        "vector_norm": {
+            "ord": 2 if op.ord is None else op.ord,
+            "keepdims": op.keepdims,
+            "axis": op.axis,
+        },
         "matrix_rank": {"rtol": rtol},
         "pinv": {"rtol": rtol},
-    }.get(name, {})  # fmt: skip
+    }.get(name, {})
     result = getattr(la, name)(x, **kwargs)
     return tuple(result) if isinstance(result, tuple) else (result,)
 

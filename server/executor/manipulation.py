@@ -76,8 +76,8 @@ def repeat(op: Repeat, args: Sequence[Array], buffers: Sequence[Buffer]) -> Arra
 def repeat_length(op: Repeat, x: Array, repeats: Array) -> int | None:
     """The length of ``repeat(x, repeats)`` along its axis: the sum of ``repeats`` (a 1-element
     tensor repeats every element), an exact Python int; None if one is negative (numpy
-    refuses it). Summed a chunk at a time, in two 32-bit halves so that no sum overflows: a
-    Python list of 8M repeats took 321 MiB, for an op that was then refused."""
+    refuses it). Summed a chunk at a time, in two 32-bit halves so that no sum overflows, never
+    as a Python list (bench/REASONS.md, 'Chunked repeat lengths')."""
     length = x.size if op.axis is None else x.shape[op.axis % x.ndim]
     flat = repeats.reshape(-1)  # repeats have at most one dimension: a view
     if flat.size == 1:

@@ -2,8 +2,8 @@
 
 ``std`` and ``var`` of more than :data:`CHUNK` elements are computed a slice at a time: numpy
 subtracts the mean from the whole input at once, a temporary of 8 bytes an element for an
-integer input (``var`` of a 48 MiB int8 tensor took 452 MiB, uncounted). The sums of a chunked
-result are grouped differently, so its last bits may differ from numpy's.
+integer input, that no count would see (bench/REASONS.md, 'Chunked var and std'). The sums
+of a chunked result are grouped differently, so its last bits may differ from numpy's.
 """
 
 from __future__ import annotations
