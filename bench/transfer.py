@@ -22,7 +22,7 @@ import client
 
 from . import _procs
 from ._params import MIB
-from ._peer import COMMAND, FLOOR_REPLY, FRAGMENT, FRAME_HEADER, recv_exactly
+from ._peer import COMMAND, FLOOR_REPLY, FRAGMENT, FRAME_HEADER, WS_OPTIONS, recv_exactly
 from ._report import Figure, Goal, Stat
 
 Tick = Callable[[], None]
@@ -114,14 +114,14 @@ class FloorCeiling:
 
 class WsCeiling:
     """The websocket library alone: transfers with the peer's websocket server, on an event
-    loop of its own run in the calling thread."""
+    loop of its own run in the calling thread only while a transfer of its runs: keepalive is
+    off on both ends (:data:`bench._peer.WS_OPTIONS`), as nothing would answer a ping while the
+    other contenders take their turns."""
 
     def __init__(self, port: int) -> None:
         self.loop = asyncio.new_event_loop()
         url = f"ws://127.0.0.1:{port}"
-        self.ws = self.loop.run_until_complete(
-            connect(url, compression=None, proxy=None, max_size=None, write_limit=1 << 20)
-        )
+        self.ws = self.loop.run_until_complete(connect(url, proxy=None, **WS_OPTIONS))
 
     async def _upload(self, data: np.ndarray) -> float:
         view = data.reshape(-1).view(np.uint8).data
