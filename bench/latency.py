@@ -18,10 +18,9 @@ import time
 from collections.abc import Callable
 
 import numpy as np
-from websockets.frames import apply_mask  # type: ignore[attr-defined]  # C speedups
 
 import client
-from protocol.framing import Opcode, frame_header
+from protocol.framing import Opcode, apply_mask, frame_header
 
 from ._peer import COMMAND, FLOOR_REQUEST
 from ._report import Figure, Goal, Stat
@@ -68,8 +67,9 @@ class WsPings(WsCeiling):
 class FloorRoundTrips:
     """Round trips with the floor of a read (the peer's ``_FloorRoundTrips``): a masked frame
     of :data:`FLOOR_REQUEST` bytes, framed as Tensorwire's client frames a small request (a
-    fresh key, one masking copy, header and payload in one ``sendmsg``), and the answer read
-    with a blocking socket in the calling thread, as that client reads its replies."""
+    fresh key, one masking copy by :func:`protocol.framing.apply_mask`, header and payload in
+    one ``sendmsg``), and the answer read with a blocking socket in the calling thread, as
+    that client reads its replies."""
 
     def __init__(self, port: int) -> None:
         self.sock = socket.create_connection(("127.0.0.1", port))

@@ -16,9 +16,9 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 from websockets.asyncio.client import connect
-from websockets.frames import apply_mask  # type: ignore[attr-defined]  # C speedups
 
 import client
+from protocol.framing import apply_mask
 
 from . import _procs
 from ._params import MIB
@@ -85,8 +85,9 @@ class TcpCeiling:
 
 class FloorCeiling:
     """Uploads as masked websocket frames, written as Tensorwire's client writes them (header,
-    then the payload masked with a fresh key, in :data:`FRAGMENT` frames), into the peer's
-    bare asyncio receiver: what is left of an upload when the server does nothing else."""
+    then the payload masked with a fresh key by the client's own
+    :func:`protocol.framing.apply_mask`, in :data:`FRAGMENT` frames), into the peer's bare
+    asyncio receiver: what is left of an upload when the server does nothing else."""
 
     def __init__(self, port: int) -> None:
         self.sock = socket.create_connection(("127.0.0.1", port))
