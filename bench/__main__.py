@@ -24,7 +24,7 @@ import client
 from . import _procs, compute, consumer, latency, memory, servers, training, transfer
 from ._params import FULL, QUICK, Params
 from ._progress import Progress
-from ._report import Figure, markdown, print_table, write_json
+from ._report import Failure, Figure, markdown, print_table, write_json
 
 WORKLOADS = (
     "transfer", "upload-memory", "latency", "pipelined", "matmul", "clients", "idle-load",
@@ -93,39 +93,62 @@ def _meta(quick: bool) -> dict[str, Any]:
     }
 
 
-def run(quick: bool, only: list[str] | None) -> tuple[dict[str, Any], list[Figure]]:
-    """Run the chosen workloads against a fresh server and peer; return meta and figures."""
+def run(quick: bool, only: list[str] | None) -> tuple[dict[str, Any], list[Figure], list[Failure]]:
+    """Run the chosen workloads against a fresh server and peer; return meta, figures and the
+    workloads that failed.
+
+    A workload that raises an exception is recorded as a :class:`Failure` and the next one
+    runs, on a new session (the failure may have broken the old one); Ctrl-C
+    (KeyboardInterrupt, not an Exception) still ends the run.
+    """
     params = QUICK if quick else FULL
     meta = _meta(quick)
     figures: list[Figure] = []
+    failures: list[Failure] = []
     with (
         _procs.server() as (url, _),
         _procs.child(["-m", "bench._peer"]) as peer,
-        client.RemoteDevice(url) as dev,
         Progress() as progress,
     ):
         words = peer.line.split()  # "tcp PORT ws PORT floor PORT"
         ports = {name: int(port) for name, port in zip(words[::2], words[1::2], strict=True)}
-        plan = _plan(params, url, ports, dev)
-        for name in only or WORKLOADS:
-            ticks, work = plan[name]
-            with progress.step(name, ticks) as tick:
-                figures.extend(work(tick))
+        dev: client.RemoteDevice | None = None
+        try:
+            for name in only or WORKLOADS:
+                try:
+                    if dev is None:
+                        dev = client.RemoteDevice(url)
+                    ticks, work = _plan(params, url, ports, dev)[name]
+                    with progress.step(name, ticks) as tick:
+                        figures.extend(work(tick))
+                except Exception as exc:
+                    failures.append(Failure.of(name, exc))
+                    if dev is not None:
+                        dev.close()
+                        dev = None
+        finally:
+            if dev is not None:
+                dev.close()
     meta["load_after"] = _procs.cpu_load()
-    return meta, figures
+    return meta, figures, failures
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run, print the table, write the JSON; exit status 1 when a workload failed."""
     args = _parse(argv)
-    meta, figures = run(args.quick, args.only)
+    meta, figures, failures = run(args.quick, args.only)
     mode = "quick" if args.quick else "full"
     title = f"Tensorwire benchmarks ({mode}; load average {meta['load_after']})"
     if args.markdown:
-        print(f"{title}\n\n{markdown(figures)}")
+        print(f"{title}\n\n{markdown(figures, failures)}")
     else:
-        print_table(figures, title)
-    write_json(args.json, meta, figures)
+        print_table(figures, title, failures)
+    write_json(args.json, meta, figures, failures)
     print(f"wrote {args.json}", file=sys.stderr)
+    if failures:
+        names = ", ".join(f.workload for f in failures)
+        print(f"failed: {names} (see the table and the tracebacks above)", file=sys.stderr)
+        return 1
     return 0
 
 
