@@ -27,9 +27,20 @@ from ._progress import Progress
 from ._report import Failure, Figure, markdown, print_table, write_json
 
 WORKLOADS = (
-    "transfer", "upload-memory", "latency", "pipelined", "matmul", "clients", "idle-load",
-    "cycles", "sessions", "consumer", "training", "replay", "servers",
-)  # fmt: skip
+    "transfer",
+    "upload-memory",
+    "latency",
+    "pipelined",
+    "matmul",
+    "clients",
+    "idle-load",
+    "cycles",
+    "sessions",
+    "consumer",
+    "training",
+    "replay",
+    "servers",
+)
 Tick = Callable[[], None]
 
 
@@ -44,39 +55,70 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def _plan(p: Params, url: str, ports: dict[str, int], dev: client.RemoteDevice) -> dict[
-    str, tuple[int, Callable[[Tick], list[Figure]]]
-]:  # fmt: skip
+def _plan(
+    p: Params, url: str, ports: dict[str, int], dev: client.RemoteDevice
+) -> dict[str, tuple[int, Callable[[Tick], list[Figure]]]]:
     """Each workload's tick count and how to run it."""
     n = p.matmul_n
     return {
-        "transfer": (sum(r for _, r in p.sizes) + p.streams, lambda t: transfer.throughput(
-            dev, (ports["tcp"], ports["ws"], ports["floor"]), p.sizes, t)
-            + transfer.streamed(dev, ports["tcp"], p.streams, t)),
+        "transfer": (
+            sum(r for _, r in p.sizes) + p.streams,
+            lambda t: (
+                transfer.throughput(dev, (ports["tcp"], ports["ws"], ports["floor"]), p.sizes, t)
+                + transfer.streamed(dev, ports["tcp"], p.streams, t)
+            ),
+        ),
         "upload-memory": (1, lambda t: [transfer.peak_upload_memory(p.peak_upload, t)]),
         "latency": (2, lambda t: latency.reads(dev, (ports["ws"], ports["floor"]), p.pings, t)),
         "pipelined": (p.ops_reps, lambda t: compute.pipelined(dev, p.ops, p.ops_reps, t)),
-        "matmul": (p.matmul_reps, lambda t: [
-            compute.matmul_chain(dev, n, p.matmul_chain, p.matmul_reps, t)]),
-        "clients": (2 * p.client_reps, lambda t: [
-            compute.many_clients(url, p.clients, p.client_ops, p.client_reps, t)]),
-        "idle-load": (1, lambda t: [
-            compute.idle_under_load(dev, url, p.heavy_clients, n, p.idle_pings, t)]),
+        "matmul": (
+            p.matmul_reps,
+            lambda t: [compute.matmul_chain(dev, n, p.matmul_chain, p.matmul_reps, t)],
+        ),
+        "clients": (
+            2 * p.client_reps,
+            lambda t: [compute.many_clients(url, p.clients, p.client_ops, p.client_reps, t)],
+        ),
+        "idle-load": (
+            1,
+            lambda t: [compute.idle_under_load(dev, url, p.heavy_clients, n, p.idle_pings, t)],
+        ),
         "cycles": (2, lambda t: [memory.create_free(p.cycles, t)]),
         "sessions": (1, lambda t: [memory.idle_sessions(p.sessions, t)]),
-        "consumer": (p.consumer_reps, lambda t: consumer.fit(
-            dev, p.consumer_n, p.consumer_reps, t)),
-        "training": (2 * p.training_reps, lambda t: training.steps_per_second(
-            dev, training.DIGITS, p.training_steps, p.training_reps, t)
-            + training.steps_per_second(
-                dev, training.WIDE, p.training_wide_steps, p.training_reps, t)),
-        "replay": (2 * p.training_reps, lambda t: training.replayed_steps(
-            url, p.training_steps, p.training_reps, t) + [training.replayed_against_local(
-                dev, training.WIDE, p.training_wide_steps, p.training_reps, t)]),
-        "servers": (p.server_reps + p.training_reps, lambda t: servers.between_servers(
-            ports["tcp"], p.server_transfer, p.server_reps, t)
-            + servers.data_parallel(p.parallel_steps, p.training_reps, t)),
-    }  # fmt: skip
+        "consumer": (
+            p.consumer_reps,
+            lambda t: consumer.fit(dev, p.consumer_n, p.consumer_reps, t),
+        ),
+        "training": (
+            2 * p.training_reps,
+            lambda t: (
+                training.steps_per_second(
+                    dev, training.DIGITS, p.training_steps, p.training_reps, t
+                )
+                + training.steps_per_second(
+                    dev, training.WIDE, p.training_wide_steps, p.training_reps, t
+                )
+            ),
+        ),
+        "replay": (
+            2 * p.training_reps,
+            lambda t: (
+                training.replayed_steps(url, p.training_steps, p.training_reps, t)
+                + [
+                    training.replayed_against_local(
+                        dev, training.WIDE, p.training_wide_steps, p.training_reps, t
+                    )
+                ]
+            ),
+        ),
+        "servers": (
+            p.server_reps + p.training_reps,
+            lambda t: (
+                servers.between_servers(ports["tcp"], p.server_transfer, p.server_reps, t)
+                + servers.data_parallel(p.parallel_steps, p.training_reps, t)
+            ),
+        ),
+    }
 
 
 def _meta(quick: bool) -> dict[str, Any]:

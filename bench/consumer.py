@@ -132,9 +132,12 @@ def fit(dev: client.RemoteDevice, n: int, reps: int, tick: Tick) -> list[Figure]
     one fit's count) after one round to warm up, which also checks that both fits agree."""
     sklearn = _sklearn()
     x, y = sklearn.datasets.make_classification(
-        n_samples=n, n_features=FEATURES, n_informative=FEATURES // 2, n_classes=CLASSES,
+        n_samples=n,
+        n_features=FEATURES,
+        n_informative=FEATURES // 2,
+        n_classes=CLASSES,
         random_state=0,
-    )  # fmt: skip
+    )
     xp = client.namespace(dev)
     remote = (xp.asarray(x), xp.asarray(y))
     dev.sync()  # the data lives on the device before the first fit, as a consumer's would
@@ -143,9 +146,11 @@ def fit(dev: client.RemoteDevice, n: int, reps: int, tick: Tick) -> list[Figure]
         *_, ours, theirs = _round(sklearn, dev, remote, (x, y))
         sample = slice(0, min(n, 50))
         np.testing.assert_allclose(
-            ours.predict_proba(remote[0][sample]).numpy(), theirs.predict_proba(x[sample]),
-            rtol=1e-6, atol=1e-9,
-        )  # fmt: skip
+            ours.predict_proba(remote[0][sample]).numpy(),
+            theirs.predict_proba(x[sample]),
+            rtol=1e-6,
+            atol=1e-9,
+        )
         for _ in range(reps):
             rounds.append(_round(sklearn, dev, remote, (x, y))[:3])
             tick()
@@ -162,13 +167,34 @@ def _figures(name: str, rounds: list[tuple[float, float, Tally]]) -> list[Figure
     last = tallies[-1]
     kinds = ", ".join(_kind(k, last) for k, _ in last.requests.most_common())
     return [
-        Figure(name, "remote time / local numpy", remote.median / local.median, None, remote,
-               local, "local numpy"),
-        Figure(name, "blocking round trips per fit", count.median, None, count, sent,
-               f"requests (last fit: {kinds})"),
-        Figure(name, "time waiting on them / remote fit time", waited.median / remote.median,
-               None, waited, remote, "remote fit"),
-    ]  # fmt: skip
+        Figure(
+            name,
+            "remote time / local numpy",
+            remote.median / local.median,
+            None,
+            remote,
+            local,
+            "local numpy",
+        ),
+        Figure(
+            name,
+            "blocking round trips per fit",
+            count.median,
+            None,
+            count,
+            sent,
+            f"requests (last fit: {kinds})",
+        ),
+        Figure(
+            name,
+            "time waiting on them / remote fit time",
+            waited.median / remote.median,
+            None,
+            waited,
+            remote,
+            "remote fit",
+        ),
+    ]
 
 
 def _kind(kind: str, tally: Tally) -> str:

@@ -93,8 +93,11 @@ def _measure(scalar: bool) -> None:
             session.step(job, False)
         session.finish(job)
 
-    for name, fn in (("client: build op", build), ("client: batch + encode", serialize),
-                     ("server: decode + check + run", run)):  # fmt: skip
+    for name, fn in (
+        ("client: build op", build),
+        ("client: batch + encode", serialize),
+        ("server: decode + check + run", run),
+    ):
         print(f"  {name:30} {_best(fn) / OPS * 1e6:6.2f} us/op")
 
 

@@ -15,7 +15,6 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable
 
 import numpy as np
 
@@ -24,7 +23,8 @@ from protocol.framing import Opcode, apply_mask, frame_header
 
 from ._peer import COMMAND, FLOOR_REQUEST
 from ._report import Figure, Goal, Stat
-from .transfer import Tick, WsCeiling
+from .ceilings import WsCeiling, timed
+from .transfer import Tick
 
 PING = b"E" + bytes(63)
 BLOCKS = 10  # samples are taken in this many interleaved blocks
@@ -100,15 +100,7 @@ class FloorRoundTrips:
         self.sock.close()
 
 
-def _timed(fn: Callable[[], object]) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
-
-
-def reads(dev: client.RemoteDevice, ports: tuple[int, int], count: int, tick: Tick) -> list[
-    Figure
-]:  # fmt: skip
+def reads(dev: client.RemoteDevice, ports: tuple[int, int], count: int, tick: Tick) -> list[Figure]:
     """Round trips of reading a one-element tensor, against a bare websockets ping-pong and
     the floor's round trip (``ports``: the peer's websocket and floor ports)."""
     x = client.namespace(dev).asarray(np.ones(1, dtype=np.float32))
@@ -119,7 +111,7 @@ def reads(dev: client.RemoteDevice, ports: tuple[int, int], count: int, tick: Ti
     try:
         block = max(1, count // BLOCKS)
         for i in range(BLOCKS):  # interleaved, so that a change of load hits all four alike
-            samples["ours"] += [_timed(x.numpy) for _ in range(block)]
+            samples["ours"] += [timed(x.numpy) for _ in range(block)]
             samples["floor"] += floor.round_trips(block)
             samples["ws"] += ws.pings(block)
             samples["hopped"] += ws.pings_via_thread(block)
@@ -139,10 +131,23 @@ def _figures(rtt: Stat, floor: Stat, ws: Stat, hopped: Stat) -> list[Figure]:
     name, median = "read one-element tensor", "median round trip / ping-pong"
     return [
         Figure(name, median, rtt.median / ws.median, Goal("<=", 1.0), rtt, ws, "websockets"),
-        Figure(name, "median round trip / floor round trip", rtt.median / floor.median,
-               Goal("<=", 1.3), rtt, floor, "the floor"),
-        Figure(name, "p99 round trip / ping-pong", rtt.p99 / ws.p99, None, rtt, ws,
-               "websockets"),
-        Figure("ping-pong via a loop thread", median, hopped.median / ws.median, None, hopped,
-               ws, "websockets"),
-    ]  # fmt: skip
+        Figure(
+            name,
+            "median round trip / floor round trip",
+            rtt.median / floor.median,
+            Goal("<=", 1.3),
+            rtt,
+            floor,
+            "the floor",
+        ),
+        Figure(name, "p99 round trip / ping-pong", rtt.p99 / ws.p99, None, rtt, ws, "websockets"),
+        Figure(
+            "ping-pong via a loop thread",
+            median,
+            hopped.median / ws.median,
+            None,
+            hopped,
+            ws,
+            "websockets",
+        ),
+    ]

@@ -65,9 +65,15 @@ def _create_free(dev: client.RemoteDevice, pid: int, cycles: int, tick: Tick) ->
     if left:
         raise RuntimeError(f"{left} tensors were not freed by create/free cycles")
     stat = Stat.of(growth, "KiB")
-    return Figure(f"{cycles} create/free cycles", "server memory growth (KiB)", stat.median,
-                  Goal("<=", GROWTH_ALLOWED / KIB), stat, Stat.of([before / KIB], "KiB"),
-                  "RSS before")  # fmt: skip
+    return Figure(
+        f"{cycles} create/free cycles",
+        "server memory growth (KiB)",
+        stat.median,
+        Goal("<=", GROWTH_ALLOWED / KIB),
+        stat,
+        Stat.of([before / KIB], "KiB"),
+        "RSS before",
+    )
 
 
 def idle_sessions(sessions: int, tick: Tick) -> Figure:
@@ -95,6 +101,12 @@ def _idle_sessions(url: str, pid: int, sessions: int, tick: Tick) -> Figure:
             dev.close()
     tick()
     per = (after - before) / sessions / KIB
-    return Figure(f"{sessions} idle sessions", "server memory per session (KiB)", per,
-                  Goal("<=", 200), Stat.of([after / KIB], "KiB"),
-                  Stat.of([before / KIB], "KiB"), "before")  # fmt: skip
+    return Figure(
+        f"{sessions} idle sessions",
+        "server memory per session (KiB)",
+        per,
+        Goal("<=", 200),
+        Stat.of([after / KIB], "KiB"),
+        Stat.of([before / KIB], "KiB"),
+        "before",
+    )

@@ -198,12 +198,18 @@ def soak(seconds: float, sessions: int = 3, attacks: list[str] | None = None) ->
         deadline = time.time() + seconds
         seen = Observed()
         spawn = multiprocessing.get_context("spawn")
-        attackers = [spawn.Process(target=_attacker, args=(name, url, deadline), daemon=True)
-                     for name in attacks or ATTACKS]  # fmt: skip
-        threads = [threading.Thread(target=_well_behaved, args=(url, n, deadline, seen))
-                   for n in range(sessions)]  # fmt: skip
-        threads += [threading.Thread(target=_prober, args=(url, deadline, seen)),
-                    threading.Thread(target=_sampler, args=(proc.pid, deadline, seen))]  # fmt: skip
+        attackers = [
+            spawn.Process(target=_attacker, args=(name, url, deadline), daemon=True)
+            for name in attacks or ATTACKS
+        ]
+        threads = [
+            threading.Thread(target=_well_behaved, args=(url, n, deadline, seen))
+            for n in range(sessions)
+        ]
+        threads += [
+            threading.Thread(target=_prober, args=(url, deadline, seen)),
+            threading.Thread(target=_sampler, args=(proc.pid, deadline, seen)),
+        ]
         for attacker in attackers:
             attacker.start()
         for thread in threads:
