@@ -49,7 +49,7 @@ FRAME_HEADER = struct.Struct("!BBQ4s")  # a masked frame's header, 64-bit length
 FLOOR_REPLY = b"\x82\x01k"  # one binary frame, payload "k"
 FLOOR_REQUEST = 113  # payload bytes of a round trip's request: a one-element read's batch
 FLOOR_ANSWER = b"\x82\x64" + bytes(100)  # one binary frame the size of a one-element read reply
-# Both ends of the websocket ceiling (here and bench.transfer.WsCeiling). Keepalive is off: a
+# Both ends of the websocket ceiling (here and bench.ceilings.WsCeiling). Keepalive is off: a
 # client's event loop runs only while it measures, so nothing would answer a ping between its
 # transfers, and a measurement needs no keepalive.
 WS_OPTIONS: dict[str, Any] = {

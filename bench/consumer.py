@@ -1,11 +1,10 @@
-"""The consumer workload (issue 14): one scikit-learn fit with ``array_api_dispatch=True`` on
+"""The consumer workload: one scikit-learn fit with ``array_api_dispatch=True`` on
 Tensorwire arrays and the same fit on numpy arrays, interleaved, and the remote fit's count of
 blocking round trips.
 
-The estimator is issue 14's own example, ``CalibratedClassifierCV`` around
-``LinearDiscriminantAnalysis``, with ``method="temperature"``: the one calibration that
-scikit-learn runs through the array API (the default, ``"sigmoid"``, calls numpy on the
-predictions, which a remote array refuses).
+The estimator is ``CalibratedClassifierCV`` around ``LinearDiscriminantAnalysis``, with
+``method="temperature"``: the one calibration that scikit-learn runs through the array API
+(the default, ``"sigmoid"``, calls numpy on the predictions, which a remote array refuses).
 
 Round trips are counted where every request that waits passes, the device's connection
 (``client._connection.Connection``): ``request`` sends one (a read, describe, sync or stats)

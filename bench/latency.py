@@ -2,10 +2,10 @@
 
 References, measured in the same run and interleaved block by block with the reads: the floor's
 round trip (one small masked frame, the size of a read's request, into the peer's bare asyncio
-receiver, which unmasks it and answers with one small frame the size of the read's reply:
-issue 14), and a bare websockets ping-pong with the peer (:mod:`bench._peer`). Explanatory:
-the same ping-pong run on a loop thread while the caller waits, as Tensorwire's client did
-before issue 5's follow-up.
+receiver, which unmasks it and answers with one small frame the size of the read's reply),
+and a bare websockets ping-pong with the peer (:mod:`bench._peer`). Explanatory: the same
+ping-pong run on a loop thread while the caller waits, which is what two thread hops per call
+cost (Tensorwire's client reads its replies in the calling thread to avoid them).
 """
 
 from __future__ import annotations
@@ -47,9 +47,7 @@ class WsPings(WsCeiling):
 
     def pings_via_thread(self, count: int) -> list[float]:
         """The same round trips run on a loop thread while this thread waits on a future for
-        each: the two thread hops of Tensorwire's client before issue 5's follow-up (which
-        removed them), and nothing else.
-        """
+        each: two thread hops per round trip, and nothing else."""
         thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         thread.start()
         samples = []
@@ -125,7 +123,7 @@ def reads(dev: client.RemoteDevice, ports: tuple[int, int], count: int, tick: Ti
 
 
 def _figures(rtt: Stat, floor: Stat, ws: Stat, hopped: Stat) -> list[Figure]:
-    """Judged: the read's median against the ping-pong's and the floor's (issue 14).
+    """Judged: the read's median against the ping-pong's and the floor's.
     Explanatory: the p99 against the ping-pong's, and the ping-pong through a loop thread."""
     assert rtt.p99 is not None and ws.p99 is not None
     name, median = "read one-element tensor", "median round trip / ping-pong"

@@ -15,13 +15,12 @@ Tick = Callable[[], None]
 KIB = 1024
 GROWTH_ALLOWED = 1 << 20  # RSS moves by allocator pages; "no growth" means under this
 BLOCKS = 5  # measured blocks of create/free cycles
-# Blocks run before measuring: since issue 17 a session's receive queue holds up to 8 parsed
-# batches (server/receiving.py), about 3.5 MB each here (2048 parsed ops, 1024 upload buffers),
-# and the client gets that far ahead only now and then, so the server's RSS reaches that bound
-# over the first blocks and then stays: a fresh server grew 33300, 4400, 2032 and 132 KiB in
-# the first four blocks of 10k cycles and 0-764 KiB in each of the next ten (tracemalloc near
-# the peak: 21 MB of parsed headers and 10 MB of upload buffers in flight). One block was
-# enough before (5628 KiB, then 0-24).
+# Blocks run before measuring: a session's receive queue holds up to 8 parsed batches
+# (server/receiving.py), about 3.5 MB each here (2048 parsed ops, 1024 upload buffers), and the
+# client gets that far ahead only now and then, so the server's RSS reaches that bound over the
+# first blocks and then stays: a fresh server grew 33300, 4400, 2032 and 132 KiB in the first
+# four blocks of 10k cycles and 0-764 KiB in each of the next ten (tracemalloc near the peak:
+# 21 MB of parsed headers and 10 MB of upload buffers in flight).
 WARMUP_BLOCKS = 4
 
 

@@ -1,4 +1,4 @@
-"""Several servers (issue 18): a tensor moved between two servers directly, through the client,
+"""Several servers: a tensor moved between two servers directly, through the client,
 and the plain TCP ceiling of moving its bytes between two processes, in one rotation; and
 data-parallel training (``client.parallel``) of the digits MLP on one server and on two.
 
@@ -7,7 +7,7 @@ source and the target. ``direct`` is ``x.to_device(target)`` and a ``sync`` of t
 expose round trip to the source, the pull op, and the target's fetch from the source, into fresh
 memory. ``through the client`` is ``x.numpy()`` then an upload to the target. The ceiling is
 plain TCP from this process to the ceiling peer's process, received into a fresh array
-(:class:`bench.transfer.TcpCeiling`): the same bytes between two processes, with nothing else;
+(:class:`bench.ceilings.TcpCeiling`): the same bytes between two processes, with nothing else;
 and, explanatory, the same into an array the peer reuses (no first-touch page faults, which
 the server's allocator settings also avoid for the pulled tensors it frees and makes again).
 

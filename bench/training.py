@@ -1,4 +1,4 @@
-"""The training workload (issue 15): one MLP trained with ``client.nn`` and ``client.optim``
+"""The training workload: one MLP trained with ``client.nn`` and ``client.optim``
 on the remote device and on numpy, in the same run, as steps per second.
 
 Each step is what ``examples/train_mlp.py`` does: gather a batch on the device from uploaded
