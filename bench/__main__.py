@@ -7,6 +7,7 @@ every workload, prints one table and writes the figures as JSON.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import importlib.metadata
 import os
@@ -166,7 +167,8 @@ def run(quick: bool, only: list[str] | None) -> tuple[dict[str, Any], list[Figur
                 except Exception as exc:
                     failures.append(Failure.of(name, exc))
                     if dev is not None:
-                        dev.close()
+                        with contextlib.suppress(Exception):  # what broke it may break this
+                            dev.close()
                         dev = None
         finally:
             if dev is not None:
