@@ -7,6 +7,7 @@ every workload, prints one table and writes the figures as JSON.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import importlib.metadata
 import os
@@ -24,12 +25,23 @@ import client
 from . import _procs, compute, consumer, latency, memory, servers, training, transfer
 from ._params import FULL, QUICK, Params
 from ._progress import Progress
-from ._report import Figure, markdown, print_table, write_json
+from ._report import Failure, Figure, markdown, print_table, write_json
 
 WORKLOADS = (
-    "transfer", "upload-memory", "latency", "pipelined", "matmul", "clients", "idle-load",
-    "cycles", "sessions", "consumer", "training", "replay", "servers",
-)  # fmt: skip
+    "transfer",
+    "upload-memory",
+    "latency",
+    "pipelined",
+    "matmul",
+    "clients",
+    "idle-load",
+    "cycles",
+    "sessions",
+    "consumer",
+    "training",
+    "replay",
+    "servers",
+)
 Tick = Callable[[], None]
 
 
@@ -44,39 +56,70 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def _plan(p: Params, url: str, ports: dict[str, int], dev: client.RemoteDevice) -> dict[
-    str, tuple[int, Callable[[Tick], list[Figure]]]
-]:  # fmt: skip
+def _plan(
+    p: Params, url: str, ports: dict[str, int], dev: client.RemoteDevice
+) -> dict[str, tuple[int, Callable[[Tick], list[Figure]]]]:
     """Each workload's tick count and how to run it."""
     n = p.matmul_n
     return {
-        "transfer": (sum(r for _, r in p.sizes) + p.streams, lambda t: transfer.throughput(
-            dev, (ports["tcp"], ports["ws"], ports["floor"]), p.sizes, t)
-            + transfer.streamed(dev, ports["tcp"], p.streams, t)),
+        "transfer": (
+            sum(r for _, r in p.sizes) + p.streams,
+            lambda t: (
+                transfer.throughput(dev, (ports["tcp"], ports["ws"], ports["floor"]), p.sizes, t)
+                + transfer.streamed(dev, ports["tcp"], p.streams, t)
+            ),
+        ),
         "upload-memory": (1, lambda t: [transfer.peak_upload_memory(p.peak_upload, t)]),
         "latency": (2, lambda t: latency.reads(dev, (ports["ws"], ports["floor"]), p.pings, t)),
         "pipelined": (p.ops_reps, lambda t: compute.pipelined(dev, p.ops, p.ops_reps, t)),
-        "matmul": (p.matmul_reps, lambda t: [
-            compute.matmul_chain(dev, n, p.matmul_chain, p.matmul_reps, t)]),
-        "clients": (2 * p.client_reps, lambda t: [
-            compute.many_clients(url, p.clients, p.client_ops, p.client_reps, t)]),
-        "idle-load": (1, lambda t: [
-            compute.idle_under_load(dev, url, p.heavy_clients, n, p.idle_pings, t)]),
+        "matmul": (
+            p.matmul_reps,
+            lambda t: [compute.matmul_chain(dev, n, p.matmul_chain, p.matmul_reps, t)],
+        ),
+        "clients": (
+            2 * p.client_reps,
+            lambda t: [compute.many_clients(url, p.clients, p.client_ops, p.client_reps, t)],
+        ),
+        "idle-load": (
+            1,
+            lambda t: [compute.idle_under_load(dev, url, p.heavy_clients, n, p.idle_pings, t)],
+        ),
         "cycles": (2, lambda t: [memory.create_free(p.cycles, t)]),
         "sessions": (1, lambda t: [memory.idle_sessions(p.sessions, t)]),
-        "consumer": (p.consumer_reps, lambda t: consumer.fit(
-            dev, p.consumer_n, p.consumer_reps, t)),
-        "training": (2 * p.training_reps, lambda t: training.steps_per_second(
-            dev, training.DIGITS, p.training_steps, p.training_reps, t)
-            + training.steps_per_second(
-                dev, training.WIDE, p.training_wide_steps, p.training_reps, t)),
-        "replay": (2 * p.training_reps, lambda t: training.replayed_steps(
-            url, p.training_steps, p.training_reps, t) + [training.replayed_against_local(
-                dev, training.WIDE, p.training_wide_steps, p.training_reps, t)]),
-        "servers": (p.server_reps + p.training_reps, lambda t: servers.between_servers(
-            ports["tcp"], p.server_transfer, p.server_reps, t)
-            + servers.data_parallel(p.parallel_steps, p.training_reps, t)),
-    }  # fmt: skip
+        "consumer": (
+            p.consumer_reps,
+            lambda t: consumer.fit(dev, p.consumer_n, p.consumer_reps, t),
+        ),
+        "training": (
+            2 * p.training_reps,
+            lambda t: (
+                training.steps_per_second(
+                    dev, training.DIGITS, p.training_steps, p.training_reps, t
+                )
+                + training.steps_per_second(
+                    dev, training.WIDE, p.training_wide_steps, p.training_reps, t
+                )
+            ),
+        ),
+        "replay": (
+            2 * p.training_reps,
+            lambda t: (
+                training.replayed_steps(url, p.training_steps, p.training_reps, t)
+                + [
+                    training.replayed_against_local(
+                        dev, training.WIDE, p.training_wide_steps, p.training_reps, t
+                    )
+                ]
+            ),
+        ),
+        "servers": (
+            p.server_reps + p.training_reps,
+            lambda t: (
+                servers.between_servers(ports["tcp"], p.server_transfer, p.server_reps, t)
+                + servers.data_parallel(p.parallel_steps, p.training_reps, t)
+            ),
+        ),
+    }
 
 
 def _meta(quick: bool) -> dict[str, Any]:
@@ -93,39 +136,63 @@ def _meta(quick: bool) -> dict[str, Any]:
     }
 
 
-def run(quick: bool, only: list[str] | None) -> tuple[dict[str, Any], list[Figure]]:
-    """Run the chosen workloads against a fresh server and peer; return meta and figures."""
+def run(quick: bool, only: list[str] | None) -> tuple[dict[str, Any], list[Figure], list[Failure]]:
+    """Run the chosen workloads against a fresh server and peer; return meta, figures and the
+    workloads that failed.
+
+    A workload that raises an exception is recorded as a :class:`Failure` and the next one
+    runs, on a new session (the failure may have broken the old one); Ctrl-C
+    (KeyboardInterrupt, not an Exception) still ends the run.
+    """
     params = QUICK if quick else FULL
     meta = _meta(quick)
     figures: list[Figure] = []
+    failures: list[Failure] = []
     with (
         _procs.server() as (url, _),
         _procs.child(["-m", "bench._peer"]) as peer,
-        client.RemoteDevice(url) as dev,
         Progress() as progress,
     ):
         words = peer.line.split()  # "tcp PORT ws PORT floor PORT"
         ports = {name: int(port) for name, port in zip(words[::2], words[1::2], strict=True)}
-        plan = _plan(params, url, ports, dev)
-        for name in only or WORKLOADS:
-            ticks, work = plan[name]
-            with progress.step(name, ticks) as tick:
-                figures.extend(work(tick))
+        dev: client.RemoteDevice | None = None
+        try:
+            for name in only or WORKLOADS:
+                try:
+                    if dev is None:
+                        dev = client.RemoteDevice(url)
+                    ticks, work = _plan(params, url, ports, dev)[name]
+                    with progress.step(name, ticks) as tick:
+                        figures.extend(work(tick))
+                except Exception as exc:
+                    failures.append(Failure.of(name, exc))
+                    if dev is not None:
+                        with contextlib.suppress(Exception):  # what broke it may break this
+                            dev.close()
+                        dev = None
+        finally:
+            if dev is not None:
+                dev.close()
     meta["load_after"] = _procs.cpu_load()
-    return meta, figures
+    return meta, figures, failures
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run, print the table, write the JSON; exit status 1 when a workload failed."""
     args = _parse(argv)
-    meta, figures = run(args.quick, args.only)
+    meta, figures, failures = run(args.quick, args.only)
     mode = "quick" if args.quick else "full"
     title = f"Tensorwire benchmarks ({mode}; load average {meta['load_after']})"
     if args.markdown:
-        print(f"{title}\n\n{markdown(figures)}")
+        print(f"{title}\n\n{markdown(figures, failures)}")
     else:
-        print_table(figures, title)
-    write_json(args.json, meta, figures)
+        print_table(figures, title, failures)
+    write_json(args.json, meta, figures, failures)
     print(f"wrote {args.json}", file=sys.stderr)
+    if failures:
+        names = ", ".join(f.workload for f in failures)
+        print(f"failed: {names} (see the table and the tracebacks above)", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -53,12 +53,12 @@ FULL = Params(
     idle_pings=300,
     cycles=10_000,
     sessions=100,
-    consumer_n=2000,  # issue 14's example: CalibratedClassifierCV at n=2000
+    consumer_n=2000,  # samples of the consumer's fit (bench/consumer.py)
     consumer_reps=5,
     training_steps=200,
     training_wide_steps=10,
     training_reps=5,
-    server_transfer=64 * MIB,  # issue 18's size
+    server_transfer=64 * MIB,  # large enough that bandwidth, not round trips, decides
     server_reps=9,
     parallel_steps=100,
 )

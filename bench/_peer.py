@@ -10,11 +10,11 @@ It prints one line, ``tcp PORT ws PORT floor PORT``, then serves on loopback unt
   before it drops what it held (a stream of uploads confirmed once, as by a ``sync``); or
   ``P`` + u64 n (the peer prepares n bytes and answers ``r``), then ``D``, and the peer sends
   those bytes;
-- a bare websockets server (asyncio implementation, compression off, messages read with
-  ``recv_streaming``): a message starting ``E`` is echoed (ping-pong); ``U`` + u64 n, then
-  fragments, is received into a fresh array and answered ``k``; ``P`` + u64 n prepares n bytes
-  (answer ``r``) and ``D`` sends them as :data:`FRAGMENT` fragments. This measures the websocket
-  library alone, without anything of Tensorwire;
+- a bare websockets server (asyncio implementation, compression and keepalive off, messages
+  read with ``recv_streaming``): a message starting ``E`` is echoed (ping-pong); ``U`` + u64 n,
+  then fragments, is received into a fresh array and answered ``k``; ``P`` + u64 n prepares n
+  bytes (answer ``r``) and ``D`` sends them as :data:`FRAGMENT` fragments. This measures the
+  websocket library alone, without anything of Tensorwire;
 - the floor (:class:`_Floor`, an asyncio ``BufferedProtocol``): ``U`` + u64 n, then n bytes in
   masked websocket frames (:data:`FRAME_HEADER`), received straight into one array it keeps,
   unmasked there by the server's own ``unmask_in_place`` and answered with a 3-byte frame. It
@@ -35,6 +35,7 @@ import asyncio
 import socket
 import struct
 import threading
+from typing import Any
 
 import numpy as np
 from websockets.asyncio.server import ServerConnection, serve
@@ -48,6 +49,15 @@ FRAME_HEADER = struct.Struct("!BBQ4s")  # a masked frame's header, 64-bit length
 FLOOR_REPLY = b"\x82\x01k"  # one binary frame, payload "k"
 FLOOR_REQUEST = 113  # payload bytes of a round trip's request: a one-element read's batch
 FLOOR_ANSWER = b"\x82\x64" + bytes(100)  # one binary frame the size of a one-element read reply
+# Both ends of the websocket ceiling (here and bench.ceilings.WsCeiling). Keepalive is off: a
+# client's event loop runs only while it measures, so nothing would answer a ping between its
+# transfers, and a measurement needs no keepalive.
+WS_OPTIONS: dict[str, Any] = {
+    "compression": None,
+    "max_size": None,
+    "write_limit": 1 << 20,
+    "ping_interval": None,
+}
 
 
 def recv_exactly(sock: socket.socket, target: memoryview) -> None:
@@ -212,9 +222,7 @@ async def main() -> None:
     listener = socket.create_server(("127.0.0.1", 0))
     threading.Thread(target=_accept, args=(listener,), daemon=True).start()
     floor = await asyncio.get_running_loop().create_server(_Floor, "127.0.0.1", 0)
-    async with serve(
-        _ws_peer, "127.0.0.1", 0, compression=None, max_size=None, write_limit=1 << 20
-    ) as ws_server:
+    async with serve(_ws_peer, "127.0.0.1", 0, **WS_OPTIONS) as ws_server:
         ws_port = ws_server.sockets[0].getsockname()[1]
         floor_port = floor.sockets[0].getsockname()[1]
         print(f"tcp {listener.getsockname()[1]} ws {ws_port} floor {floor_port}", flush=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
+import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -34,13 +35,25 @@ class Progress:
 
     @contextmanager
     def step(self, name: str, ticks: int) -> Iterator[Callable[[], None]]:
-        """A bar of ``ticks`` steps named ``name``; call the yielded function once per step."""
+        """A bar of ``ticks`` steps named ``name``; call the yielded function once per step.
+        An exception (not Ctrl-C) that ends the step is shown with its traceback, the bar
+        marked failed, and raised on."""
         start = time.perf_counter()
         if self._rich is not None:
             task = self._rich.add_task(name, total=ticks)
-            yield lambda: self._rich.advance(task)
+            try:
+                yield lambda: self._rich.advance(task)
+            except Exception:
+                self._rich.update(task, description=f"{name}: FAILED")
+                self._rich.console.print_exception()
+                raise
             self._rich.update(task, completed=ticks)
             return
         print(f"{name} ...", file=sys.stderr, flush=True)
-        yield lambda: None
+        try:
+            yield lambda: None
+        except Exception:
+            traceback.print_exc()
+            print(f"{name}: FAILED after {time.perf_counter() - start:.1f} s", file=sys.stderr)
+            raise
         print(f"{name}: {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)

@@ -76,52 +76,75 @@ class Figure:
         return data
 
 
+@dataclass(frozen=True)
+class Failure:
+    """A workload that raised: its name and the exception's one-line summary. The run goes on
+    with the next workload, and its table and JSON show this in place of the figures."""
+
+    workload: str
+    error: str
+
+    @classmethod
+    def of(cls, workload: str, exc: BaseException) -> Failure:
+        lines = str(exc).strip().splitlines()
+        return cls(workload, f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__)
+
+
 def _num(x: float) -> str:
     if x == 0 or 0.01 <= abs(x) < 1e5:
         return f"{x:.3g}" if abs(x) < 100 else f"{x:.0f}"
     return f"{x:.3g}"
 
 
-def rows(figures: Sequence[Figure]) -> list[list[str]]:
-    """The table's rows: workload, figure, value, goal, met, measured, reference."""
+def rows(figures: Sequence[Figure], failures: Sequence[Failure]) -> list[list[str]]:
+    """The table's rows: workload, figure, value, goal, met, measured, reference; then one
+    row per failed workload: its name, ``failed``, and the error where a figure is measured."""
     out = []
     for f in figures:
         met = {True: "yes", False: "NO", None: "-"}[f.met]
         reference = f"{f.reference_name}: {f.reference.show()}" if f.reference else ""
         goal = str(f.goal) if f.goal else ""
         out.append([f.workload, f.figure, _num(f.value), goal, met, f.measured.show(), reference])
+    out += [[f.workload, "failed", "-", "", "NO", f.error, ""] for f in failures]
     return out
 
 
 HEADERS = ["workload", "figure", "value", "goal", "met", "measured: median [min-max]", "reference"]
 
 
-def print_table(figures: Sequence[Figure], title: str) -> None:
+def print_table(figures: Sequence[Figure], title: str, failures: Sequence[Failure]) -> None:
     """Print the table with rich when installed, as Markdown otherwise."""
     try:
         from rich.console import Console
         from rich.table import Table
     except ImportError:
         print(title)
-        print(markdown(figures))
+        print(markdown(figures, failures))
         return
     table = Table(title=title)
     for header in HEADERS:
         table.add_column(header, overflow="fold")
-    for row in rows(figures):
+    for row in rows(figures, failures):
         table.add_row(*row)
     Console().print(table)
 
 
-def markdown(figures: Sequence[Figure]) -> str:
+def markdown(figures: Sequence[Figure], failures: Sequence[Failure]) -> str:
     """The table as Markdown, as ``bench/README.md`` shows it."""
     lines = ["| " + " | ".join(HEADERS) + " |", "|" + " --- |" * len(HEADERS)]
-    lines += ["| " + " | ".join(row) + " |" for row in rows(figures)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows(figures, failures)]
     return "\n".join(lines)
 
 
-def write_json(path: Path, meta: dict[str, Any], figures: Sequence[Figure]) -> None:
-    """Write ``{"meta": ..., "figures": [...]}`` to ``path`` (parents created)."""
+def write_json(
+    path: Path, meta: dict[str, Any], figures: Sequence[Figure], failures: Sequence[Failure]
+) -> None:
+    """Write ``{"meta": ..., "figures": [...], "failures": [{"workload", "error"}, ...]}`` to
+    ``path`` (parents created)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    body = {"meta": meta, "figures": [f.as_json() for f in figures]}
+    body = {
+        "meta": meta,
+        "figures": [f.as_json() for f in figures],
+        "failures": [asdict(f) for f in failures],
+    }
     path.write_text(json.dumps(body, indent=2) + "\n")

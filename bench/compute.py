@@ -61,9 +61,17 @@ def pipelined(dev: client.RemoteDevice, ops: int, reps: int, tick: Tick) -> list
     for scalar, (ours, local) in rates.items():
         rate = Stat.of(ours, "ops/s")
         what = "x = x + 1.0" if scalar else "x = x + a"
-        figures.append(Figure(f"{ops} pipelined adds ({what}), 16 elements, then a read",
-                              "ops per second", rate.median, Goal(">=", 100_000), rate,
-                              Stat.of(local, "ops/s"), "local numpy"))  # fmt: skip
+        figures.append(
+            Figure(
+                f"{ops} pipelined adds ({what}), 16 elements, then a read",
+                "ops per second",
+                rate.median,
+                Goal(">=", 100_000),
+                rate,
+                Stat.of(local, "ops/s"),
+                "local numpy",
+            )
+        )
     return figures
 
 
@@ -95,8 +103,15 @@ def matmul_chain(dev: client.RemoteDevice, n: int, chain: int, reps: int, tick: 
             tick()
     remote, ref = Stat.of(ours, "s"), Stat.of(local, "s")
     name = f"chain of {chain} {n}x{n} float32 matmuls"
-    return Figure(name, "remote time / local numpy", remote.median / ref.median, Goal("<=", 1.1),
-                  remote, ref, "local numpy")  # fmt: skip
+    return Figure(
+        name,
+        "remote time / local numpy",
+        remote.median / ref.median,
+        Goal("<=", 1.1),
+        remote,
+        ref,
+        "local numpy",
+    )
 
 
 def _client_worker(url: str, ops: int, reps: int, go: Barrier, results: mp.Queue) -> None:  # type: ignore[type-arg]
@@ -167,8 +182,15 @@ def many_clients(url: str, clients: int, ops: int, reps: int, tick: Tick) -> Fig
         one.close()
         many.close()
     rate, ref = Stat.of(together, "ops/s"), Stat.of(alone, "ops/s")
-    return Figure(f"{clients} clients pipelining at once", "total throughput / one client's",
-                  rate.median / ref.median, Goal(">=", 0.8), rate, ref, "one client")  # fmt: skip
+    return Figure(
+        f"{clients} clients pipelining at once",
+        "total throughput / one client's",
+        rate.median / ref.median,
+        Goal(">=", 0.8),
+        rate,
+        ref,
+        "one client",
+    )
 
 
 def _heavy_worker(url: str, n: int, started: Barrier, stop: Event) -> None:
@@ -216,6 +238,12 @@ def idle_under_load(
     tick()
     busy = Stat.of(loaded, "ms", p99=True)
     assert busy.p99 is not None
-    return Figure(f"idle client while {heavy} run {n}x{n} matmuls", "p99 read round trip (ms)",
-                  busy.p99, Goal("<=", 10.0), busy, Stat.of(quiet, "ms", p99=True),
-                  "same, no load")  # fmt: skip
+    return Figure(
+        f"idle client while {heavy} run {n}x{n} matmuls",
+        "p99 read round trip (ms)",
+        busy.p99,
+        Goal("<=", 10.0),
+        busy,
+        Stat.of(quiet, "ms", p99=True),
+        "same, no load",
+    )

@@ -1,11 +1,10 @@
-"""The consumer workload (issue 14): one scikit-learn fit with ``array_api_dispatch=True`` on
+"""The consumer workload: one scikit-learn fit with ``array_api_dispatch=True`` on
 Tensorwire arrays and the same fit on numpy arrays, interleaved, and the remote fit's count of
 blocking round trips.
 
-The estimator is issue 14's own example, ``CalibratedClassifierCV`` around
-``LinearDiscriminantAnalysis``, with ``method="temperature"``: the one calibration that
-scikit-learn runs through the array API (the default, ``"sigmoid"``, calls numpy on the
-predictions, which a remote array refuses).
+The estimator is ``CalibratedClassifierCV`` around ``LinearDiscriminantAnalysis``, with
+``method="temperature"``: the one calibration that scikit-learn runs through the array API
+(the default, ``"sigmoid"``, calls numpy on the predictions, which a remote array refuses).
 
 Round trips are counted where every request that waits passes, the device's connection
 (``client._connection.Connection``): ``request`` sends one (a read, describe, sync or stats)
@@ -132,9 +131,12 @@ def fit(dev: client.RemoteDevice, n: int, reps: int, tick: Tick) -> list[Figure]
     one fit's count) after one round to warm up, which also checks that both fits agree."""
     sklearn = _sklearn()
     x, y = sklearn.datasets.make_classification(
-        n_samples=n, n_features=FEATURES, n_informative=FEATURES // 2, n_classes=CLASSES,
+        n_samples=n,
+        n_features=FEATURES,
+        n_informative=FEATURES // 2,
+        n_classes=CLASSES,
         random_state=0,
-    )  # fmt: skip
+    )
     xp = client.namespace(dev)
     remote = (xp.asarray(x), xp.asarray(y))
     dev.sync()  # the data lives on the device before the first fit, as a consumer's would
@@ -143,9 +145,11 @@ def fit(dev: client.RemoteDevice, n: int, reps: int, tick: Tick) -> list[Figure]
         *_, ours, theirs = _round(sklearn, dev, remote, (x, y))
         sample = slice(0, min(n, 50))
         np.testing.assert_allclose(
-            ours.predict_proba(remote[0][sample]).numpy(), theirs.predict_proba(x[sample]),
-            rtol=1e-6, atol=1e-9,
-        )  # fmt: skip
+            ours.predict_proba(remote[0][sample]).numpy(),
+            theirs.predict_proba(x[sample]),
+            rtol=1e-6,
+            atol=1e-9,
+        )
         for _ in range(reps):
             rounds.append(_round(sklearn, dev, remote, (x, y))[:3])
             tick()
@@ -162,13 +166,34 @@ def _figures(name: str, rounds: list[tuple[float, float, Tally]]) -> list[Figure
     last = tallies[-1]
     kinds = ", ".join(_kind(k, last) for k, _ in last.requests.most_common())
     return [
-        Figure(name, "remote time / local numpy", remote.median / local.median, None, remote,
-               local, "local numpy"),
-        Figure(name, "blocking round trips per fit", count.median, None, count, sent,
-               f"requests (last fit: {kinds})"),
-        Figure(name, "time waiting on them / remote fit time", waited.median / remote.median,
-               None, waited, remote, "remote fit"),
-    ]  # fmt: skip
+        Figure(
+            name,
+            "remote time / local numpy",
+            remote.median / local.median,
+            None,
+            remote,
+            local,
+            "local numpy",
+        ),
+        Figure(
+            name,
+            "blocking round trips per fit",
+            count.median,
+            None,
+            count,
+            sent,
+            f"requests (last fit: {kinds})",
+        ),
+        Figure(
+            name,
+            "time waiting on them / remote fit time",
+            waited.median / remote.median,
+            None,
+            waited,
+            remote,
+            "remote fit",
+        ),
+    ]
 
 
 def _kind(kind: str, tally: Tally) -> str:

@@ -3,8 +3,8 @@ with an array operand (``x + a``) and with a Python scalar (``x + 1.0``).
 
 Thread CPU time (``time.thread_time``), best of several repetitions, so that a loaded machine
 moves it far less than wall-clock figures. No sockets: the client side builds ops against a
-stub connection; the server side decodes a 2048-op batch and runs it through a session. This is
-how the before/after figures of the pipelined hot path in ``bench/README.md`` were taken.
+stub connection; the server side decodes a 2048-op batch and runs it through a session. The
+CPU figures of the pipelined hot path in ``bench/README.md`` come from it.
 """
 
 from __future__ import annotations
@@ -93,8 +93,11 @@ def _measure(scalar: bool) -> None:
             session.step(job, False)
         session.finish(job)
 
-    for name, fn in (("client: build op", build), ("client: batch + encode", serialize),
-                     ("server: decode + check + run", run)):  # fmt: skip
+    for name, fn in (
+        ("client: build op", build),
+        ("client: batch + encode", serialize),
+        ("server: decode + check + run", run),
+    ):
         print(f"  {name:30} {_best(fn) / OPS * 1e6:6.2f} us/op")
 
 

@@ -2,10 +2,10 @@
 
 References, measured in the same run and interleaved block by block with the reads: the floor's
 round trip (one small masked frame, the size of a read's request, into the peer's bare asyncio
-receiver, which unmasks it and answers with one small frame the size of the read's reply:
-issue 14), and a bare websockets ping-pong with the peer (:mod:`bench._peer`). Explanatory:
-the same ping-pong run on a loop thread while the caller waits, as Tensorwire's client did
-before issue 5's follow-up.
+receiver, which unmasks it and answers with one small frame the size of the read's reply),
+and a bare websockets ping-pong with the peer (:mod:`bench._peer`). Explanatory: the same
+ping-pong run on a loop thread while the caller waits, which is what two thread hops per call
+cost (Tensorwire's client reads its replies in the calling thread to avoid them).
 """
 
 from __future__ import annotations
@@ -15,17 +15,16 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable
 
 import numpy as np
-from websockets.frames import apply_mask  # type: ignore[attr-defined]  # C speedups
 
 import client
-from protocol.framing import Opcode, frame_header
+from protocol.framing import Opcode, apply_mask, frame_header
 
 from ._peer import COMMAND, FLOOR_REQUEST
 from ._report import Figure, Goal, Stat
-from .transfer import Tick, WsCeiling
+from .ceilings import WsCeiling, timed
+from .transfer import Tick
 
 PING = b"E" + bytes(63)
 BLOCKS = 10  # samples are taken in this many interleaved blocks
@@ -48,9 +47,7 @@ class WsPings(WsCeiling):
 
     def pings_via_thread(self, count: int) -> list[float]:
         """The same round trips run on a loop thread while this thread waits on a future for
-        each: the two thread hops of Tensorwire's client before issue 5's follow-up (which
-        removed them), and nothing else.
-        """
+        each: two thread hops per round trip, and nothing else."""
         thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         thread.start()
         samples = []
@@ -68,8 +65,9 @@ class WsPings(WsCeiling):
 class FloorRoundTrips:
     """Round trips with the floor of a read (the peer's ``_FloorRoundTrips``): a masked frame
     of :data:`FLOOR_REQUEST` bytes, framed as Tensorwire's client frames a small request (a
-    fresh key, one masking copy, header and payload in one ``sendmsg``), and the answer read
-    with a blocking socket in the calling thread, as that client reads its replies."""
+    fresh key, one masking copy by :func:`protocol.framing.apply_mask`, header and payload in
+    one ``sendmsg``), and the answer read with a blocking socket in the calling thread, as
+    that client reads its replies."""
 
     def __init__(self, port: int) -> None:
         self.sock = socket.create_connection(("127.0.0.1", port))
@@ -100,15 +98,7 @@ class FloorRoundTrips:
         self.sock.close()
 
 
-def _timed(fn: Callable[[], object]) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
-
-
-def reads(dev: client.RemoteDevice, ports: tuple[int, int], count: int, tick: Tick) -> list[
-    Figure
-]:  # fmt: skip
+def reads(dev: client.RemoteDevice, ports: tuple[int, int], count: int, tick: Tick) -> list[Figure]:
     """Round trips of reading a one-element tensor, against a bare websockets ping-pong and
     the floor's round trip (``ports``: the peer's websocket and floor ports)."""
     x = client.namespace(dev).asarray(np.ones(1, dtype=np.float32))
@@ -119,7 +109,7 @@ def reads(dev: client.RemoteDevice, ports: tuple[int, int], count: int, tick: Ti
     try:
         block = max(1, count // BLOCKS)
         for i in range(BLOCKS):  # interleaved, so that a change of load hits all four alike
-            samples["ours"] += [_timed(x.numpy) for _ in range(block)]
+            samples["ours"] += [timed(x.numpy) for _ in range(block)]
             samples["floor"] += floor.round_trips(block)
             samples["ws"] += ws.pings(block)
             samples["hopped"] += ws.pings_via_thread(block)
@@ -133,16 +123,29 @@ def reads(dev: client.RemoteDevice, ports: tuple[int, int], count: int, tick: Ti
 
 
 def _figures(rtt: Stat, floor: Stat, ws: Stat, hopped: Stat) -> list[Figure]:
-    """Judged: the read's median against the ping-pong's and the floor's (issue 14).
+    """Judged: the read's median against the ping-pong's and the floor's.
     Explanatory: the p99 against the ping-pong's, and the ping-pong through a loop thread."""
     assert rtt.p99 is not None and ws.p99 is not None
     name, median = "read one-element tensor", "median round trip / ping-pong"
     return [
         Figure(name, median, rtt.median / ws.median, Goal("<=", 1.0), rtt, ws, "websockets"),
-        Figure(name, "median round trip / floor round trip", rtt.median / floor.median,
-               Goal("<=", 1.3), rtt, floor, "the floor"),
-        Figure(name, "p99 round trip / ping-pong", rtt.p99 / ws.p99, None, rtt, ws,
-               "websockets"),
-        Figure("ping-pong via a loop thread", median, hopped.median / ws.median, None, hopped,
-               ws, "websockets"),
-    ]  # fmt: skip
+        Figure(
+            name,
+            "median round trip / floor round trip",
+            rtt.median / floor.median,
+            Goal("<=", 1.3),
+            rtt,
+            floor,
+            "the floor",
+        ),
+        Figure(name, "p99 round trip / ping-pong", rtt.p99 / ws.p99, None, rtt, ws, "websockets"),
+        Figure(
+            "ping-pong via a loop thread",
+            median,
+            hopped.median / ws.median,
+            None,
+            hopped,
+            ws,
+            "websockets",
+        ),
+    ]

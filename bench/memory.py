@@ -15,13 +15,12 @@ Tick = Callable[[], None]
 KIB = 1024
 GROWTH_ALLOWED = 1 << 20  # RSS moves by allocator pages; "no growth" means under this
 BLOCKS = 5  # measured blocks of create/free cycles
-# Blocks run before measuring: since issue 17 a session's receive queue holds up to 8 parsed
-# batches (server/receiving.py), about 3.5 MB each here (2048 parsed ops, 1024 upload buffers),
-# and the client gets that far ahead only now and then, so the server's RSS reaches that bound
-# over the first blocks and then stays: a fresh server grew 33300, 4400, 2032 and 132 KiB in
-# the first four blocks of 10k cycles and 0-764 KiB in each of the next ten (tracemalloc near
-# the peak: 21 MB of parsed headers and 10 MB of upload buffers in flight). One block was
-# enough before (5628 KiB, then 0-24).
+# Blocks run before measuring: a session's receive queue holds up to 8 parsed batches
+# (server/receiving.py), about 3.5 MB each here (2048 parsed ops, 1024 upload buffers), and the
+# client gets that far ahead only now and then, so the server's RSS reaches that bound over the
+# first blocks and then stays: a fresh server grew 33300, 4400, 2032 and 132 KiB in the first
+# four blocks of 10k cycles and 0-764 KiB in each of the next ten (tracemalloc near the peak:
+# 21 MB of parsed headers and 10 MB of upload buffers in flight).
 WARMUP_BLOCKS = 4
 
 
@@ -65,9 +64,15 @@ def _create_free(dev: client.RemoteDevice, pid: int, cycles: int, tick: Tick) ->
     if left:
         raise RuntimeError(f"{left} tensors were not freed by create/free cycles")
     stat = Stat.of(growth, "KiB")
-    return Figure(f"{cycles} create/free cycles", "server memory growth (KiB)", stat.median,
-                  Goal("<=", GROWTH_ALLOWED / KIB), stat, Stat.of([before / KIB], "KiB"),
-                  "RSS before")  # fmt: skip
+    return Figure(
+        f"{cycles} create/free cycles",
+        "server memory growth (KiB)",
+        stat.median,
+        Goal("<=", GROWTH_ALLOWED / KIB),
+        stat,
+        Stat.of([before / KIB], "KiB"),
+        "RSS before",
+    )
 
 
 def idle_sessions(sessions: int, tick: Tick) -> Figure:
@@ -95,6 +100,12 @@ def _idle_sessions(url: str, pid: int, sessions: int, tick: Tick) -> Figure:
             dev.close()
     tick()
     per = (after - before) / sessions / KIB
-    return Figure(f"{sessions} idle sessions", "server memory per session (KiB)", per,
-                  Goal("<=", 200), Stat.of([after / KIB], "KiB"),
-                  Stat.of([before / KIB], "KiB"), "before")  # fmt: skip
+    return Figure(
+        f"{sessions} idle sessions",
+        "server memory per session (KiB)",
+        per,
+        Goal("<=", 200),
+        Stat.of([after / KIB], "KiB"),
+        Stat.of([before / KIB], "KiB"),
+        "before",
+    )

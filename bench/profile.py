@@ -88,8 +88,13 @@ def _training(dev: client.RemoteDevice, steps: int) -> Callable[[], None]:
     return run
 
 
-SCENARIOS = {"pipelined": _pipelined, "upload": _upload, "download": _download, "reads": _reads,
-             "training": _training}  # fmt: skip
+SCENARIOS = {
+    "pipelined": _pipelined,
+    "upload": _upload,
+    "download": _download,
+    "reads": _reads,
+    "training": _training,
+}
 
 
 def _client(url: str, name: str, size: int) -> None:
@@ -128,10 +133,22 @@ def summarize(raw: str, top: int = 30) -> str:
 def _spy(pid: int, raw: Path) -> subprocess.Popen[bytes]:
     spy_bin = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     return subprocess.Popen(
-        [spy_bin, "record", "-p", str(pid), "-f", "raw", "-o", str(raw), "-r", "1000",
-         "--nonblocking"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+        [
+            spy_bin,
+            "record",
+            "-p",
+            str(pid),
+            "-f",
+            "raw",
+            "-o",
+            str(raw),
+            "-r",
+            "1000",
+            "--nonblocking",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
 
 def profile(name: str, size: int, out: Path) -> float:
@@ -143,8 +160,10 @@ def profile(name: str, size: int, out: Path) -> float:
         ) as proc:
             assert proc.stdin is not None and proc.stdout is not None
             proc.stdout.readline()  # ready
-            spies = [_spy(server.pid, out / f"{name}.server.raw"),
-                     _spy(proc.pid, out / f"{name}.client.raw")]  # fmt: skip
+            spies = [
+                _spy(server.pid, out / f"{name}.server.raw"),
+                _spy(proc.pid, out / f"{name}.client.raw"),
+            ]
             time.sleep(1.0)  # py-spy attaches asynchronously; this only trims the start
             proc.stdin.write("go\n")
             proc.stdin.flush()
@@ -175,8 +194,13 @@ def main(argv: list[str] | None = None) -> int:
         _client(url, name, int(size))
         return 0
     args.out.mkdir(parents=True, exist_ok=True)
-    sizes = {"pipelined": args.ops, "upload": args.mib, "download": args.mib, "reads": args.reads,
-             "training": args.steps}  # fmt: skip
+    sizes = {
+        "pipelined": args.ops,
+        "upload": args.mib,
+        "download": args.mib,
+        "reads": args.reads,
+        "training": args.steps,
+    }
     for name, size in sizes.items():
         if args.only and name not in args.only:
             continue

@@ -1,4 +1,4 @@
-"""Several servers (issue 18): a tensor moved between two servers directly, through the client,
+"""Several servers: a tensor moved between two servers directly, through the client,
 and the plain TCP ceiling of moving its bytes between two processes, in one rotation; and
 data-parallel training (``client.parallel``) of the digits MLP on one server and on two.
 
@@ -7,7 +7,7 @@ source and the target. ``direct`` is ``x.to_device(target)`` and a ``sync`` of t
 expose round trip to the source, the pull op, and the target's fetch from the source, into fresh
 memory. ``through the client`` is ``x.numpy()`` then an upload to the target. The ceiling is
 plain TCP from this process to the ceiling peer's process, received into a fresh array
-(:class:`bench.transfer.TcpCeiling`): the same bytes between two processes, with nothing else;
+(:class:`bench.ceilings.TcpCeiling`): the same bytes between two processes, with nothing else;
 and, explanatory, the same into an array the peer reuses (no first-touch page faults, which
 the server's allocator settings also avoid for the pulled tensors it frees and makes again).
 
@@ -33,8 +33,9 @@ from client.parallel import DataParallel, Replica
 
 from . import _procs
 from ._report import Figure, Goal, Stat
+from .ceilings import TcpCeiling
 from .training import DIGITS, mlp
-from .transfer import Contenders, TcpCeiling, rates, rotated
+from .transfer import Contenders, rates, rotated
 
 Tick = Callable[[], None]
 PEERS = ("--peers", "ws://127.0.0.1:*")
@@ -70,13 +71,34 @@ def between_servers(tcp_port: int, nbytes: int, reps: int, tick: Tick) -> list[F
     )
     size = f"{nbytes >> 20} MiB float32 from one server to another"
     return [
-        Figure(size, "direct / plain TCP between two processes", direct.median / tcp.median,
-               Goal(">=", 0.8), direct, tcp, "TCP loopback"),
-        Figure(size, "direct / TCP into a reused array", direct.median / reused.median, None,
-               direct, reused, "TCP into a reused array"),
-        Figure(size, "direct / through the client", direct.median / through.median, None,
-               direct, through, "through the client"),
-    ]  # fmt: skip
+        Figure(
+            size,
+            "direct / plain TCP between two processes",
+            direct.median / tcp.median,
+            Goal(">=", 0.8),
+            direct,
+            tcp,
+            "TCP loopback",
+        ),
+        Figure(
+            size,
+            "direct / TCP into a reused array",
+            direct.median / reused.median,
+            None,
+            direct,
+            reused,
+            "TCP into a reused array",
+        ),
+        Figure(
+            size,
+            "direct / through the client",
+            direct.median / through.median,
+            None,
+            direct,
+            through,
+            "through the client",
+        ),
+    ]
 
 
 def _timed_move(move: Callable[[], client.RemoteArray], target: client.RemoteDevice) -> float:
@@ -107,8 +129,17 @@ def data_parallel(steps: int, reps: int, tick: Tick) -> list[Figure]:
             tick()
     ms_two, ms_one = (Stat.of([t * 1e3 for t in times[k]], "ms") for k in ("two", "one"))
     title = f"data-parallel {DIGITS.title}, one replica per server"
-    return [Figure(title, "ms a step: 2 servers / 1 server", ms_two.median / ms_one.median, None,
-                   ms_two, ms_one, "1 server")]  # fmt: skip
+    return [
+        Figure(
+            title,
+            "ms a step: 2 servers / 1 server",
+            ms_two.median / ms_one.median,
+            None,
+            ms_two,
+            ms_one,
+            "1 server",
+        )
+    ]
 
 
 class _Parallel:
@@ -122,8 +153,9 @@ class _Parallel:
         spaces = [Autodiff(client.namespace(dev)) for dev in devices]
         self.data = [(ad.asarray(x), ad.asarray(y)) for ad in spaces]
         model = mlp(spaces[0], widths)
-        self.dp = DataParallel(model, spaces, lambda ad: mlp(ad, widths),
-                               lambda params: optim.Adam(params, lr=1e-3))  # fmt: skip
+        self.dp = DataParallel(
+            model, spaces, lambda ad: mlp(ad, widths), lambda params: optim.Adam(params, lr=1e-3)
+        )
         self.order = np.random.default_rng(2)
         self.samples = samples
 

@@ -1,20 +1,21 @@
-"""``python -m bench.soak [--seconds N] [--json PATH]``: issue 17's soak, on loopback.
+"""``python -m bench.soak [--seconds N] [--json PATH]``: a soak under hostile clients, on loopback.
 
 One server with small limits (``--memory-budget 256MiB --session-quota 64MiB``). Beside it, for
-``--seconds`` (default 600), attackers of the issue's kinds 1, 2, 5, 6 and 7 run, each in its
-own process, while well-behaved sessions in this process do what training code does and check
-every result, and a prober opens a new connection every second:
+``--seconds`` (default 600), attackers of five kinds (:data:`ATTACKS`, ``--attack`` picks) run,
+each in its own process, while well-behaved sessions in this process do what training code does
+and check every result, and a prober opens a new connection every second:
 
-1. ops estimated cheap that are not: batches of ``unique_values`` on 65,536 elements and
-   ``fft`` with a prime length;
-2. large batches of tiny ops (``add`` ops, each freed, sent raw: as many as the server's
-   ``--max-header-size`` accepts in one message: about 53k at its default of 4 MiB, 100k at
-   most);
-5. reads of a 64 MiB ``broadcast_to`` view of 8 bytes, 24 at once;
-6. tensors by the million: empty ``full`` ops never freed;
-7. uploads of 120 MiB declared and left half sent, on new connections again and again.
+- costly ops: ops estimated cheap that are not: batches of ``unique_values`` on 65,536 elements
+  and ``fft`` with a prime length;
+- large batches of tiny ops (``add`` ops, each freed, sent raw: as many as the server's
+  ``--max-header-size`` accepts in one message: about 53k at its default of 4 MiB, 100k at
+  most);
+- view reads: reads of a 64 MiB ``broadcast_to`` view of 8 bytes, 24 at once;
+- many tensors: tensors by the million, empty ``full`` ops never freed;
+- stalled uploads: uploads of 120 MiB declared and left half sent, on new connections again and
+  again.
 
-The goals (the issue's): the well-behaved sessions' p99 read latency under 100 ms, no new
+The goals: the well-behaved sessions' p99 read latency under 100 ms, no new
 connection waiting more than 1 s, the server's RSS under 1.5x the memory budget plus its RSS
 at rest, and every well-behaved result correct. The figures are printed and written as JSON.
 """
@@ -58,7 +59,7 @@ def _until(deadline: float, attack: Callable[[], None]) -> None:
             time.sleep(0.05)
 
 
-def _costly_ops(url: str) -> None:  # kind 1
+def _costly_ops(url: str) -> None:
     with client.RemoteDevice(url) as dev:
         xp = client.namespace(dev)
         x = xp.asarray(np.random.default_rng(1).integers(0, 1000, 65_536))
@@ -73,7 +74,7 @@ def _large_batch(x: int, count: int) -> Batch:
     return Batch(ops=ops, frees=[op.out for op in ops])
 
 
-def _large_batches(url: str) -> None:  # kind 2
+def _large_batches(url: str) -> None:
     with client.RemoteDevice(url) as dev:
         x = client.namespace(dev).ones(16)
         dev.sync()
@@ -87,7 +88,7 @@ def _large_batches(url: str) -> None:  # kind 2
         dev.sync()
 
 
-def _view_reads(url: str) -> None:  # kind 5
+def _view_reads(url: str) -> None:
     with client.RemoteDevice(url) as dev:
         xp = client.namespace(dev)
         view = xp.broadcast_to(xp.zeros(1), (8 * MIB,))  # 64 MiB of float64 from 8 bytes
@@ -98,7 +99,7 @@ def _view_reads(url: str) -> None:  # kind 5
                 pass  # refused: what the server should do
 
 
-def _many_tensors(url: str) -> None:  # kind 6
+def _many_tensors(url: str) -> None:
     with client.RemoteDevice(url) as dev:
         empty = scalar_from_python(0.0)
         for _ in range(1_000_000):  # never freed: the handles are not even made
@@ -106,7 +107,7 @@ def _many_tensors(url: str) -> None:  # kind 6
         dev.sync()
 
 
-def _stalled_uploads(url: str) -> None:  # kind 7
+def _stalled_uploads(url: str) -> None:
     with client.RemoteDevice(url) as dev:
         head = encode_header(Batch(buffers=[120 * MIB] * 8), aligned=True)
         transport = dev._conn._ws  # noqa: SLF001 - an attacker writes what it likes
@@ -119,11 +120,11 @@ def _stalled_uploads(url: str) -> None:  # kind 7
 
 
 ATTACKS: dict[str, Callable[[str], None]] = {
-    "1 costly ops": _costly_ops,
-    "2 large batches": _large_batches,
-    "5 view reads": _view_reads,
-    "6 many tensors": _many_tensors,
-    "7 stalled uploads": _stalled_uploads,
+    "costly ops": _costly_ops,
+    "large batches": _large_batches,
+    "view reads": _view_reads,
+    "many tensors": _many_tensors,
+    "stalled uploads": _stalled_uploads,
 }
 
 
@@ -198,12 +199,18 @@ def soak(seconds: float, sessions: int = 3, attacks: list[str] | None = None) ->
         deadline = time.time() + seconds
         seen = Observed()
         spawn = multiprocessing.get_context("spawn")
-        attackers = [spawn.Process(target=_attacker, args=(name, url, deadline), daemon=True)
-                     for name in attacks or ATTACKS]  # fmt: skip
-        threads = [threading.Thread(target=_well_behaved, args=(url, n, deadline, seen))
-                   for n in range(sessions)]  # fmt: skip
-        threads += [threading.Thread(target=_prober, args=(url, deadline, seen)),
-                    threading.Thread(target=_sampler, args=(proc.pid, deadline, seen))]  # fmt: skip
+        attackers = [
+            spawn.Process(target=_attacker, args=(name, url, deadline), daemon=True)
+            for name in attacks or ATTACKS
+        ]
+        threads = [
+            threading.Thread(target=_well_behaved, args=(url, n, deadline, seen))
+            for n in range(sessions)
+        ]
+        threads += [
+            threading.Thread(target=_prober, args=(url, deadline, seen)),
+            threading.Thread(target=_sampler, args=(proc.pid, deadline, seen)),
+        ]
         for attacker in attackers:
             attacker.start()
         for thread in threads:
@@ -211,7 +218,7 @@ def soak(seconds: float, sessions: int = 3, attacks: list[str] | None = None) ->
         for thread in threads:
             thread.join()
         for attacker in attackers:
-            attacker.join(timeout=2)  # kind 7 sleeps on its stalled upload: no need to wait
+            attacker.join(timeout=2)  # a stalled upload sleeps: no need to wait
             if attacker.is_alive():
                 attacker.kill()
         alive = proc.process.poll() is None
@@ -234,7 +241,7 @@ def soak(seconds: float, sessions: int = 3, attacks: list[str] | None = None) ->
 
 
 def verdict(figures: dict[str, Any]) -> dict[str, bool]:
-    """Each goal of the issue, met or not."""
+    """Each goal, met or not."""
     return {
         "p99 read < 100 ms": figures["read_p99_ms"] < 100,
         "new connection < 1 s": figures["connect_max_s"] < 1.0,

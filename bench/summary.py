@@ -1,7 +1,8 @@
 """``python -m bench.summary RUN.json ...``: the judged figures of several runs side by side.
 
 Prints a Markdown table, one row per judged figure and one column per run (value, and * where
-the goal was not met), headed by each run's date and load average.
+the goal was not met), headed by each run's date and load average, then a row per workload
+that failed in some run (``failed`` in that run's column).
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ def table(runs: list[dict[str, Any]], names: list[str]) -> str:
             goal = f"{figure['goal']['op']} {figure['goal']['value']:g}"
             cells = rows.setdefault(f"{_key(figure)} ({goal})", [""] * len(runs))
             cells[i] = f"{figure['value']:.3g}" + ("" if figure["met"] else " *")
+        for failure in run.get("failures", []):  # a workload that raised has no figures
+            rows.setdefault(f"{failure['workload']}: failed", [""] * len(runs))[i] = "failed"
     header = [f"{name}<br>load {_load(run['meta'])}" for name, run in zip(names, runs, strict=True)]
     lines = ["| figure (goal) | " + " | ".join(header) + " |", "|" + " --- |" * (len(runs) + 1)]
     lines += [f"| {name} | " + " | ".join(cells) + " |" for name, cells in rows.items()]

@@ -1,4 +1,4 @@
-"""The training workload (issue 15): one MLP trained with ``client.nn`` and ``client.optim``
+"""The training workload: one MLP trained with ``client.nn`` and ``client.optim``
 on the remote device and on numpy, in the same run, as steps per second.
 
 Each step is what ``examples/train_mlp.py`` does: gather a batch on the device from uploaded
@@ -73,8 +73,9 @@ class Trainer:
     def step(self, index: Tensor) -> Tensor:
         """One training step on the batch ``index`` selects; its loss."""
         ad = self.ad
-        loss = nn.cross_entropy(self.net(ad.take(self.x, index, axis=0)),
-                                ad.take(self.y, index, axis=0))  # fmt: skip
+        loss = nn.cross_entropy(
+            self.net(ad.take(self.x, index, axis=0)), ad.take(self.y, index, axis=0)
+        )
         self.opt.zero_grad()
         loss.backward()
         self.opt.step()
@@ -92,8 +93,9 @@ def _timed(trainer: Trainer, steps: int) -> float:
     return time.perf_counter() - start
 
 
-def steps_per_second(dev: client.RemoteDevice, model: Model, steps: int, reps: int,
-                     tick: Tick) -> list[Figure]:  # fmt: skip
+def steps_per_second(
+    dev: client.RemoteDevice, model: Model, steps: int, reps: int, tick: Tick
+) -> list[Figure]:
     """Remote steps per second over local numpy's, ``reps`` interleaved rounds of ``steps``
     after one warm-up round each; for a model without a goal, also where a remote step's time
     goes."""
@@ -112,13 +114,31 @@ def steps_per_second(dev: client.RemoteDevice, model: Model, steps: int, reps: i
     step_remote = Stat.of([1 / s for s in ours], "steps/s")
     step_local = Stat.of([1 / s for s in theirs], "steps/s")
     name = f"training: {model.title}"
-    figures = [Figure(name, "remote steps/s / local numpy", step_remote.median / step_local.median,
-                      model.goal, step_remote, step_local, "local numpy")]  # fmt: skip
+    figures = [
+        Figure(
+            name,
+            "remote steps/s / local numpy",
+            step_remote.median / step_local.median,
+            model.goal,
+            step_remote,
+            step_local,
+            "local numpy",
+        )
+    ]
     if model.goal is None:
         cpu = Stat.of([s * 1e6 for s in client_cpu], "us/step")
         local_step = Stat.of([s * 1e6 for s in theirs], "us/step")
-        figures.append(Figure(name, "client CPU, us per step", cpu.median, None, cpu,
-                              local_step, "local numpy's whole step"))  # fmt: skip
+        figures.append(
+            Figure(
+                name,
+                "client CPU, us per step",
+                cpu.median,
+                None,
+                cpu,
+                local_step,
+                "local numpy's whole step",
+            )
+        )
     return figures
 
 
@@ -164,15 +184,30 @@ def replayed_steps(url: str, steps: int, reps: int, tick: Tick) -> list[Figure]:
     few = Stat.of(sent["replayed"], "B/step")
     many = Stat.of(sent["direct"], "B/step")
     return [
-        Figure(name, "replayed steps/s / direct", fast.median / slow.median, Goal(">=", 2.0),
-               fast, slow, "direct"),
-        Figure(name, "direct bytes sent per step / replayed", many.median / few.median,
-               Goal(">=", 10.0), many, few, "replayed"),
-    ]  # fmt: skip
+        Figure(
+            name,
+            "replayed steps/s / direct",
+            fast.median / slow.median,
+            Goal(">=", 2.0),
+            fast,
+            slow,
+            "direct",
+        ),
+        Figure(
+            name,
+            "direct bytes sent per step / replayed",
+            many.median / few.median,
+            Goal(">=", 10.0),
+            many,
+            few,
+            "replayed",
+        ),
+    ]
 
 
-def replayed_against_local(dev: client.RemoteDevice, model: Model, steps: int, reps: int,
-                           tick: Tick) -> Figure:  # fmt: skip
+def replayed_against_local(
+    dev: client.RemoteDevice, model: Model, steps: int, reps: int, tick: Tick
+) -> Figure:
     """The model's step replayed by id on the server against local numpy's, interleaved
     rounds: what the remote device costs once a step's messages and building are gone."""
     remote = ReplayedTrainer(Autodiff(client.namespace(dev)), model, 4 * model.batch)
@@ -188,5 +223,12 @@ def replayed_against_local(dev: client.RemoteDevice, model: Model, steps: int, r
         raise AssertionError("the replayed step trained differently from local numpy")
     fast = Stat.of([1 / s for s in ours], "steps/s")
     slow = Stat.of([1 / s for s in theirs], "steps/s")
-    return Figure(f"step replay: {model.title}", "replayed steps/s / local numpy",
-                  fast.median / slow.median, model.goal, fast, slow, "local numpy")  # fmt: skip
+    return Figure(
+        f"step replay: {model.title}",
+        "replayed steps/s / local numpy",
+        fast.median / slow.median,
+        model.goal,
+        fast,
+        slow,
+        "local numpy",
+    )
