@@ -127,7 +127,7 @@ class ServerConfig(BaseSettings):
         "in bytes (each for 10 s at most; counted in the memory budget, dropped before work is "
         "refused; 0 = off)",
     )
-    # --- security and limits (README "Security": each is a row of the limits table) -----------
+    # --- security and limits (docs/security.md; each is a row of docs/limits.md) --------------
     insecure: bool = Field(
         default=False, description="allow a non-loopback bind without a token (warns loudly)"
     )

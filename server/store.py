@@ -1,6 +1,6 @@
 """A session's tensors (id -> numpy array or the failure that produced it) and memory accounting.
 
-Accounting (README, "Security") counts memory, not tensors: every stored array is either the
+Accounting (docs/security.md) counts memory, not tensors: every stored array is either the
 owner of its memory (a *root*: an ndarray whose ``base`` is None) or a view whose root is
 already held by this store (``reshape``, slicing, ``permute_dims`` stay zero-copy). A root's
 bytes are counted once, while any tensor uses it, and given back when the last one is freed.
@@ -18,7 +18,7 @@ may use :data:`FAILURE_HEADROOM` more (invariant 5: its readers must learn the e
 that its outputs stay unknown ids, and :meth:`TensorStore.take_unrecorded` says so. An upload's
 buffer is counted from its allocation (:meth:`TensorStore.hold_upload`) until its op takes it.
 
-Views share memory, as in numpy (README, "Views"): an in-place op writes into its target's
+Views share memory, as in numpy (docs/array-api.md): an in-place op writes into its target's
 memory, so every tensor that views the same root sees the write. Two things must never see
 it, and :meth:`TensorStore.prepare_write` keeps them apart: a read reply whose bytes are not
 sent yet (:meth:`TensorStore.share` records the array it sends from, weakly; while that array

@@ -75,7 +75,7 @@ def test_unary(rx: client.Namespace, x: np.ndarray[Any, Any], name: str) -> None
         except TypeError:
             return
     if expected.dtype == np.float16:
-        return  # Tensorwire computes in float64 instead (README)
+        return  # Tensorwire computes in float64 instead (docs/array-api.md)
     same(getattr(rx, name)(rx.asarray(x)), expected)
 
 

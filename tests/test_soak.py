@@ -1,7 +1,7 @@
 """``python -m bench.soak`` runs its attackers beside well-behaved sessions (issue 17): a short
 soak here keeps the script working and checks what must hold on any machine, however loaded:
 the server lives and every well-behaved result is right. The latency and memory goals are the
-bench's to report (bench/README.md, run 43), not a test's to time."""
+bench's to report (bench/HISTORY.md, run 43), not a test's to time."""
 
 from __future__ import annotations
 

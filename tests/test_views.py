@@ -1,5 +1,5 @@
 """Views and reads through a real server, against numpy doing the same: a write through a view
-reaches its base and the base's writes reach the view (README, "Views share memory"), and a
+reaches its base and the base's writes reach the view (docs/array-api.md), and a
 read gives an aligned, C-contiguous, writable array."""
 
 from __future__ import annotations
