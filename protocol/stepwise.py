@@ -1,6 +1,7 @@
 """Validating a large message header in small steps, so that the caller can let other work run
-between them (the server's event loop: one header of 16 MiB validated at once held it for
-seconds, and pydantic holds the GIL throughout, so a thread would not have helped).
+between them (the server's event loop, which a large header validated at once would hold for
+as long as pydantic takes, holding the GIL throughout: bench/REASONS.md, 'Header validated in
+slices').
 
 A header is one JSON object. :func:`validate_stepwise` finds where each element of its
 top-level arrays (a batch's ops, frees, requests) begins and ends with the C scanner of

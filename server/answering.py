@@ -1,22 +1,20 @@
-"""Answering a message in the callback that received it, while its session's task is idle.
+"""Running one received message: as far as it goes on the event loop at once; the rest is its
+session's task's.
 
-The connection loop (``server/connection.py``) answers messages one by one in its session's
-task, which waits in :meth:`~server.receiving.ReceivingConnection.receive`. Waking that task
-costs a turn of the event loop per message: about 13-20 us of the server's CPU on a one-element
-read, of some 75 (``bench/README.md``, "The cost of one message"). So when a message arrives
-while the task waits with nothing queued (nothing received is unanswered, nothing is being
-sent), the wire's callback answers it here at once, exactly as the task would have: the batch
-runs as far as it runs on the loop, its replies are sent, the same metrics are counted.
+Every message starts here, once (:meth:`Answering.start`): a batch's job is started and its ops
+run on the loop (``Session.step`` inline) until one is too costly for the loop or a slice of
+loop time ends. If that finishes the batch, its replies are few and small (at most
+:data:`MOST_REPLIES` replies and :data:`MOST_REPLY_BYTES` tensor bytes) and the connection can
+send now, the replies are sent at once. Whatever is left is the session's task's
+(``server/connection.py``), which goes on from where this stopped: steps in a worker thread,
+replies sent under flow control and the send timeout, the answer to a message that is not a
+batch, and every reply while the server drains.
 
-Whatever needs more than that goes to the task, as before: a batch with an op too costly for
-the loop (its job, started here, is handed over with the message and the task runs the rest in
-a worker thread), a refused batch, a message that is not a batch, more than
-:data:`MOST_REPLIES` replies or replies of more than :data:`MOST_REPLY_BYTES` tensor bytes (the
-task sends them under the send timeout and flow control), and every message while the server
-drains or the connection is not open. Replies sent here that leave the transport over its write
-limit (a client that does not read) are handed to the task too, which waits for the client to
-take them under the send timeout, as it waits for its own. An exception raised here is handed
-to the task and raised there, so the connection ends as it would have (closed with 1011).
+Where it starts: in the wire's callback that delivers the message, while the session's task
+waits with nothing queued, which saves the task a turn of the event loop (bench/REASONS.md,
+'Answering on arrival'); else in the task, when it takes the message. An exception raised here
+is kept with the message and raised by the task, so the connection ends the same way wherever
+the message started (closed with 1011).
 """
 
 from __future__ import annotations
@@ -32,63 +30,72 @@ from .metrics import Metrics
 from .session import Session
 from .wire import WireConnection
 
-MOST_REPLY_BYTES = 1 << 16  # tensor bytes of the replies to a batch answered here, at most
-MOST_REPLIES = 64  # replies to a batch answered here, at most (each some 100-300 bytes)
+MOST_REPLY_BYTES = 1 << 16  # tensor bytes of the replies sent at once, at most
+MOST_REPLIES = 64  # replies sent at once, at most (each some 100-300 bytes)
 
 
 class Answering:
-    """Answers a session's messages in the wire's callback where the task would only have
-    taken a loop turn to do the same (see the module docstring)."""
+    """Starts each message of a session (see the module docstring)."""
 
     def __init__(self, metrics: Metrics, draining: Callable[[], bool]) -> None:
         self._metrics = metrics
         self._draining = draining
 
     def attach(self, session: Session, ws: WireConnection) -> None:
-        """Answer ``session``'s messages on ``ws`` here from now on, where they can be."""
-        ws.answer_now = partial(self._answer, session, ws)
+        """Start ``session``'s messages on ``ws`` as they arrive, while its task waits."""
+        ws.answer_now = partial(self._on_arrival, session, ws)
 
     @staticmethod
     def detach(ws: WireConnection) -> None:
         ws.answer_now = None
 
-    def _answer(self, session: Session, ws: WireConnection, item: Received) -> bool:
-        """Answer ``item`` now; False leaves it to the task (see :class:`Received`'s fields)."""
+    def _on_arrival(self, session: Session, ws: WireConnection, item: Received) -> bool:
+        """Start ``item`` in the callback that delivered it; True when nothing of it is left
+        for the task (it need not even see it)."""
+        if self._draining() or not ws.can_send_now():
+            return False  # the task starts it, in order after what it is sending
+        self.start(session, ws, item)
+        done = item.answered and not ws.write_paused  # else the task waits until it is taken
+        if done:
+            self._metrics.answered_on_arrival.inc()
+        return done
+
+    def start(self, session: Session, ws: WireConnection, item: Received) -> None:
+        """Run ``item`` as far as it goes now: ``item.job`` is left for the task to go on
+        with, or ``item.answered`` is set (its replies are sent); an exception becomes
+        ``item.failure``."""
+        item.started = True
+        self._metrics.received_bytes.inc(item.nbytes)
         batch = item.message
-        if (
-            not isinstance(batch, Batch)
-            or item.error is not None
-            or len(batch.requests) > MOST_REPLIES
-            or self._draining()
-            or not ws.can_send_now()
-        ):
-            return False
+        if not isinstance(batch, Batch):
+            return  # the task answers it: nothing of it runs
         try:
             self._run(session, ws, item, batch)
         except Exception as exc:  # noqa: BLE001 - the task raises it (see the module docstring)
             item.failure = exc
-            return False
-        return item.job is None and not item.answered
 
     def _run(self, session: Session, ws: WireConnection, item: Received, batch: Batch) -> None:
-        """Run and answer ``batch``, or stop where the task must go on (``item.job``); mark
-        ``item.answered`` when the replies sent leave the transport over its write limit."""
-        job = session.start(batch, item.buffers)
+        job = item.job = session.start(batch, item.buffers, rejected=item.error)
         if (
             not session.step(job, inline=True)
             or session.closed
             or len(batch.requests) + len(job.errors) > MOST_REPLIES
             or session.reply_bytes(batch) > MOST_REPLY_BYTES
+            or self._draining()
+            or not ws.can_send_now()
         ):
-            item.job = job  # the task goes on from where this stopped
             return
-        metrics = self._metrics
-        metrics.answered_on_arrival.inc()
-        metrics.received_bytes.inc(item.nbytes)
         sent = 0
         for reply, buffers in session.finish(job):
             sent += ws.send_message_now(encode(reply, tuple(buffers)))
-        metrics.sent_bytes.inc(sent)
+        self._metrics.sent_bytes.inc(sent)
+        self.answered(item, batch)
+        item.job, item.answered = None, True
+
+    def answered(self, item: Received, batch: Batch) -> None:
+        """Count the read requests of ``item`` (``batch``), whose replies are all sent."""
         reads = sum(isinstance(r, Read) for r in batch.requests)
-        metrics.read_done(reads, time.perf_counter() - item.at)
-        item.answered = ws.write_paused
+        self._metrics.read_done(reads, time.perf_counter() - item.at)
+
+
+__all__ = ["MOST_REPLIES", "MOST_REPLY_BYTES", "Answering"]

@@ -17,7 +17,7 @@ messages received but not yet answered and is closed (1001, ``shutting_down: ...
 count is zero; past the grace, the rest are closed: a session whose op was running in a worker
 thread with the code ``shutting_down`` too, one that does not read by cutting its connection.
 
-Guards (README, "Security"): the Origin, the token and the connection count are checked on the
+Guards (docs/security.md): the Origin, the token and the connection count are checked on the
 HTTP upgrade by :class:`server.guard.Gate`, before a session exists; the guards of a live
 session (sizes, quota, deadline, send and idle timeouts) are ``server.connection``'s.
 """

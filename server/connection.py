@@ -10,15 +10,15 @@ wire decodes messages as their bytes arrive and stops reading the socket while `
 of them wait (so TCP pushes back on a client that sends faster than the server runs); one task
 takes them in order, runs each (cheap ops on the loop, heavy ones in a bounded worker-thread
 pool, given up if the connection is lost meanwhile) and sends its replies before it takes the
-next. (One task, not a receiving task handing batches to a working one: that hand-over cost an
-event-loop turn, about 130 us, on every upload.) While that task waits with nothing queued, a
-message is answered in the wire's callback that delivers it (``server/answering.py``), which
-saves the task's turn; what cannot be finished there goes on in the task, in order.
+next: one task, not a receiving task handing batches to a working one, whose hand-over would
+cost a turn of the event loop on every message. Each message is started by
+``server/answering.py``: in the wire's callback that delivers it while the task waits with
+nothing queued, else by the task; what cannot be finished there goes on in the task, in order.
 
 Each live session is one :class:`Live` record: its session, its connection and its count of
 messages not yet answered, read by the drain (``Server.drain``) to close it (1001) at once.
 
-Guards (README, "Security"): the Origin, the token and the connection count were checked on
+Guards (docs/security.md): the Origin, the token and the connection count were checked on
 the HTTP upgrade (``server.guard``), before a session exists. Each decoder refuses declared
 buffers over the message size or the session's quota before allocating them. A batch that
 leaves the event loop is watched against the per-op deadline (``server.workers``); past it the
@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import logging
 import secrets
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -48,7 +47,6 @@ from protocol import (
     ErrorInfo,
     Hello,
     MessageDecoder,
-    Read,
     Refused,
     Welcome,
     encode,
@@ -76,7 +74,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("tensorwire.server")
 
-REPLIES_PER_TURN = 64  # replies sent before other connections have a turn (~1-2 ms of them)
+REPLIES_PER_TURN = 64  # replies sent before other connections have a turn
 _DROP_LIMIT = {  # refusals_total label of each reason a session is dropped
     ErrorCode.IDLE_TIMEOUT: "idle",
     ErrorCode.SEND_TIMEOUT: "send_timeout",
@@ -288,8 +286,6 @@ class Connections:
                 except ConnectionClosed:
                     return
                 live.in_flight += 1
-                if not item.answered:  # else counted where it was answered
-                    self._metrics.received_bytes.inc(item.nbytes)
                 await self._answer(live, item)
                 await self._settled(live)
         except Drop as drop:
@@ -311,15 +307,18 @@ class Connections:
         return item
 
     async def _answer(self, live: Live, item: Received) -> None:
-        """Run one received message and send its replies.
+        """Run one received message and send its replies: start it, unless it was started
+        where it arrived (``server/answering.py``), and go on with what that left.
 
         Raises:
             Drop: the op deadline passed, a worker step failed, or a reply was not taken.
         """
         ws, session = live.ws, live.session
-        if item.failure is not None:  # raised where the message arrived (server/answering.py)
+        if not item.started:
+            self._answering.start(session, ws, item)
+        if item.failure is not None:
             raise item.failure
-        if item.answered:  # its replies were sent where it arrived: wait until they are taken
+        if item.answered:  # its replies were sent: wait until they are taken
             await self._taken(ws)
             return
         if not isinstance(item.message, Batch):
@@ -331,21 +330,17 @@ class Connections:
             )
             await self._send(ws, Dropped(message=item.number, error=error))  # none of it ran
             return
-        job = (
-            item.job
-            if item.job is not None
-            else session.start(item.message, item.buffers, rejected=item.error)
-        )
+        job = item.job
+        assert job is not None  # a batch's job is started with it
         while not session.step(job, inline=True):
             await self._off_loop(live, job)
         if session.closed:
             raise Drop(ErrorCode.INTERNAL, "a worker step failed; see the server log")
         for n, (reply, buffers) in enumerate(session.replies(job), 1):
             await self._send(ws, reply, tuple(buffers))
-            if not n % REPLIES_PER_TURN:  # a turn of the loop for others (100k replies: 3 s)
+            if not n % REPLIES_PER_TURN:  # a turn of the loop for the other sessions
                 await anyio.lowlevel.checkpoint()
-        reads = sum(isinstance(r, Read) for r in item.message.requests)
-        self._metrics.read_done(reads, time.perf_counter() - item.at)
+        self._answering.answered(item, item.message)
 
     async def _taken(self, ws: WireConnection) -> None:
         """Wait until the transport is under its write limit again, as a send does.

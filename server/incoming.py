@@ -35,9 +35,9 @@ class Received:
     nbytes: int = 0
     at: float = field(default_factory=time.perf_counter)  # when it arrived whole
     number: int = 0  # of the connection's messages, the hello 0: a batch's is the client's count
-    # Set where it arrived (server/answering.py), for the session's task: the job it started,
-    # that its replies were sent there and only wait for the client to take them (the send
-    # timeout), or the exception that answering it raised
+    # Set where it was started (server/answering.py), for the session's task to go on: that it
+    # was, the job it left, that its replies were all sent, or the exception starting it raised
+    started: bool = False
     job: Job | None = None
     answered: bool = False
     failure: Exception | None = None

@@ -8,9 +8,9 @@ message, and provides the hooks below.
 A message header over :data:`STEPWISE_HEADER` bytes is validated in slices of
 :data:`HEADER_SLICE` seconds of the loop's time (:meth:`ReceivingConnection.hold`), each a
 callback of its own, so that every other connection is served between them; meanwhile this
-one is held: its socket is not read and nothing more is parsed. (One 12 MB header validated at
-once held the loop for 0.7-2.7 s; pydantic holds the GIL throughout, so a worker thread would
-not have freed the loop.)
+one is held: its socket is not read and nothing more is parsed. Pydantic holds the GIL while it
+validates, so a worker thread would not free the loop (bench/REASONS.md, 'Header validated in
+slices').
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ STEPWISE_HEADER = 1 << 20  # a longer header is validated in slices (~11k ops; a
 HEADER_SLICE = 0.001  # seconds of validating a header before other callbacks have a turn
 OWNER_TURN = 0.02  # seconds the owner may take queued messages before the loop has a turn
 # Parsed items (ops, frees, requests, graphs) of the messages waiting, before reading stops:
-# a parsed op is about 1 KiB of Python objects (a 7.7 MB header of 100k ops is 102 MiB, 14x
-# its bytes), which no quota counts, so the queue is bounded by what it holds as well as by
+# parsed ops are Python objects that no quota counts, many times their bytes on the wire
+# (bench/REASONS.md, 'Queued items'), so the queue is bounded by what it holds as well as by
 # its length. 8 client batches of 2048 ops (16k items) stay under it.
 QUEUED_ITEMS = 32_768
 
@@ -156,8 +156,8 @@ class ReceivingConnection(WebSocket):
     def _idle_check(self) -> None:
         """The idle timer: wake a wait that began ``within`` seconds ago or more. One timer
         serves every wait: it is armed for the first and, when it fires during a later one,
-        armed again for that one's deadline (a timer made and cancelled per wait cost 3-4% of
-        the server's CPU on small reads)."""
+        armed again for that one's deadline, instead of a timer made and cancelled per wait
+        (bench/REASONS.md, 'One idle timer')."""
         self._idle_timer = None
         if self._waiter is None or self._idle_at == math.inf:
             return  # not waiting, or waiting without a timeout: the next timed wait arms it
@@ -196,7 +196,7 @@ class ReceivingConnection(WebSocket):
                 return None
         elif self.loop.time() > self._turn_at + OWNER_TURN:  # message after message, without
             await asyncio.sleep(0)  # waiting: a turn of the loop for the other connections
-            self._turn_at = self.loop.time()  # (8 queued batches of 2000 ops held it 270 ms)
+            self._turn_at = self.loop.time()
         item = self._messages.popleft()
         self._items -= _items(item)
         if self.reading_paused:

@@ -149,9 +149,8 @@ class WireConnection(SendingConnection, ReceivingConnection):
         """Go on reading what the socket already holds, up to :data:`READ_AHEAD` bytes, before
         the event loop has its next turn. A large message arrives as header, payload, header,
         ... and asyncio reads once per readiness event, so each of those reads would otherwise
-        cost a turn of the loop (an A/B of 1 MiB uploads and their syncs, four server pairs:
-        9% less wall time on average, 2-9% less server CPU). Stops at the first read that would
-        wait, and whenever reading should stop (paused, failed, held, closing).
+        cost a turn of the loop (bench/REASONS.md, 'Reading on'). Stops at the first read that
+        would wait, and whenever reading should stop (paused, failed, held, closing).
 
         Raises:
             OSError: the socket failed; asyncio then closes the connection with it, as it does
@@ -193,7 +192,8 @@ class WireConnection(SendingConnection, ReceivingConnection):
         super().connection_lost(exc)
         self.stop_waiting()
         # A closed connection's objects (grown buffers too) are cycles, and the server collects
-        # rarely (server/__main__.py): refused 9 MB headers on new connections held 2 GB.
+        # rarely (server/__main__.py): collected now, they do not pile up while connections
+        # come and go (bench/REASONS.md, 'Collecting closed connections').
         self.loop.call_soon(gc.collect, 1)
 
     # --- parsing ----------------------------------------------------------------------------
