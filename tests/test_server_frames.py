@@ -273,16 +273,19 @@ def test_an_upload_sent_before_the_welcome_is_decoded_for_the_session(url: str) 
 
 @pytest.mark.parametrize(
     ("what", "wire"),
-    [
-        ("unmasked", frame(Opcode.BINARY, b"x", masked=False)),
-        ("reserved bit", frame(Opcode.BINARY, b"x", rsv=0x40)),
-        ("continuation first", frame(Opcode.CONT, b"x")),
-        (
-            "new message inside one",
-            frame(Opcode.BINARY, b"x", fin=False) + frame(Opcode.TEXT, b"y"),
-        ),
-        ("long control frame", frame(Opcode.PING, b"p" * 126)),
-        ("unknown opcode", frame(3, b"x")),
+    [  # each named by its case: a mask is random, so the bytes would differ between processes
+        pytest.param(what, wire, id=what)
+        for what, wire in [
+            ("unmasked", frame(Opcode.BINARY, b"x", masked=False)),
+            ("reserved bit", frame(Opcode.BINARY, b"x", rsv=0x40)),
+            ("continuation first", frame(Opcode.CONT, b"x")),
+            (
+                "new message inside one",
+                frame(Opcode.BINARY, b"x", fin=False) + frame(Opcode.TEXT, b"y"),
+            ),
+            ("long control frame", frame(Opcode.PING, b"p" * 126)),
+            ("unknown opcode", frame(3, b"x")),
+        ]
     ],
 )
 def test_protocol_violations_close_with_1002_and_touch_no_one_else(
