@@ -148,6 +148,7 @@ def test_reads_answered_on_arrival_to_a_client_that_does_not_read_are_timed(
     _dropped_for_not_reading(impatient, [b"".join(encode(b)) for b in (create, *reads)])
 
 
+@pytest.mark.inprocess
 def test_an_exception_while_answering_on_arrival_closes_as_in_the_task(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

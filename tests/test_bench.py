@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import client
 from bench import __main__ as bench_main
 from bench import consumer
@@ -29,6 +31,7 @@ ISSUE_14_GOALS = {
 }  # fmt: skip
 
 
+@pytest.mark.e2e
 def test_quick_run_writes_every_workload(tmp_path: Path) -> None:
     out = tmp_path / "results.json"
     done = subprocess.run(
@@ -75,6 +78,7 @@ def test_quick_run_writes_every_workload(tmp_path: Path) -> None:
     assert "Tensorwire benchmarks" in done.stdout
 
 
+@pytest.mark.e2e
 def test_ratio_figures_divide_medians_measured_in_the_same_run(tmp_path: Path) -> None:
     out = tmp_path / "r.json"
     assert bench_main.main(["--quick", "--only", "transfer", "--json", str(out)]) == 0
@@ -109,6 +113,7 @@ def test_stat_summarises_median_extremes_and_tail() -> None:
     assert Goal(">=", 0.6).met(0.6)
 
 
+@pytest.mark.e2e
 def test_cpu_microbenchmark_reports_each_side() -> None:
     done = subprocess.run(
         [sys.executable, "-m", "bench.cpu"], cwd=ROOT, capture_output=True, text=True, timeout=110

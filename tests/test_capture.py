@@ -252,6 +252,7 @@ def test_device_specs_share_the_servers_grammar(url) -> None:
         client.open_device("capture:capture:")
 
 
+@pytest.mark.server
 def test_the_server_still_refuses_capture_devices_before_binding() -> None:
     for spec, fix in (("capture:ndarray", "--device ndarray"), ("capture:", "--device ndarray")):
         done = subprocess.run([sys.executable, "-m", "server", "--device", spec, "--port", "1"],

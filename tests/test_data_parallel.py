@@ -252,6 +252,7 @@ def _accuracy(lines: list[str]) -> float:
     return float(line.split()[-1])
 
 
+@pytest.mark.e2e
 def test_example_on_two_servers_reaches_one_servers_accuracy_with_identical_replicas(
     example: ModuleType, servers: list[ServerProcess], tmp_path: Path,
     capsys: pytest.CaptureFixture[str],

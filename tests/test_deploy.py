@@ -224,6 +224,7 @@ def _image_environment(stage: Stage, **overrides: str) -> dict[str, str]:
     return env
 
 
+@pytest.mark.e2e
 def test_image_command_serves_checks_health_runs_a_client_and_drains(tmp_path: Path) -> None:
     """The Dockerfile's CMD with its ENV, changed only where a test must: the python of this
     environment, loopback instead of 0.0.0.0, port 0, and the secret's path on this machine."""
@@ -272,6 +273,7 @@ def test_image_command_serves_checks_health_runs_a_client_and_drains(tmp_path: P
         assert "image-test-token" not in json.dumps(events)
 
 
+@pytest.mark.server
 def test_image_refuses_to_start_without_its_secret(tmp_path: Path) -> None:
     stage = _runtime()
     command = stage.exec_form("CMD")

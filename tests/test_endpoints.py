@@ -34,6 +34,8 @@ from .ops_helpers import health, http_get, metrics, value
 from .polling import wait_until
 from .servers import ServerProcess, run_server
 
+pytestmark = pytest.mark.server
+
 TOKEN = "metrics-test-token"  # noqa: S105
 
 

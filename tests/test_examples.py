@@ -7,7 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from .servers import ROOT, run_server
+
+pytestmark = pytest.mark.e2e
 
 TRAIN = ROOT / "examples" / "train.py"
 

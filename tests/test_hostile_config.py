@@ -29,6 +29,8 @@ from .polling import wait_until
 from .raw import TOKEN, RawSocket
 from .servers import ROOT, run_server
 
+pytestmark = pytest.mark.server
+
 
 def check_config(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
     """``python -m server --check-config ARGS`` with ``env`` added to this environment."""
@@ -187,6 +189,7 @@ def test_a_new_session_during_a_drain_is_told_the_server_is_shutting_down() -> N
 # --- 14: silent and vanished connections -------------------------------------------------------
 
 
+@pytest.mark.serial
 def test_a_silent_connection_frees_its_slot_at_the_handshake_timeout() -> None:
     """No hello: closed at --handshake-timeout, and its slot free then, not 10 s later
     (websockets' close timeout, waiting for a close frame a silent peer never sends)."""

@@ -294,6 +294,7 @@ def test_the_drain_fits_the_grace_period() -> None:
     assert _server_pod()["spec"]["terminationGracePeriodSeconds"] >= grace + 5
 
 
+@pytest.mark.server
 def test_every_variable_is_a_server_setting_and_the_server_accepts_them(tmp_path: Path) -> None:
     """A misspelt TENSOR_SERVER_* variable is ignored by the server, so each must name a field;
     then ``--check-config`` validates the whole environment the pods get."""

@@ -468,6 +468,7 @@ def test_too_many_buffers_in_one_message(raw: Raw, witness: Witness) -> None:
     witness.assert_intact()
 
 
+@pytest.mark.server
 def test_buffers_per_message_is_configurable() -> None:
     with run_server("--token", TOKEN, "--max-buffers", "2") as proc:
         raw, witness = Raw(proc.url), Witness(proc.url)

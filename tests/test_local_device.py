@@ -217,6 +217,7 @@ def _limits(dev: AnyDevice) -> list[tuple[Any, ...]]:
     return outcomes
 
 
+@pytest.mark.server
 @pytest.mark.parametrize(
     ("flags", "kwargs", "code"),
     [

@@ -302,6 +302,7 @@ def test_protocol_violations_close_with_1002_and_touch_no_one_else(
     witness.dev.close()
 
 
+@pytest.mark.server
 def test_fragments_adding_up_past_the_message_size_close_with_1009() -> None:
     with run_server("--max-message-size", "1MiB") as small:
         witness = Witness(small.url, token=None)

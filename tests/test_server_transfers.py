@@ -160,6 +160,7 @@ def test_a_capability_works_once_for_its_server(
     assert float(client.namespace(b).sum(first).numpy()) == 15.0  # the session goes on
 
 
+@pytest.mark.server
 def test_a_capability_expires_and_its_bytes_come_back_unclaimed() -> None:
     with run_server("--transfer-ttl", "0.3") as proc, client.RemoteDevice(proc.url, 0) as a:
         with client.RemoteDevice(proc.url, 0) as b:
@@ -199,6 +200,7 @@ def test_a_server_pulls_only_from_its_peers(source: ServerProcess) -> None:
             assert (stats.tensor_bytes, stats.server_tensor_bytes) == (0, 0)  # nothing reserved
 
 
+@pytest.mark.server
 def test_servers_authenticate_to_each_other_with_their_token() -> None:
     token = {"TENSOR_SERVER_TOKEN": "s3cret-shared"}
     with (
@@ -252,6 +254,7 @@ def test_a_source_lost_midway_fails_the_pull_and_nothing_leaks(
         )
 
 
+@pytest.mark.server
 def test_servers_over_tls_verify_each_other(tmp_path: Any) -> None:
     import trustme
 
@@ -358,6 +361,7 @@ def test_a_peer_pattern_with_more_than_scheme_host_and_port_is_refused(pattern: 
         ServerConfig(peers=pattern)
 
 
+@pytest.mark.server
 def test_a_peer_token_of_its_own() -> None:
     with (
         run_server(*LOOPBACK_PEERS, env={"TENSOR_SERVER_TOKEN": "source-token"}) as source,
@@ -371,6 +375,7 @@ def test_a_peer_token_of_its_own() -> None:
         np.testing.assert_array_equal(x.to_device(b).numpy(), np.arange(5))
 
 
+@pytest.mark.server
 def test_a_kept_session_the_source_closed_is_renewed() -> None:
     with (
         run_server(*LOOPBACK_PEERS, "--idle-timeout", "1") as source,
@@ -384,6 +389,7 @@ def test_a_kept_session_the_source_closed_is_renewed() -> None:
             time.sleep(2.0)
 
 
+@pytest.mark.server
 def test_the_peer_token_is_hidden_in_check_config() -> None:
     import subprocess
     import sys

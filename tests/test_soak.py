@@ -5,7 +5,11 @@ bench's to report (bench/README.md, run 43), not a test's to time."""
 
 from __future__ import annotations
 
+import pytest
+
 from bench import soak
+
+pytestmark = pytest.mark.e2e
 
 
 def test_a_short_soak_keeps_the_server_alive_and_every_result_right() -> None:

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 import client
 from client import nn, optim
@@ -62,6 +63,7 @@ def _train_mlp(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     )  # fmt: skip
 
 
+@pytest.mark.e2e
 def test_train_mlp_reaches_95_percent_remotely_exactly_as_on_numpy(tmp_path: Path) -> None:
     """The example as a user runs it, through a server with a token: 20 epochs, the curves
     as a PNG, the weights as a safetensors file that a local model loads; then --local, which
@@ -93,6 +95,7 @@ def test_train_mlp_reaches_95_percent_remotely_exactly_as_on_numpy(tmp_path: Pat
     assert epochs == [line for line in local.stdout.splitlines() if line.startswith("epoch")]
 
 
+@pytest.mark.e2e
 def test_train_mlp_without_the_token_fails_cleanly() -> None:
     with run_server("--token", "mlp-token") as proc:
         result = subprocess.run(
@@ -105,6 +108,7 @@ def test_train_mlp_without_the_token_fails_cleanly() -> None:
     assert result.stderr.count("\n") == 1
 
 
+@pytest.mark.e2e
 def test_train_mlp_refuses_a_bad_url_or_output_path_in_one_line(tmp_path: Path) -> None:
     """Exit 2 and one line, before any training: not a traceback, not 1 (accuracy missed)."""
     missing = tmp_path / "missing"

@@ -30,6 +30,7 @@ def test_the_installed_websockets_has_every_class_level_internal() -> None:
     require_internals()
 
 
+@pytest.mark.inprocess
 @pytest.mark.asyncio
 async def test_a_live_connection_has_every_internal() -> None:
     found: asyncio.Future[list[str]] = asyncio.get_running_loop().create_future()

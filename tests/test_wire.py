@@ -139,6 +139,7 @@ def test_reusing_an_id_is_refused_and_keeps_the_tensor(raw: ClientConnection) ->
     np.testing.assert_array_equal(np.frombuffer(buffers[0], np.float64), values)
 
 
+@pytest.mark.server
 def test_token_is_checked() -> None:
     with run_server("--token", "s3cret") as proc:
         with pytest.raises(client.AuthenticationError, match="auth_failed"):

@@ -21,6 +21,8 @@ from protocol import CLIENT_ADAPTER, PROTOCOL_VERSION, Batch, Hello, MessageDeco
 from protocol.framing import Opcode, apply_mask, frame_header
 from server.wire import WireConnection
 
+pytestmark = pytest.mark.inprocess
+
 Handler = Callable[[WireConnection], Awaitable[None]]
 
 
