@@ -47,6 +47,12 @@ class Turns:
             fcntl.flock(self._room, fcntl.LOCK_UN)
 
 
+def serial_last(items: list[pytest.Item]) -> None:
+    """Move the serial tests to the end of the run (in their order), where they wait for fewer
+    long tests in flight: pytest-xdist hands out the tests in order, the end last."""
+    items.sort(key=lambda item: item.get_closest_marker("serial") is not None)
+
+
 def turns(config: pytest.Config) -> Turns | None:
     """This worker's locks; None when the tests run in one process (nothing to share)."""
     if "PYTEST_XDIST_WORKER" not in os.environ:

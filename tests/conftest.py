@@ -35,6 +35,7 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.hookimpl(tryfirst=True)  # before -m selects by the markers
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     tiers.assign(items)
+    alone.serial_last(items)
 
 
 @pytest.hookimpl(wrapper=True)
