@@ -210,8 +210,9 @@ def soak(seconds: float, sessions: int = 3, attacks: list[str] | None = None) ->
             thread.start()
         for thread in threads:
             thread.join()
-        for attacker in attackers:
-            attacker.join(timeout=2)  # kind 7 sleeps on its stalled upload: no need to wait
+        grace = time.time() + 2  # kind 7 sleeps on its stalled upload: no need to wait
+        for attacker in attackers:  # two seconds for them all, not two each
+            attacker.join(timeout=max(0.0, grace - time.time()))
             if attacker.is_alive():
                 attacker.kill()
         alive = proc.process.poll() is None
