@@ -5,7 +5,6 @@ servers against one server and numpy."""
 
 from __future__ import annotations
 
-import importlib
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -23,6 +22,7 @@ from client import nn, optim
 from client.autodiff import Autodiff
 from client.parallel import DataParallel, Replica, all_reduce_mean
 
+from .example_runs import imported, run_main
 from .servers import ROOT, ServerProcess, run_server
 
 TOKEN = "dp-token"  # noqa: S105 - a test's token
@@ -228,19 +228,8 @@ def test_diverged_names_a_parameter_one_bit_off_and_split_refuses_a_short_batch(
 @pytest.fixture(scope="module")
 def example() -> Iterator[ModuleType]:
     """examples/train_data_parallel.py imported (it imports train_mlp beside it)."""
-    sys.path.insert(0, str(ROOT / "examples"))
-    try:
-        yield importlib.import_module("train_data_parallel")
-    finally:
-        sys.path.remove(str(ROOT / "examples"))
-
-
-def _run(example: ModuleType, capsys: pytest.CaptureFixture[str], *args: str,
-         ) -> tuple[int, list[str], str]:  # fmt: skip
-    """The example's main in this process: its exit status, stdout lines and stderr."""
-    status = example.main(list(args))
-    out, err = capsys.readouterr()
-    return status, out.splitlines(), err
+    with imported("train_data_parallel") as module:
+        yield module
 
 
 def _epochs(lines: list[str]) -> list[str]:
@@ -275,12 +264,14 @@ def test_example_on_two_servers_reaches_one_servers_accuracy_with_identical_repl
     assert "replicas bit-identical: yes, all 6 parameters" in lines
     assert _accuracy(lines) >= 0.95
     assert (tmp_path / "two.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    one_status, one, _ = _run(example, capsys, "--url", servers[2].url, *common,
+    one_status, one, _ = run_main(example, capsys, "--url", servers[2].url, *common,
                               "--plot", str(tmp_path / "one.png"))  # fmt: skip
     assert one_status == 0
     assert abs(_accuracy(one) - _accuracy(lines)) <= 1 / HELD_OUT
-    local_status, local, _ = _run(example, capsys, "--local", "--replicas", "2", "--epochs", "10",
-                                  "--plot", str(tmp_path / "local.png"))  # fmt: skip
+    local_status, local, _ = run_main(
+        example, capsys, "--local", "--replicas", "2", "--epochs", "10",
+        "--plot", str(tmp_path / "local.png"),
+    )  # fmt: skip
     assert local_status == 0
     assert _epochs(local) == _epochs(lines) and len(_epochs(lines)) == 10
 
@@ -292,13 +283,13 @@ def test_example_on_three_devices_of_one_server_trains_as_three_numpy_replicas(
     """Two epochs (exit 1: short of the goal), the same epochs as on numpy."""
     monkeypatch.setenv("TENSOR_SERVER_TOKEN", TOKEN)
     plot = str(tmp_path / "c.png")
-    status, lines, err = _run(example, capsys, "--url", three_devices.url, "--epochs", "2",
+    status, lines, err = run_main(example, capsys, "--url", three_devices.url, "--epochs", "2",
                               "--devices-per-server", "3", "--plot", plot)  # fmt: skip
     assert status == 1, err
     assert lines[0].count(f"{three_devices.url} device ") == 3
     assert "replicas bit-identical: yes, all 6 parameters" in lines
     assert _accuracy(lines) < 0.95
-    _, local, _ = _run(example, capsys, "--local", "--replicas", "3", "--epochs", "2",
+    _, local, _ = run_main(example, capsys, "--local", "--replicas", "3", "--epochs", "2",
                        "--plot", plot)  # fmt: skip
     assert _epochs(lines) == _epochs(local) and len(_epochs(local)) == 2
 
@@ -307,7 +298,7 @@ def test_example_with_one_replica_is_train_mlp_exactly(
     example: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     plot = str(tmp_path / "p.png")
-    status, lines, _ = _run(example, capsys, "--local", "--replicas", "1", "--epochs", "3",
+    status, lines, _ = run_main(example, capsys, "--local", "--replicas", "1", "--epochs", "3",
                             "--plot", plot)  # fmt: skip
     assert status == 1  # three epochs are short of the goal
     assert lines[0] == "training on 1 numpy replica"
@@ -322,7 +313,7 @@ def test_example_exits_1_when_the_replicas_differ(
 ) -> None:  # fmt: skip
     monkeypatch.setattr(example, "GOAL", 0.0)  # the accuracy passes: only the replicas fail
     monkeypatch.setattr(DataParallel, "diverged", lambda self: ["0.bias"])
-    status, lines, _ = _run(example, capsys, "--local", "--epochs", "1",
+    status, lines, _ = run_main(example, capsys, "--local", "--epochs", "1",
                             "--plot", str(tmp_path / "p.png"))  # fmt: skip
     assert status == 1
     assert "replicas bit-identical: no, 0.bias differ" in lines
@@ -344,7 +335,7 @@ def test_example_refuses_an_unreachable_or_refusing_server_in_one_line(
         (["--url", "http://127.0.0.1:1"], "DeviceSpecError: unknown device spec"),
         (["--local", "--plot", str(tmp_path / "missing" / "p.png")], "no such directory"),
     ]:  # fmt: skip
-        status, lines, err = _run(example, capsys, "--epochs", "1", "--plot", plot, *args)
+        status, lines, err = run_main(example, capsys, "--epochs", "1", "--plot", plot, *args)
         assert status == 2, lines
         assert err.startswith("train_data_parallel.py: ") and err.count("\n") == 1
         assert says in err

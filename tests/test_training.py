@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 import pytest
@@ -14,7 +16,8 @@ import client
 from client import nn, optim
 from client.autodiff import Autodiff
 
-from .servers import ROOT, run_server
+from .example_runs import imported, run_main
+from .servers import ROOT, ServerProcess, run_server
 
 TRAIN_MLP = ROOT / "examples" / "train_mlp.py"
 STEPS = 50
@@ -63,48 +66,67 @@ def _train_mlp(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     )  # fmt: skip
 
 
+@pytest.fixture(scope="module")
+def mlp_server() -> Iterator[ServerProcess]:
+    with run_server("--token", "mlp-token") as proc:
+        yield proc
+
+
+@pytest.fixture(scope="module")
+def train_mlp() -> Iterator[ModuleType]:
+    with imported("train_mlp") as module:
+        yield module
+
+
+def _epochs(lines: list[str]) -> list[str]:
+    return [line for line in lines if line.startswith("epoch")]
+
+
 @pytest.mark.e2e
-def test_train_mlp_reaches_95_percent_remotely_exactly_as_on_numpy(tmp_path: Path) -> None:
+def test_train_mlp_reaches_95_percent_remotely_exactly_as_on_numpy(
+    mlp_server: ServerProcess, train_mlp: ModuleType, tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
     """The example as a user runs it, through a server with a token: 20 epochs, the curves
-    as a PNG, the weights as a safetensors file that a local model loads; then --local, which
-    prints the same epochs, number for number."""
+    as a PNG, the weights as a safetensors file that a local model loads. Then its main in
+    this process with --jit and with --local, which print the same epochs, number for number."""
     token = tmp_path / "token"
     token.write_text("mlp-token\n")
     plot, weights = tmp_path / "curves.png", tmp_path / "mlp.safetensors"
-    with run_server("--token", "mlp-token") as proc:
-        remote = _train_mlp("--url", proc.url, "--token-file", str(token), "--plot", str(plot),
-                            "--save", str(weights), cwd=tmp_path)  # fmt: skip
-        # the step recorded once and run by id: the same training, epoch for epoch
-        jitted = _train_mlp("--url", proc.url, "--token-file", str(token), "--jit",
-                            "--plot", str(tmp_path / "jit.png"), cwd=tmp_path)  # fmt: skip
-    assert jitted.returncode == 0, jitted.stdout + jitted.stderr
+    url = mlp_server.url
+    remote = _train_mlp("--url", url, "--token-file", str(token), "--plot", str(plot),
+                        "--save", str(weights), cwd=tmp_path)  # fmt: skip
     assert remote.returncode == 0, remote.stdout + remote.stderr
     lines = remote.stdout.splitlines()
-    assert lines[0].startswith(f"training on {proc.url} (server ")
+    assert lines[0].startswith(f"training on {url} (server ")
     (held_out,) = [line for line in lines if line.startswith("held-out accuracy")]
     assert float(held_out.split()[-1]) >= 0.95
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     local_model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(),
                                 nn.Linear(128, 10))  # fmt: skip
     local_model.load(weights)  # the remote model's weights, in a local one
-    local = _train_mlp("--local", "--plot", str(tmp_path / "local.png"), cwd=tmp_path)
-    assert local.returncode == 0, local.stdout + local.stderr
-    epochs = [line for line in lines if line.startswith("epoch")]
+    epochs = _epochs(lines)
     assert len(epochs) == 20
-    assert [line for line in jitted.stdout.splitlines() if line.startswith("epoch")] == epochs
-    assert epochs == [line for line in local.stdout.splitlines() if line.startswith("epoch")]
+    # the step recorded once and run by id: the same training, epoch for epoch
+    jitted, jitted_lines, err = run_main(
+        train_mlp, capsys, "--url", url, "--token-file", str(token), "--jit", "--plot", str(plot)
+    )
+    assert jitted == 0, err
+    assert _epochs(jitted_lines) == epochs
+    local, local_lines, err = run_main(train_mlp, capsys, "--local", "--plot", str(plot))
+    assert local == 0, err
+    assert _epochs(local_lines) == epochs
 
 
 @pytest.mark.e2e
-def test_train_mlp_without_the_token_fails_cleanly() -> None:
-    with run_server("--token", "mlp-token") as proc:
-        result = subprocess.run(
-            [sys.executable, str(TRAIN_MLP), "--url", proc.url, "--quick"],
-            capture_output=True, text=True, timeout=120,
-            env={"PATH": "/usr/bin:/bin"},  # no TENSOR_SERVER_TOKEN(_FILE) from this process
-        )  # fmt: skip
+def test_train_mlp_without_the_token_fails_cleanly(mlp_server: ServerProcess) -> None:
+    result = subprocess.run(
+        [sys.executable, str(TRAIN_MLP), "--url", mlp_server.url, "--quick"],
+        capture_output=True, text=True, timeout=120,
+        env={"PATH": "/usr/bin:/bin"},  # no TENSOR_SERVER_TOKEN(_FILE) from this process
+    )  # fmt: skip
     assert result.returncode == 2
-    assert result.stderr.startswith(f"train_mlp.py: {proc.url}: AuthenticationError")
+    assert result.stderr.startswith(f"train_mlp.py: {mlp_server.url}: AuthenticationError")
     assert result.stderr.count("\n") == 1
 
 

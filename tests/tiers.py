@@ -34,7 +34,7 @@ FIXTURE_TIERS = {
     "live": "inprocess",
     **dict.fromkeys(
         ["server", "servers", "three_devices", "counted", "impatient", "limited", "secured",
-         "source", "target", "capped"],
+         "source", "target", "capped", "mlp_server"],
         "server",
     ),
 }  # fmt: skip
