@@ -30,14 +30,21 @@ TIERS = ("unit", "inprocess", "server", "e2e")
 # Fixtures that start a server (names are suite-wide: a fixture of that name in any module).
 # Fixtures built on them (url, dev, xp, witness, ...) need no entry: a test's fixtures include
 # what they depend on.
-FIXTURE_TIERS = {
-    "live": "inprocess",
-    **dict.fromkeys(
-        ["server", "servers", "three_devices", "counted", "impatient", "limited", "secured",
-         "source", "target", "capped", "mlp_server"],
-        "server",
-    ),
-}  # fmt: skip
+SERVER_FIXTURES = (
+    "server",
+    "servers",
+    "three_devices",
+    "counted",
+    "impatient",
+    "limited",
+    "secured",
+    "source",
+    "target",
+    "capped",
+    "mlp_server",
+    "example_server",
+)
+FIXTURE_TIERS = {"live": "inprocess"} | dict.fromkeys(SERVER_FIXTURES, "server")
 
 _EXAMPLES = str(Path(__file__).resolve().parent.parent / "examples")
 
@@ -50,8 +57,8 @@ def assign(items: Sequence[pytest.Item]) -> None:
     """
     for item in items:
         marked = {mark.name for mark in item.iter_markers() if mark.name in TIERS}
-        needed = max((FIXTURE_TIERS.get(name, "unit") for name in item.fixturenames),
-                     key=TIERS.index, default="unit")  # fmt: skip
+        tiers = [FIXTURE_TIERS.get(name, "unit") for name in item.fixturenames]
+        needed = max(tiers, key=TIERS.index, default="unit")
         if len(marked) > 1:
             raise pytest.UsageError(f"{item.nodeid}: one tier, not {sorted(marked)}")
         if not marked:
