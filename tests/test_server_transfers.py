@@ -383,10 +383,17 @@ def test_a_kept_session_the_source_closed_is_renewed() -> None:
         client.RemoteDevice(target.url) as b,
     ):
         for value in (1.0, 2.0):  # the second after the source closed every idle session
+            if value == 2.0:
+                wait_until(lambda: _sessions(source) == 1, "the source to close the idle ones")
             with client.RemoteDevice(source.url) as a:
                 x = client.namespace(a).full(2, value)
                 np.testing.assert_array_equal(x.to_device(b).numpy(), np.full(2, value))
-            time.sleep(2.0)
+
+
+def _sessions(proc: ServerProcess) -> int:
+    """The server's open sessions, counting the one that asks."""
+    with client.RemoteDevice(proc.url) as probe:
+        return probe.stats().connections
 
 
 @pytest.mark.server
