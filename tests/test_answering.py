@@ -108,8 +108,18 @@ def test_a_cheap_op_and_its_read_are_answered_where_they_arrive(counted: ServerP
 
 @pytest.fixture(scope="module")
 def impatient() -> Iterator[ServerProcess]:
-    args = ("--token", TOKEN, "--send-timeout", "1", "--idle-timeout", "30",
-            "--write-limit", "1KiB", "--log-level", "INFO")  # fmt: skip
+    args = (
+        "--token",
+        TOKEN,
+        "--send-timeout",
+        "1",
+        "--idle-timeout",
+        "30",
+        "--write-limit",
+        "1KiB",
+        "--log-level",
+        "INFO",
+    )
     with run_server(*args) as proc:
         yield proc
 

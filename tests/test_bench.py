@@ -24,11 +24,12 @@ ISSUE_14_GOALS = {
     ("upload 1 MiB float32", "throughput / plain TCP"): None,  # explanatory since issue 14
     ("upload 4 MiB float32", "throughput / plain TCP"): {"op": ">=", "value": 0.6},
     ("upload 64 x 1 MiB float32, then one sync", "throughput / plain TCP"): {
-        "op": ">=", "value": 0.8},
-    ("read one-element tensor", "median round trip / floor round trip"): {
-        "op": "<=", "value": 1.3},
+        "op": ">=",
+        "value": 0.8,
+    },
+    ("read one-element tensor", "median round trip / floor round trip"): {"op": "<=", "value": 1.3},
     ("read one-element tensor", "median round trip / ping-pong"): {"op": "<=", "value": 1.0},
-}  # fmt: skip
+}
 
 
 @pytest.mark.e2e
@@ -68,8 +69,11 @@ def test_quick_run_writes_every_workload(tmp_path: Path) -> None:
     trips = fit["blocking round trips per fit"]["value"]
     assert trips == int(trips) > 0
     assert 0 < fit["time waiting on them / remote fit time"]["value"] < 1
-    training = {(f["workload"].split(",")[0], f["figure"]): f for f in figures
-                if f["workload"].startswith("training")}  # fmt: skip
+    training = {
+        (f["workload"].split(",")[0], f["figure"]): f
+        for f in figures
+        if f["workload"].startswith("training")
+    }
     wide = training[("training: MLP 512-1024-1024-10", "remote steps/s / local numpy")]
     assert wide["goal"] == {"op": ">=", "value": 0.9}  # issue 15, for a step of >= 10 ms
     digits = "training: MLP 64-128-128-10"
@@ -122,8 +126,11 @@ def test_cpu_microbenchmark_reports_each_side() -> None:
     lines = done.stdout.splitlines()
     sides = ["client: build op", "client: batch + encode", "server: decode + check + run"]
     assert [line.strip().split("  ")[0] for line in lines] == [
-        "x = x + a:", *sides, "x = x + 1.0:", *sides,
-    ]  # fmt: skip
+        "x = x + a:",
+        *sides,
+        "x = x + 1.0:",
+        *sides,
+    ]
     figures = [line for line in lines if line.startswith("  ")]
     assert len(figures) == 6 and all(float(line.split()[-2]) > 0 for line in figures)
 
@@ -142,8 +149,13 @@ def test_summary_puts_runs_side_by_side_and_marks_missed_goals() -> None:
     from bench.summary import table
 
     def run(value: float, met: bool) -> dict[str, object]:
-        figure = {"workload": "100 idle sessions", "figure": "KiB each", "value": value,
-                  "goal": {"op": "<=", "value": 200}, "met": met}  # fmt: skip
+        figure = {
+            "workload": "100 idle sessions",
+            "figure": "KiB each",
+            "value": value,
+            "goal": {"op": "<=", "value": 200},
+            "met": met,
+        }
         return {"meta": {"load_before": "1.0 1 1", "load_after": "2.0 2 2"}, "figures": [figure]}
 
     lines = table([run(25, True), run(250, False)], ["a", "b"]).splitlines()

@@ -30,10 +30,22 @@ def test_train_quick_with_token_file_and_plot(
     token.write_text("example-token\n")
     plot = tmp_path / "loss.png"
     result = subprocess.run(
-        [sys.executable, str(TRAIN), "--url", example_server.url, "--quick", "--plot", str(plot),
-         "--token-file", str(token)],
-        capture_output=True, text=True, timeout=120, cwd=tmp_path,
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(TRAIN),
+            "--url",
+            example_server.url,
+            "--quick",
+            "--plot",
+            str(plot),
+            "--token-file",
+            str(token),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     lines = result.stdout.splitlines()
     assert lines[0].startswith(f"training on {example_server.url} (server ")
@@ -49,9 +61,11 @@ def test_train_quick_with_token_file_and_plot(
 def test_train_without_the_token_fails_cleanly(example_server: ServerProcess) -> None:
     result = subprocess.run(
         [sys.executable, str(TRAIN), "--url", example_server.url, "--quick"],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
         env={"PATH": "/usr/bin:/bin"},  # no TENSOR_SERVER_TOKEN(_FILE) from this process
-    )  # fmt: skip
+    )
     assert result.returncode == 2
     assert result.stderr.startswith(f"train.py: {example_server.url}: AuthenticationError")
     assert result.stderr.count("\n") == 1

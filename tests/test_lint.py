@@ -13,8 +13,9 @@ PACKAGES = ["protocol", "server", "client"]
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=600)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", *args], cwd=ROOT, capture_output=True, text=True, timeout=600
+    )
 
 
 def test_mypy_strict() -> None:
@@ -25,7 +26,7 @@ def test_mypy_strict() -> None:
 def test_ruff_check_and_format() -> None:
     check = _run("ruff", "check", *PACKAGES, "tests")
     assert check.returncode == 0, check.stdout + check.stderr
-    fmt = _run("ruff", "format", "--check", *PACKAGES)
+    fmt = _run("ruff", "format", "--check", *PACKAGES, "tests")
     assert fmt.returncode == 0, fmt.stdout + fmt.stderr
 
 

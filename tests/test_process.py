@@ -173,6 +173,7 @@ def test_an_unexpected_first_line_is_refused() -> None:
 def test_importing_the_launcher_stays_light() -> None:
     heavy = "{'numpy', 'websockets', 'anyio', 'pydantic'}"
     code = f"import sys, server.process; print(sorted({heavy} & set(sys.modules)))"
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            cwd=ROOT, timeout=60)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60
+    )
     assert result.returncode == 0 and result.stdout.strip() == "[]", result.stderr

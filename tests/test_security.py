@@ -102,8 +102,11 @@ def test_token_from_the_environment_on_both_sides(monkeypatch: pytest.MonkeyPatc
 def test_non_loopback_bind_without_token_refuses_to_start() -> None:
     done = subprocess.run(
         [sys.executable, "-m", "server", "--host", "0.0.0.0", "--port", "0"],
-        cwd=ROOT, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 2 and done.stdout == ""
     (line,) = done.stderr.splitlines()
     assert "refusing to bind 0.0.0.0 without a token" in line and "--token" in line
@@ -161,8 +164,11 @@ def test_bad_tls_files_refuse_to_start(tmp_path: Path) -> None:
     missing = str(tmp_path / "missing.pem")
     done = subprocess.run(
         [sys.executable, "-m", "server", "--tls-cert", missing, "--tls-key", missing],
-        cwd=ROOT, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 2 and len(done.stderr.splitlines()) == 1
     assert "cannot load --tls-cert" in done.stderr
 
@@ -213,8 +219,16 @@ def test_too_many_connections() -> None:
 
 @pytest.fixture
 def impatient() -> Iterator[ServerProcess]:
-    args = ("--handshake-timeout", "0.5", "--idle-timeout", "1", "--send-timeout", "1",
-            "--write-limit", "64KiB")  # fmt: skip
+    args = (
+        "--handshake-timeout",
+        "0.5",
+        "--idle-timeout",
+        "1",
+        "--send-timeout",
+        "1",
+        "--write-limit",
+        "64KiB",
+    )
     with run_server("--token", TOKEN, *args) as proc:
         yield proc
 
@@ -355,8 +369,10 @@ def test_op_past_its_deadline_closes_the_session() -> None:
 
 def test_matmul_op_types_are_still_checked(secured: ServerProcess, witness: Witness) -> None:
     raw = Raw(secured.url)
-    ops: list[AnyOp] = [Full(out=1, shape=(2, 3), dtype="float64", value=1.0),
-                        Binary(op="matmul", out=2, x1=1, x2=1)]  # fmt: skip
+    ops: list[AnyOp] = [
+        Full(out=1, shape=(2, 3), dtype="float64", value=1.0),
+        Binary(op="matmul", out=2, x1=1, x2=1),
+    ]
     (reply,) = raw.request(Batch(ops=ops, frees=[1], requests=[Read(request_id=1, tensor=2)]))
     assert reply.error.code == ErrorCode.INVALID_OP
     raw.request(Batch(frees=[2], requests=[Sync(request_id=2)]))

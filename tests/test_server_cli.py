@@ -38,12 +38,19 @@ def _run_guarded(
     tmp_path: Path, *args: str, timeout: float = 20
 ) -> subprocess.CompletedProcess[str]:
     (tmp_path / "sitecustomize.py").write_text(BIND_GUARD)
-    env = {"PYTHONPATH": str(tmp_path), "BIND_MARKER": str(tmp_path / "binds.log"),
-           "PATH": "/usr/bin:/bin"}  # fmt: skip
+    env = {
+        "PYTHONPATH": str(tmp_path),
+        "BIND_MARKER": str(tmp_path / "binds.log"),
+        "PATH": "/usr/bin:/bin",
+    }
     return subprocess.run(
-        [sys.executable, "-m", "server", *args], cwd=ROOT, env=env, capture_output=True,
-        text=True, timeout=timeout,
-    )  # fmt: skip
+        [sys.executable, "-m", "server", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def _free_port() -> int:
@@ -119,8 +126,13 @@ def test_bad_flags_exit_2_with_one_line(tmp_path: Path) -> None:
 
 @pytest.mark.server
 def test_help_lists_the_flags() -> None:
-    result = subprocess.run([sys.executable, "-m", "server", "--help"], cwd=ROOT,
-                            capture_output=True, text=True, timeout=30)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-m", "server", "--help"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert result.returncode == 0
     for flag in ["--device", "--host", "--port"]:
         assert flag in result.stdout

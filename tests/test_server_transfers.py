@@ -132,8 +132,9 @@ def test_two_devices_of_one_server_copy_in_memory(source: ServerProcess) -> None
 
 
 def _pull(dev: Device, capability: str, source: str | None, meta: TensorMeta) -> Any:
-    op = Pull(out=dev.new_id(), source=source, capability=capability, shape=meta.shape,
-              dtype=meta.dtype)  # fmt: skip
+    op = Pull(
+        out=dev.new_id(), source=source, capability=capability, shape=meta.shape, dtype=meta.dtype
+    )
     return dev.submit_unchecked(op, meta)
 
 
@@ -403,8 +404,11 @@ def test_the_peer_token_is_hidden_in_check_config() -> None:
 
     shown = subprocess.run(
         [sys.executable, "-m", "server", "--peer-token", "s3cret-peer", "--check-config"],
-        capture_output=True, text=True, timeout=60, check=True,
-    ).stdout  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
     assert "s3cret-peer" not in shown and '"peer_token": "<hidden>"' in shown
 
 

@@ -34,8 +34,14 @@ def _clean_env(**values: str) -> dict[str, str]:
 
 
 def _server(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "server", *args], cwd=ROOT, env=_clean_env(**env),
-                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "server", *args],
+        cwd=ROOT,
+        env=_clean_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def _checked(*args: str, **env: str) -> dict[str, object]:
@@ -65,9 +71,13 @@ def test_variables_flags_and_defaults() -> None:
     defaults = _checked()
     assert defaults["port"] == 8765 and defaults["host"] == "127.0.0.1"
     assert defaults["device"] == "ndarray" and defaults["token"] is None
-    from_env = _checked(TENSOR_SERVER_PORT="9001", TENSOR_SERVER_DEVICE="ndarray:3",
-                        TENSOR_SERVER_SHUTDOWN_GRACE="2.5", TENSOR_SERVER_LOG_LEVEL="debug",
-                        TENSOR_SERVER_MEMORY_BUDGET="1GiB")  # fmt: skip
+    from_env = _checked(
+        TENSOR_SERVER_PORT="9001",
+        TENSOR_SERVER_DEVICE="ndarray:3",
+        TENSOR_SERVER_SHUTDOWN_GRACE="2.5",
+        TENSOR_SERVER_LOG_LEVEL="debug",
+        TENSOR_SERVER_MEMORY_BUDGET="1GiB",
+    )
     assert from_env["port"] == 9001 and from_env["device"] == "ndarray:3"
     assert from_env["shutdown_grace"] == 2.5 and from_env["log_level"] == "DEBUG"
     assert from_env["memory_budget"] == 2**30
@@ -126,8 +136,11 @@ def test_bad_settings_exit_2_with_one_line(
 @pytest.mark.server
 def test_startup_validator_from_flag_and_variable() -> None:
     remote = {"TENSOR_SERVER_DEVICE": "remote:ws://gpu-box:8765"}
-    for args, env in [(["--device", "remote:ws://gpu-box:8765"], {}), ([], remote),
-                      (["--check-config"], remote)]:  # fmt: skip
+    for args, env in [
+        (["--device", "remote:ws://gpu-box:8765"], {}),
+        ([], remote),
+        (["--check-config"], remote),
+    ]:
         result = _server(*args, **env)
         assert (result.returncode, result.stdout, result.stderr) == (2, "", REMOTE_REFUSAL)
     result = _server(TENSOR_SERVER_DEVICE="capture:capture:ndarray:2")

@@ -18,6 +18,9 @@ def test_a_short_soak_keeps_the_server_alive_and_every_result_right() -> None:
     assert figures["well_behaved_reads"] > 0 and figures["connects"] > 0
     assert figures["wrong_results"] == 0 and figures["failed_calls"] == []
     assert set(soak.verdict(figures)) == {
-        "p99 read < 100 ms", "new connection < 1 s", "RSS < 1.5x budget + at rest",
-        "every result correct", "server alive",
-    }  # fmt: skip
+        "p99 read < 100 ms",
+        "new connection < 1 s",
+        "RSS < 1.5x budget + at rest",
+        "every result correct",
+        "server alive",
+    }

@@ -92,8 +92,11 @@ def test_garbage_handshake_is_refused(url: str) -> None:
 
 def test_malformed_messages_keep_the_session(raw: ClientConnection) -> None:
     values = np.arange(4, dtype=np.float32)
-    _send(raw, Batch(ops=[FromBuffer(out=1, shape=(4,), dtype="float32", buffer=0)],
-                     buffers=[16]), [byte_view(values)])  # fmt: skip
+    _send(
+        raw,
+        Batch(ops=[FromBuffer(out=1, shape=(4,), dtype="float32", buffer=0)], buffers=[16]),
+        [byte_view(values)],
+    )
     bad: list[bytes | str] = [
         b"\x03\x00\x00\x00{}}",
         b"\x00",

@@ -59,8 +59,9 @@ async def _serve(handler: Handler, client: Callable[[int], None]) -> None:
         assert isinstance(ws, WireConnection)
         await handler(ws)
 
-    async with serve(run, "127.0.0.1", 0, create_connection=WireConnection, compression=None,
-                     close_timeout=5) as server:  # fmt: skip
+    async with serve(
+        run, "127.0.0.1", 0, create_connection=WireConnection, compression=None, close_timeout=5
+    ) as server:
         await asyncio.to_thread(client, server.sockets[0].getsockname()[1])
 
 
