@@ -31,7 +31,7 @@ class Turns:
 
     @staticmethod
     def _open(path: Path) -> IO[bytes]:
-        return open(path, "ab")  # noqa: SIM115 - held open for the worker's life
+        return open(path, "ab")  # held open for the worker's life: the locks are on it
 
     @contextmanager
     def take(self, item: pytest.Item) -> Iterator[None]:

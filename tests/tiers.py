@@ -2,7 +2,8 @@
 ``pytest -m unit`` (or ``inprocess``, ``server``, ``e2e``) runs one tier.
 
 - ``unit``: this process only, no network and no server (a tool such as ruff may run);
-- ``inprocess``: the real serving code in this process, on a loopback socket;
+- ``inprocess``: loopback sockets from this process only: the real serving code (or a raw
+  websocket peer) served here, or a client that finds nothing listening;
 - ``server``: ``python -m server`` in a child process (started by the test or its fixture);
 - ``e2e``: a program run as its user runs it: an example, the bench, the soak.
 
@@ -63,8 +64,8 @@ def assign(items: Sequence[pytest.Item]) -> None:
             raise pytest.UsageError(f"{item.nodeid}: one tier, not {sorted(marked)}")
         if not marked:
             item.add_marker(needed)
-        elif TIERS.index(tier := marked.pop()) < TIERS.index(needed):
-            raise pytest.UsageError(f"{item.nodeid}: marked {tier}, but a fixture is {needed}")
+        elif TIERS.index(declared := marked.pop()) < TIERS.index(needed):
+            raise pytest.UsageError(f"{item.nodeid}: marked {declared}, but a fixture is {needed}")
 
 
 def tier(item: pytest.Item) -> str:
