@@ -217,8 +217,9 @@ def soak(seconds: float, sessions: int = 3, attacks: list[str] | None = None) ->
             thread.start()
         for thread in threads:
             thread.join()
-        for attacker in attackers:
-            attacker.join(timeout=2)  # a stalled upload sleeps: no need to wait
+        grace = time.time() + 2  # the stalled upload sleeps: no need to wait
+        for attacker in attackers:  # two seconds for them all, not two each
+            attacker.join(timeout=max(0.0, grace - time.time()))
             if attacker.is_alive():
                 attacker.kill()
         alive = proc.process.poll() is None

@@ -36,8 +36,14 @@ def make_data(
     return x, w, y.astype(np.float32)
 
 
-def train(xp: client.Namespace, x_np: np.ndarray, y_np: np.ndarray, steps: int, lr: float,
-          report_every: int) -> tuple[list[float], np.ndarray, float]:  # fmt: skip
+def train(
+    xp: client.Namespace,
+    x_np: np.ndarray,
+    y_np: np.ndarray,
+    steps: int,
+    lr: float,
+    report_every: int,
+) -> tuple[list[float], np.ndarray, float]:
     """Fit ``y ~ x @ w + b`` on the server; returns the loss of every step, ``w`` and ``b``."""
     n, d = x_np.shape
     x, y = xp.asarray(x_np), xp.asarray(y_np)

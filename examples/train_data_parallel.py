@@ -55,15 +55,22 @@ from client.autodiff import Autodiff, no_grad
 from client.parallel import DataParallel, Replica
 
 
-def train(spaces: Sequence[Autodiff], data: tuple[np.ndarray, ...], args: argparse.Namespace,
-          ) -> tuple[DataParallel, Curves, float]:  # fmt: skip
+def train(
+    spaces: Sequence[Autodiff],
+    data: tuple[np.ndarray, ...],
+    args: argparse.Namespace,
+) -> tuple[DataParallel, Curves, float]:
     """train_mlp.py's training (the same model, seed, batches, Adam and cosine schedule) on
     ``len(spaces)`` replicas; also the seconds it took, held-out evaluations left out (each
     epoch's ends with a read from every replica, which waits for all of its steps)."""
     x_train, y_train, x_test, y_test = data
     model = mlp(spaces[0], args.hidden, args.seed)
-    dp = DataParallel(model, spaces, lambda ad: mlp(ad, args.hidden, args.seed),
-                      lambda params: optim.Adam(params, lr=args.lr))  # fmt: skip
+    dp = DataParallel(
+        model,
+        spaces,
+        lambda ad: mlp(ad, args.hidden, args.seed),
+        lambda params: optim.Adam(params, lr=args.lr),
+    )
     per_epoch = -(-len(x_train) // args.batch_size)
     schedules = [optim.CosineAnnealingLR(o, T_max=args.epochs * per_epoch) for o in dp.optimizers]
     shared = [(ad.asarray(x_train), ad.asarray(y_train)) for ad in spaces]  # once per replica
@@ -93,8 +100,11 @@ def train(spaces: Sequence[Autodiff], data: tuple[np.ndarray, ...], args: argpar
             seconds += time.perf_counter() - start
             curves.held_out.append((len(curves.loss), evaluate(spaces[0], model, x_held, y_held)))
             mean_loss = np.mean(curves.loss[-per_epoch:])
-            print(f"epoch {epoch + 1:3d}/{args.epochs}  loss {mean_loss:.4f}  held-out "
-                  f"accuracy {curves.held_out[-1][1]:.4f}", flush=True)  # fmt: skip
+            print(
+                f"epoch {epoch + 1:3d}/{args.epochs}  loss {mean_loss:.4f}  held-out "
+                f"accuracy {curves.held_out[-1][1]:.4f}",
+                flush=True,
+            )
     return dp, curves, seconds
 
 
@@ -129,8 +139,13 @@ def _connect(stack: ExitStack, args: argparse.Namespace) -> tuple[list[Autodiff]
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--url", action="append", help="a server, once per server [TENSOR_SERVER_URL]")
-    p.add_argument("--devices-per-server", type=int, default=1, metavar="N",
-                   help="a replica on each of devices 0..N-1 of each server")  # fmt: skip
+    p.add_argument(
+        "--devices-per-server",
+        type=int,
+        default=1,
+        metavar="N",
+        help="a replica on each of devices 0..N-1 of each server",
+    )
     p.add_argument("--token-file", default=None, help=f"file holding the token [{TOKEN_FILE_ENV}]")
     p.add_argument("--local", action="store_true", help="train numpy replicas instead")
     p.add_argument("--replicas", type=int, default=2, help="how many, with --local")

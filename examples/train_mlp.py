@@ -54,9 +54,12 @@ def digits(seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
 
     x, y = load_digits(return_X_y=True)
     split = train_test_split(
-        (x / 16.0).astype(np.float32), y.astype(np.int64), test_size=0.2, random_state=seed,
+        (x / 16.0).astype(np.float32),
+        y.astype(np.int64),
+        test_size=0.2,
+        random_state=seed,
         stratify=y,
-    )  # fmt: skip
+    )
     x_train, x_test, y_train, y_test = split
     return x_train, y_train, x_test, y_test
 
@@ -65,10 +68,12 @@ def mlp(ad: Autodiff, hidden: int, seed: int) -> nn.Module:
     """64 pixels -> ``hidden`` -> ``hidden`` -> 10 classes, initialised on the client."""
     rng = np.random.default_rng(seed)
     return nn.Sequential(
-        nn.Linear(64, hidden, ad=ad, rng=rng), nn.ReLU(),
-        nn.Linear(hidden, hidden, ad=ad, rng=rng), nn.ReLU(),
+        nn.Linear(64, hidden, ad=ad, rng=rng),
+        nn.ReLU(),
+        nn.Linear(hidden, hidden, ad=ad, rng=rng),
+        nn.ReLU(),
         nn.Linear(hidden, 10, ad=ad, rng=rng),
-    )  # fmt: skip
+    )
 
 
 def accuracy(ad: Autodiff, logits: Any, labels: Any) -> Any:
@@ -77,8 +82,11 @@ def accuracy(ad: Autodiff, logits: Any, labels: Any) -> Any:
     return ad.xp.mean(ad.xp.astype(hits, ad.xp.float32))
 
 
-def train(ad: Autodiff, data: tuple[np.ndarray, ...], args: argparse.Namespace,
-          ) -> tuple[nn.Module, Curves]:  # fmt: skip
+def train(
+    ad: Autodiff,
+    data: tuple[np.ndarray, ...],
+    args: argparse.Namespace,
+) -> tuple[nn.Module, Curves]:
     """Adam with a cosine schedule, ``args.epochs`` epochs of shuffled batches."""
     x_train, y_train, x_test, y_test = data
     xp = ad.xp
@@ -115,8 +123,11 @@ def train(ad: Autodiff, data: tuple[np.ndarray, ...], args: argparse.Namespace,
                 advance(step_loss, step_accuracy)
             curves.held_out.append((len(curves.loss), evaluate(ad, model, x_held, y_held)))
             mean_loss = np.mean(curves.loss[-per_epoch:])
-            print(f"epoch {epoch + 1:3d}/{args.epochs}  loss {mean_loss:.4f}  held-out "
-                  f"accuracy {curves.held_out[-1][1]:.4f}", flush=True)  # fmt: skip
+            print(
+                f"epoch {epoch + 1:3d}/{args.epochs}  loss {mean_loss:.4f}  held-out "
+                f"accuracy {curves.held_out[-1][1]:.4f}",
+                flush=True,
+            )
     return model, curves
 
 
@@ -142,9 +153,13 @@ def _progress(total: int) -> Iterator[Any]:
     except ImportError:
         yield lambda loss, acc: None
         return
-    columns = (TextColumn("training"), BarColumn(), MofNCompleteColumn(),
-               TextColumn("loss {task.fields[loss]:.4f}  acc {task.fields[acc]:.3f}"),
-               TimeRemainingColumn())  # fmt: skip
+    columns = (
+        TextColumn("training"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("loss {task.fields[loss]:.4f}  acc {task.fields[acc]:.3f}"),
+        TimeRemainingColumn(),
+    )
     with Progress(*columns, transient=not sys.stderr.isatty(), console=None) as bar:
         task = bar.add_task("train", total=total, loss=float("nan"), acc=float("nan"))
         smoothed: list[float] = []
@@ -214,8 +229,11 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="a few epochs (for tests)")
-    p.add_argument("--jit", action="store_true",
-                   help="record the step once, then run it by id (client.capture.jit)")
+    p.add_argument(
+        "--jit",
+        action="store_true",
+        help="record the step once, then run it by id (client.capture.jit)",
+    )
     p.add_argument("--plot", type=Path, default=Path("train_mlp.png"), help="PNG of the curves")
     p.add_argument("--save", type=Path, default=None, help="write the weights (safetensors)")
     args = p.parse_args(argv)

@@ -24,6 +24,8 @@ from .polling import wait_until
 from .raw import TOKEN, Raw, RawSocket
 from .servers import ServerProcess, run_server
 
+pytestmark = pytest.mark.wire
+
 
 @pytest.fixture(scope="module")
 def counted() -> Iterator[ServerProcess]:
@@ -108,8 +110,18 @@ def test_a_cheap_op_and_its_read_are_answered_where_they_arrive(counted: ServerP
 
 @pytest.fixture(scope="module")
 def impatient() -> Iterator[ServerProcess]:
-    args = ("--token", TOKEN, "--send-timeout", "1", "--idle-timeout", "30",
-            "--write-limit", "1KiB", "--log-level", "INFO")  # fmt: skip
+    args = (
+        "--token",
+        TOKEN,
+        "--send-timeout",
+        "1",
+        "--idle-timeout",
+        "30",
+        "--write-limit",
+        "1KiB",
+        "--log-level",
+        "INFO",
+    )
     with run_server(*args) as proc:
         yield proc
 
@@ -148,6 +160,7 @@ def test_reads_answered_on_arrival_to_a_client_that_does_not_read_are_timed(
     _dropped_for_not_reading(impatient, [b"".join(encode(b)) for b in (create, *reads)])
 
 
+@pytest.mark.inprocess
 def test_an_exception_while_answering_on_arrival_closes_as_in_the_task(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -22,8 +22,20 @@ from .servers import ServerProcess
 SETTINGS = settings(
     max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
-NUMERIC = ["int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
-           "float32", "float64", "complex64", "complex128"]  # fmt: skip
+NUMERIC = [
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "uint8",
+    "uint16",
+    "uint32",
+    "uint64",
+    "float32",
+    "float64",
+    "complex64",
+    "complex128",
+]
 REAL = [d for d in NUMERIC if not d.startswith("complex")]
 FLOAT = ["float32", "float64"]
 
@@ -61,8 +73,23 @@ def close(remote: Any, expected: Any, rtol: float = 1e-5) -> None:
 
 # --- element-wise -----------------------------------------------------------------------------
 
-UNARY = ["abs", "negative", "sign", "square", "sqrt", "exp", "log1p", "sin", "tanh", "floor",
-         "trunc", "isnan", "isfinite", "signbit", "round"]  # fmt: skip
+UNARY = [
+    "abs",
+    "negative",
+    "sign",
+    "square",
+    "sqrt",
+    "exp",
+    "log1p",
+    "sin",
+    "tanh",
+    "floor",
+    "trunc",
+    "isnan",
+    "isfinite",
+    "signbit",
+    "round",
+]
 
 
 @SETTINGS
@@ -85,8 +112,9 @@ def test_unary(rx: client.Namespace, x: np.ndarray[Any, Any], name: str) -> None
     scalar=st.one_of(st.integers(0, 3), st.floats(-2, 2), st.booleans()),  # in every range
     name=st.sampled_from(["add", "multiply", "subtract", "maximum", "less", "equal"]),
 )
-def test_binary_with_python_scalars(rx: client.Namespace, x: np.ndarray[Any, Any],
-                                    scalar: Any, name: str) -> None:  # fmt: skip
+def test_binary_with_python_scalars(
+    rx: client.Namespace, x: np.ndarray[Any, Any], scalar: Any, name: str
+) -> None:
     """Python scalars are weak: the array's dtype wins where the scalar's kind fits."""
     if isinstance(scalar, float) and x.dtype.kind in "iu":
         expected_dtype = np.float64
@@ -124,10 +152,13 @@ def test_clip_keeps_the_dtype(rx: client.Namespace) -> None:
 
 
 @SETTINGS
-@given(x=arrays(FLOAT, elements={"allow_nan": False, "min_value": -100, "max_value": 100}),
-       correction=st.sampled_from([0, 1]))  # fmt: skip
-def test_var_std_with_correction(rx: client.Namespace, x: np.ndarray[Any, Any],
-                                 correction: int) -> None:  # fmt: skip
+@given(
+    x=arrays(FLOAT, elements={"allow_nan": False, "min_value": -100, "max_value": 100}),
+    correction=st.sampled_from([0, 1]),
+)
+def test_var_std_with_correction(
+    rx: client.Namespace, x: np.ndarray[Any, Any], correction: int
+) -> None:
     if x.size <= correction:
         return
     close(rx.var(rx.asarray(x), correction=correction), np.var(x, ddof=correction), 1e-4)
@@ -140,11 +171,12 @@ def test_var_std_with_correction(rx: client.Namespace, x: np.ndarray[Any, Any],
         REAL,
         shape=hnp.array_shapes(min_dims=1, max_dims=2, max_side=6),
         elements={"allow_nan": False},
-    ),  # fmt: skip
+    ),
     descending=st.booleans(),
 )
-def test_sort_and_stable_argsort(rx: client.Namespace, x: np.ndarray[Any, Any],
-                                 descending: bool) -> None:  # fmt: skip
+def test_sort_and_stable_argsort(
+    rx: client.Namespace, x: np.ndarray[Any, Any], descending: bool
+) -> None:
     a = rx.asarray(x)
     if descending:
         # Python's sort keeps equal elements in order with reverse=True: the standard's rule
@@ -158,10 +190,13 @@ def test_sort_and_stable_argsort(rx: client.Namespace, x: np.ndarray[Any, Any],
 
 
 @SETTINGS
-@given(x=arrays(["int32", "float64", "uint8"], shape=hnp.array_shapes(min_dims=1, max_dims=1)),
-       include_initial=st.booleans())  # fmt: skip
-def test_cumulative_sum(rx: client.Namespace, x: np.ndarray[Any, Any],
-                        include_initial: bool) -> None:  # fmt: skip
+@given(
+    x=arrays(["int32", "float64", "uint8"], shape=hnp.array_shapes(min_dims=1, max_dims=1)),
+    include_initial=st.booleans(),
+)
+def test_cumulative_sum(
+    rx: client.Namespace, x: np.ndarray[Any, Any], include_initial: bool
+) -> None:
     with np.errstate(all="ignore"):  # float overflow to inf is a value like any other
         expected = np.cumulative_sum(x, include_initial=include_initial)
     same(rx.cumulative_sum(rx.asarray(x), include_initial=include_initial), expected)
@@ -170,8 +205,10 @@ def test_cumulative_sum(rx: client.Namespace, x: np.ndarray[Any, Any],
 def test_searchsorted(rx: client.Namespace) -> None:
     x1, x2 = np.array([1.0, 2.0, 2.0, 5.0]), np.array([[2.0, 0.0], [6.0, 2.5]])
     for side in ("left", "right"):
-        same(rx.searchsorted(rx.asarray(x1), rx.asarray(x2), side=side),
-             np.searchsorted(x1, x2, side=side))  # fmt: skip
+        same(
+            rx.searchsorted(rx.asarray(x1), rx.asarray(x2), side=side),
+            np.searchsorted(x1, x2, side=side),
+        )
 
 
 # --- data-dependent shapes --------------------------------------------------------------------
@@ -204,8 +241,10 @@ def test_data_dependent_shape_is_known_on_return(rx: client.Namespace) -> None:
 
 
 @SETTINGS
-@given(x=arrays(["float32", "int64"], shape=hnp.array_shapes(min_dims=1, max_dims=3, max_side=4)),
-       data=st.data())  # fmt: skip
+@given(
+    x=arrays(["float32", "int64"], shape=hnp.array_shapes(min_dims=1, max_dims=3, max_side=4)),
+    data=st.data(),
+)
 def test_manipulation(rx: client.Namespace, x: np.ndarray[Any, Any], data: st.DataObject) -> None:
     a = rx.asarray(x)
     axis = data.draw(st.integers(-x.ndim, x.ndim - 1), label="axis")
@@ -232,10 +271,13 @@ def test_manipulation(rx: client.Namespace, x: np.ndarray[Any, Any], data: st.Da
 
 
 @SETTINGS
-@given(x=arrays(["int16", "float64"], shape=hnp.array_shapes(min_dims=1, max_dims=3, max_side=5)),
-       data=st.data())  # fmt: skip
-def test_integer_array_and_mask_indexing(rx: client.Namespace, x: np.ndarray[Any, Any],
-                                         data: st.DataObject) -> None:  # fmt: skip
+@given(
+    x=arrays(["int16", "float64"], shape=hnp.array_shapes(min_dims=1, max_dims=3, max_side=5)),
+    data=st.data(),
+)
+def test_integer_array_and_mask_indexing(
+    rx: client.Namespace, x: np.ndarray[Any, Any], data: st.DataObject
+) -> None:
     a = rx.asarray(x)
     idx = data.draw(hnp.arrays(np.int64, (3,), elements=st.integers(0, x.shape[0] - 1)), "idx")
     same(a[rx.asarray(idx)], x[idx])
@@ -249,10 +291,13 @@ def test_integer_array_and_mask_indexing(rx: client.Namespace, x: np.ndarray[Any
 
 
 @SETTINGS
-@given(x=arrays(["int32", "float32"], shape=hnp.array_shapes(min_dims=1, max_dims=2, max_side=5)),
-       data=st.data())  # fmt: skip
-def test_setitem_keeps_identity_and_matches_numpy(rx: client.Namespace, x: np.ndarray[Any, Any],
-                                                  data: st.DataObject) -> None:  # fmt: skip
+@given(
+    x=arrays(["int32", "float32"], shape=hnp.array_shapes(min_dims=1, max_dims=2, max_side=5)),
+    data=st.data(),
+)
+def test_setitem_keeps_identity_and_matches_numpy(
+    rx: client.Namespace, x: np.ndarray[Any, Any], data: st.DataObject
+) -> None:
     a = rx.asarray(x)
     expected = x.copy()
     # A row of a matrix is a view, as in numpy; an element of a 1-d array is a copy (numpy
@@ -319,8 +364,7 @@ def test_inplace_operators_keep_identity(rx: client.Namespace) -> None:
 
 
 @SETTINGS
-@given(x=hnp.arrays(np.float64, st.sampled_from([(3, 3), (2, 4, 4)]),
-                    elements=st.floats(-10, 10)))  # fmt: skip
+@given(x=hnp.arrays(np.float64, st.sampled_from([(3, 3), (2, 4, 4)]), elements=st.floats(-10, 10)))
 def test_linalg(rx: client.Namespace, x: np.ndarray[Any, Any]) -> None:
     a = rx.asarray(x)
     spd = x @ np.swapaxes(x, -1, -2) + 10 * np.eye(x.shape[-1])
@@ -351,8 +395,10 @@ def test_an_array_rtol_broadcasts_in_matrix_rank_and_must_fit_in_pinv(
     a, r = rx.asarray(x), rx.asarray(rtol)
     same(rx.linalg.matrix_rank(a, rtol=r), np.linalg.matrix_rank(x, rtol=rtol))
     batched = np.stack([x, 2 * x])
-    close(rx.linalg.pinv(rx.asarray(batched), rtol=rx.asarray(np.array([0.01, 0.5]))),
-          np.linalg.pinv(batched, rtol=np.array([0.01, 0.5])))  # fmt: skip
+    close(
+        rx.linalg.pinv(rx.asarray(batched), rtol=rx.asarray(np.array([0.01, 0.5]))),
+        np.linalg.pinv(batched, rtol=np.array([0.01, 0.5])),
+    )
     with pytest.raises(ValueError, match="does not broadcast"):  # checked at the call
         rx.linalg.pinv(a, rtol=r)
 

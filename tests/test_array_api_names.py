@@ -54,8 +54,9 @@ ATTRIBUTES = "dtype device mT ndim shape size T".split()
 
 
 @pytest.mark.parametrize(("where", "names"), [("main", MAIN), ("linalg", LINALG), ("fft", FFT)])
-def test_every_function_of_the_standard_exists(xp: client.Namespace, where: str,
-                                               names: list[str]) -> None:  # fmt: skip
+def test_every_function_of_the_standard_exists(
+    xp: client.Namespace, where: str, names: list[str]
+) -> None:
     space = xp if where == "main" else getattr(xp, where)
     missing = [n for n in names if not hasattr(space, n)]
     assert not missing

@@ -137,20 +137,49 @@ def _call(name: str, **kwargs: Any) -> Callable[..., Tensor]:
 
 
 UNARY = [
-    ("exp", ANY), ("expm1", ANY), ("log", POS), ("log1p", POS), ("log2", POS), ("log10", POS),
-    ("sqrt", POS), ("square", ANY), ("tanh", ANY), ("sinh", ANY), ("cosh", ANY), ("sin", ANY),
-    ("cos", ANY), ("tan", SMALL), ("atan", ANY), ("abs", ANY), ("negative", ANY),
-    ("positive", ANY), ("reciprocal", ANY), ("floor", FRAC), ("ceil", FRAC), ("round", FRAC),
-    ("trunc", FRAC), ("sign", ANY), ("sigmoid", ANY), ("relu", ANY),
-]  # fmt: skip
+    ("exp", ANY),
+    ("expm1", ANY),
+    ("log", POS),
+    ("log1p", POS),
+    ("log2", POS),
+    ("log10", POS),
+    ("sqrt", POS),
+    ("square", ANY),
+    ("tanh", ANY),
+    ("sinh", ANY),
+    ("cosh", ANY),
+    ("sin", ANY),
+    ("cos", ANY),
+    ("tan", SMALL),
+    ("atan", ANY),
+    ("abs", ANY),
+    ("negative", ANY),
+    ("positive", ANY),
+    ("reciprocal", ANY),
+    ("floor", FRAC),
+    ("ceil", FRAC),
+    ("round", FRAC),
+    ("trunc", FRAC),
+    ("sign", ANY),
+    ("sigmoid", ANY),
+    ("relu", ANY),
+]
 
 # Binary functions, each with inputs of three pairs of shapes that broadcast differently.
 BINARY = [
-    ("add", ANY, ANY), ("subtract", ANY, ANY), ("multiply", ANY, ANY), ("divide", ANY, POS),
-    ("pow", POS, ANY), ("maximum", GRID, BETWEEN), ("minimum", GRID, BETWEEN),
-    ("floor_divide", FRAC, NEAR_ONE), ("remainder", FRAC, NEAR_ONE), ("logaddexp", ANY, ANY),
-    ("atan2", ANY, ANY), ("hypot", ANY, ANY),
-]  # fmt: skip
+    ("add", ANY, ANY),
+    ("subtract", ANY, ANY),
+    ("multiply", ANY, ANY),
+    ("divide", ANY, POS),
+    ("pow", POS, ANY),
+    ("maximum", GRID, BETWEEN),
+    ("minimum", GRID, BETWEEN),
+    ("floor_divide", FRAC, NEAR_ONE),
+    ("remainder", FRAC, NEAR_ONE),
+    ("logaddexp", ANY, ANY),
+    ("atan2", ANY, ANY),
+    ("hypot", ANY, ANY),
+]
 BROADCAST_SHAPES = [((3, 4), (4,)), ((3, 1), (1, 4)), ((2, 3, 2), (3, 1))]
 
 CASES: list[Case] = [
@@ -494,8 +523,12 @@ def test_the_cases_cover_every_differentiable_op_on_every_namespace() -> None:
     # whose keys or operands the standard leaves unspecified (their twins run there)
     assert all(c.namespaces[:2] == ("remote", "numpy") for c in CASES)
     assert {c.id for c in CASES if "array_api_strict" not in c.namespaces} == {
-        "int", "int_array", "list", "lists", "plain_left"
-    }  # fmt: skip
+        "int",
+        "int_array",
+        "list",
+        "lists",
+        "plain_left",
+    }
 
 
 # --- properties: broadcasting and reductions, through the server ----------------------------

@@ -33,6 +33,7 @@ JUDGED_GOALS = {
 }
 
 
+@pytest.mark.e2e
 def test_quick_run_writes_every_workload(tmp_path: Path) -> None:
     out = tmp_path / "results.json"
     done = subprocess.run(
@@ -83,6 +84,7 @@ def test_quick_run_writes_every_workload(tmp_path: Path) -> None:
     assert "Tensorwire benchmarks" in done.stdout
 
 
+@pytest.mark.e2e
 def test_ratio_figures_divide_medians_measured_in_the_same_run(tmp_path: Path) -> None:
     out = tmp_path / "r.json"
     assert bench_main.main(["--quick", "--only", "transfer", "--json", str(out)]) == 0
@@ -94,6 +96,7 @@ def test_ratio_figures_divide_medians_measured_in_the_same_run(tmp_path: Path) -
     assert references == {"TCP loopback", "TCP into a reused array", "the floor"}
 
 
+@pytest.mark.e2e
 def test_a_failed_workload_is_reported_and_the_others_still_run(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -115,6 +118,7 @@ def test_a_failed_workload_is_reported_and_the_others_still_run(
     assert sum(f"| {pipelined[0]} |" in line for line in table) == 1
 
 
+@pytest.mark.e2e
 def test_ctrl_c_stops_the_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     ran: list[str] = []
 
@@ -152,6 +156,7 @@ def test_stat_summarises_median_extremes_and_tail() -> None:
     assert Goal(">=", 0.6).met(0.6)
 
 
+@pytest.mark.e2e
 def test_cpu_microbenchmark_reports_each_side() -> None:
     done = subprocess.run(
         [sys.executable, "-m", "bench.cpu"], cwd=ROOT, capture_output=True, text=True, timeout=110

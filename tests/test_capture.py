@@ -23,8 +23,9 @@ from protocol.graphs import GraphDef
 RNG = np.random.default_rng(16)
 
 
-def _mlp_forward(xp: client.Namespace, x: client.RemoteArray, w1: client.RemoteArray,
-                 w2: client.RemoteArray) -> client.RemoteArray:  # fmt: skip
+def _mlp_forward(
+    xp: client.Namespace, x: client.RemoteArray, w1: client.RemoteArray, w2: client.RemoteArray
+) -> client.RemoteArray:
     h = xp.maximum(x @ w1, 0.0)
     logits = h @ w2
     shifted = logits - xp.max(logits, axis=1, keepdims=True)
@@ -67,8 +68,11 @@ def test_a_captured_forward_pass_replays_the_direct_run(dev, xp, weights) -> Non
 
 def test_replay_frees_what_it_made_and_keeps_the_outputs(dev, xp, weights) -> None:
     graph, _ = _capture_forward(dev, xp, weights)
-    inputs = {"x": xp.asarray(RNG.standard_normal((5, 8))), "w1": xp.asarray(weights[0]),
-              "w2": xp.asarray(weights[1])}  # fmt: skip
+    inputs = {
+        "x": xp.asarray(RNG.standard_normal((5, 8))),
+        "w1": xp.asarray(weights[0]),
+        "w2": xp.asarray(weights[1]),
+    }
     before = dev.stats()
     outputs = graph.replay(dev, inputs)
     assert dev.stats().tensors == before.tensors + 1  # the output, nothing else
@@ -131,15 +135,21 @@ def test_summary_counts_ops_constants_and_peak_bytes(dev, xp, weights) -> None:
 def test_the_summary_command_prints_a_table(dev, xp, weights, tmp_path: Path) -> None:
     graph, _ = _capture_forward(dev, xp, weights)
     graph.save(tmp_path / "f.twgraph")
-    done = subprocess.run([sys.executable, "-m", "client.capture", "summary",
-                           str(tmp_path / "f.twgraph")], capture_output=True, text=True,
-                          check=False)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "client.capture", "summary", str(tmp_path / "f.twgraph")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     assert "matmul" in done.stdout and "peak live tensor bytes" in done.stdout
     (tmp_path / "bad.twgraph").write_bytes(b"\x05\x00\x00\x00{bad}")
-    bad = subprocess.run([sys.executable, "-m", "client.capture", "summary",
-                          str(tmp_path / "bad.twgraph")], capture_output=True, text=True,
-                         check=False)  # fmt: skip
+    bad = subprocess.run(
+        [sys.executable, "-m", "client.capture", "summary", str(tmp_path / "bad.twgraph")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert bad.returncode == 2
     assert bad.stderr.count("\n") == 1 and "not a Tensorwire graph file" in bad.stderr
 
@@ -252,10 +262,16 @@ def test_device_specs_share_the_servers_grammar(url) -> None:
         client.open_device("capture:capture:")
 
 
+@pytest.mark.server
 def test_the_server_still_refuses_capture_devices_before_binding() -> None:
     for spec, fix in (("capture:ndarray", "--device ndarray"), ("capture:", "--device ndarray")):
-        done = subprocess.run([sys.executable, "-m", "server", "--device", spec, "--port", "1"],
-                              capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, "-m", "server", "--device", spec, "--port", "1"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
         assert done.returncode == 2
         assert done.stderr.count("\n") == 1
         assert "capture device" in done.stderr and fix in done.stderr
@@ -306,7 +322,7 @@ def saved(dev, xp, tmp_path: Path) -> Path:
                 0, {"kind": "binary_inplace", "op": "add", "out": 1, "x2": 0}
             ),
             "constant",
-        ),  # fmt: skip
+        ),
         (lambda h: h["inputs"].append(dict(h["inputs"][0])), "twice"),
     ],
 )

@@ -31,8 +31,9 @@ class Classifier:
         self.x = ad.asarray(rng.standard_normal((64, 12)).astype(np.float32))
         self.y = ad.asarray(rng.integers(0, 5, 64))
         init = np.random.default_rng(0)
-        self.net = nn.Sequential(nn.Linear(12, 24, ad=ad, rng=init), nn.ReLU(),
-                                 nn.Linear(24, 5, ad=ad, rng=init))  # fmt: skip
+        self.net = nn.Sequential(
+            nn.Linear(12, 24, ad=ad, rng=init), nn.ReLU(), nn.Linear(24, 5, ad=ad, rng=init)
+        )
         if opt == "adam":
             self.opt: optim.Optimizer = optim.Adam(self.net.parameters(), lr=1e-2)
         else:

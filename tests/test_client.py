@@ -260,6 +260,7 @@ def test_bad_device_index_is_a_typed_error(url: str) -> None:
         client.RemoteDevice(url, index=2)
 
 
+@pytest.mark.inprocess
 def test_nothing_listening_is_a_connection_error() -> None:
     with pytest.raises(ConnectionError, match="cannot connect"):
         client.RemoteDevice("ws://127.0.0.1:1", open_timeout=2)

@@ -26,6 +26,8 @@ from client._liveness import Liveness, Traffic, Watch
 from .polling import wait_until
 from .servers import ServerProcess, run_server
 
+pytestmark = [pytest.mark.serial, pytest.mark.wire]
+
 HANG = 20.0  # a call still waiting after this long has hung: the test fails
 
 
@@ -211,6 +213,7 @@ async def test_an_async_read_fails_when_the_server_stops(server: ServerProcess) 
         await dev.aclose()
 
 
+@pytest.mark.server
 def test_pings_do_not_keep_an_idle_session_past_the_servers_idle_timeout() -> None:
     """The client's pings show that it is alive, not busy: the server still closes a session
     that sends no message for ``--idle-timeout``, and the client hears why."""

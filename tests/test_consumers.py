@@ -142,9 +142,12 @@ def test_gaussian_mixture(xp: client.Namespace, covariance_type: str) -> None:
 
     def make() -> GaussianMixture:
         return GaussianMixture(
-            n_components=3, covariance_type=covariance_type, init_params="random_from_data",
-            random_state=0, max_iter=200,
-        )  # fmt: skip
+            n_components=3,
+            covariance_type=covariance_type,
+            init_params="random_from_data",
+            random_state=0,
+            max_iter=200,
+        )
 
     ours, theirs = _fitted(make, xp, y=False)
     np.testing.assert_allclose(local(ours.means_), theirs.means_, rtol=1e-6, atol=1e-8)
@@ -156,8 +159,11 @@ def test_gaussian_mixture(xp: client.Namespace, covariance_type: str) -> None:
 def test_metrics(xp: client.Namespace) -> None:
     truth, guess = X[:, 0], X[:, 0] + X[:, 1] * 0.1
     labels, predicted = Y, (Y + (X[:, 2] > 1)) % 3
-    for metric, a, b in [(r2_score, truth, guess), (mean_absolute_error, truth, guess),
-                         (accuracy_score, labels, predicted)]:  # fmt: skip
+    for metric, a, b in [
+        (r2_score, truth, guess),
+        (mean_absolute_error, truth, guess),
+        (accuracy_score, labels, predicted),
+    ]:
         assert float(metric(xp.asarray(a), xp.asarray(b))) == pytest.approx(metric(a, b))
     np.testing.assert_allclose(
         local(euclidean_distances(xp.asarray(X[:10]), xp.asarray(X[10:20]))),
@@ -246,16 +252,37 @@ def test_scikit_learns_own_gaussian_mixture_tests(server: ServerProcess, tmp_pat
     """scikit-learn's array-API tests of GaussianMixture, parametrized over Tensorwire's
     namespace as they are over array_api_strict (tests/sklearn_namespace_plugin.py), run as
     scikit-learn ships them: outside this project's pytest settings (an empty ini)."""
-    env = dict(os.environ, SKLEARN_TEST_NS="client.array_api", TENSORWIRE_URL=server.url,
-               SCIPY_ARRAY_API="1", PYTHONPATH=os.pathsep.join([
-                   str(Path(__file__).parent), str(Path(__file__).parents[1])]))  # fmt: skip
+    env = dict(
+        os.environ,
+        SKLEARN_TEST_NS="client.array_api",
+        TENSORWIRE_URL=server.url,
+        SCIPY_ARRAY_API="1",
+        PYTHONPATH=os.pathsep.join([str(Path(__file__).parent), str(Path(__file__).parents[1])]),
+    )
     (tmp_path / "pytest.ini").write_text("[pytest]\n")
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-c", str(tmp_path / "pytest.ini"), "-p",
-         "sklearn_namespace_plugin", "--pyargs", "sklearn.mixture", "-q", "-p",
-         "no:cacheprovider", "-k", "array_api"],
-        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-c",
+            str(tmp_path / "pytest.ini"),
+            "-p",
+            "sklearn_namespace_plugin",
+            "--pyargs",
+            "sklearn.mixture",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-k",
+            "array_api",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=600,
+    )
     summary = result.stdout.strip().splitlines()[-1]
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     passed = int(summary.split(" passed")[0].split()[-1])

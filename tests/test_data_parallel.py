@@ -5,7 +5,6 @@ servers against one server and numpy."""
 
 from __future__ import annotations
 
-import importlib
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -23,6 +22,7 @@ from client import nn, optim
 from client.autodiff import Autodiff
 from client.parallel import DataParallel, Replica, all_reduce_mean
 
+from .example_runs import imported, run_main
 from .servers import ROOT, ServerProcess, run_server
 
 TOKEN = "dp-token"  # noqa: S105 - a test's token
@@ -129,8 +129,11 @@ def test_all_reduce_refuses_what_it_cannot_average() -> None:
 # --- the replicas, on numpy -------------------------------------------------------------------
 def _model(ad: Autodiff, dtype: str = "float32") -> nn.Module:
     rng = np.random.default_rng(5)
-    return nn.Sequential(nn.Linear(4, 8, ad=ad, rng=rng, dtype=dtype), nn.Tanh(),
-                         nn.Linear(8, 3, ad=ad, rng=rng, dtype=dtype))  # fmt: skip
+    return nn.Sequential(
+        nn.Linear(4, 8, ad=ad, rng=rng, dtype=dtype),
+        nn.Tanh(),
+        nn.Linear(8, 3, ad=ad, rng=rng, dtype=dtype),
+    )
 
 
 def _data(dtype: str = "float32") -> tuple[np.ndarray, np.ndarray]:
@@ -150,8 +153,12 @@ def test_averaged_gradients_are_the_whole_batch_gradient_with_a_remainder() -> N
     the gradient of the whole batch's mean loss, the same bits on each."""
     x, y = _data("float64")
     spaces = [Autodiff(np) for _ in range(3)]
-    dp = DataParallel(_model(spaces[0], "float64"), spaces, lambda ad: _model(ad, "float64"),
-                      lambda params: optim.SGD(params, lr=0.1))  # fmt: skip
+    dp = DataParallel(
+        _model(spaces[0], "float64"),
+        spaces,
+        lambda ad: _model(ad, "float64"),
+        lambda params: optim.SGD(params, lr=0.1),
+    )
     batch = np.arange(10)
     shards = dp.split(batch)
     assert [len(s) for s in shards] == [4, 3, 3]
@@ -178,8 +185,9 @@ def test_one_replica_trains_exactly_as_the_model_alone() -> None:
         nn.cross_entropy(alone(x[rows]), y[rows]).backward()
         opt.step()
         dp.step(_shard_loss(x, y), rows)
-    for (name, mine), theirs in zip(alone.named_parameters(), dp.models[0].parameters(),
-                                    strict=True):  # fmt: skip
+    for (name, mine), theirs in zip(
+        alone.named_parameters(), dp.models[0].parameters(), strict=True
+    ):
         assert mine.array.tobytes() == theirs.array.tobytes(), name
 
 
@@ -228,19 +236,8 @@ def test_diverged_names_a_parameter_one_bit_off_and_split_refuses_a_short_batch(
 @pytest.fixture(scope="module")
 def example() -> Iterator[ModuleType]:
     """examples/train_data_parallel.py imported (it imports train_mlp beside it)."""
-    sys.path.insert(0, str(ROOT / "examples"))
-    try:
-        yield importlib.import_module("train_data_parallel")
-    finally:
-        sys.path.remove(str(ROOT / "examples"))
-
-
-def _run(example: ModuleType, capsys: pytest.CaptureFixture[str], *args: str,
-         ) -> tuple[int, list[str], str]:  # fmt: skip
-    """The example's main in this process: its exit status, stdout lines and stderr."""
-    status = example.main(list(args))
-    out, err = capsys.readouterr()
-    return status, out.splitlines(), err
+    with imported("train_data_parallel") as module:
+        yield module
 
 
 def _epochs(lines: list[str]) -> list[str]:
@@ -252,10 +249,13 @@ def _accuracy(lines: list[str]) -> float:
     return float(line.split()[-1])
 
 
+@pytest.mark.e2e
 def test_example_on_two_servers_reaches_one_servers_accuracy_with_identical_replicas(
-    example: ModuleType, servers: list[ServerProcess], tmp_path: Path,
+    example: ModuleType,
+    servers: list[ServerProcess],
+    tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
-) -> None:  # fmt: skip
+) -> None:
     """As a user runs it, on two servers: the goal reached, the replicas bit-identical. The same
     epochs as two numpy replicas, number for number (the same numpy ops). Against one server,
     whose gradient is not split in two and summed, so rounds differently: "the same held-out
@@ -264,41 +264,77 @@ def test_example_on_two_servers_reaches_one_servers_accuracy_with_identical_repl
     token.write_text(TOKEN + "\n")
     common = ("--epochs", "10", "--token-file", str(token))
     two = subprocess.run(
-        [sys.executable, str(EXAMPLE), "--url", servers[0].url, "--url", servers[1].url, *common,
-         "--plot", str(tmp_path / "two.png")],
-        capture_output=True, text=True, timeout=120, cwd=tmp_path,
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(EXAMPLE),
+            "--url",
+            servers[0].url,
+            "--url",
+            servers[1].url,
+            *common,
+            "--plot",
+            str(tmp_path / "two.png"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
     assert two.returncode == 0, two.stdout + two.stderr
     lines = two.stdout.splitlines()
     assert lines[0].startswith(f"training on {servers[0].url} device 0 (server ")
     assert "replicas bit-identical: yes, all 6 parameters" in lines
     assert _accuracy(lines) >= 0.95
     assert (tmp_path / "two.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    one_status, one, _ = _run(example, capsys, "--url", servers[2].url, *common,
-                              "--plot", str(tmp_path / "one.png"))  # fmt: skip
+    one_status, one, _ = run_main(
+        example, capsys, "--url", servers[2].url, *common, "--plot", str(tmp_path / "one.png")
+    )
     assert one_status == 0
     assert abs(_accuracy(one) - _accuracy(lines)) <= 1 / HELD_OUT
-    local_status, local, _ = _run(example, capsys, "--local", "--replicas", "2", "--epochs", "10",
-                                  "--plot", str(tmp_path / "local.png"))  # fmt: skip
+    local_status, local, _ = run_main(
+        example,
+        capsys,
+        "--local",
+        "--replicas",
+        "2",
+        "--epochs",
+        "10",
+        "--plot",
+        str(tmp_path / "local.png"),
+    )
     assert local_status == 0
     assert _epochs(local) == _epochs(lines) and len(_epochs(lines)) == 10
 
 
 def test_example_on_three_devices_of_one_server_trains_as_three_numpy_replicas(
-    example: ModuleType, three_devices: ServerProcess, tmp_path: Path,
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
-) -> None:  # fmt: skip
+    example: ModuleType,
+    three_devices: ServerProcess,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Two epochs (exit 1: short of the goal), the same epochs as on numpy."""
     monkeypatch.setenv("TENSOR_SERVER_TOKEN", TOKEN)
     plot = str(tmp_path / "c.png")
-    status, lines, err = _run(example, capsys, "--url", three_devices.url, "--epochs", "2",
-                              "--devices-per-server", "3", "--plot", plot)  # fmt: skip
+    status, lines, err = run_main(
+        example,
+        capsys,
+        "--url",
+        three_devices.url,
+        "--epochs",
+        "2",
+        "--devices-per-server",
+        "3",
+        "--plot",
+        plot,
+    )
     assert status == 1, err
     assert lines[0].count(f"{three_devices.url} device ") == 3
     assert "replicas bit-identical: yes, all 6 parameters" in lines
     assert _accuracy(lines) < 0.95
-    _, local, _ = _run(example, capsys, "--local", "--replicas", "3", "--epochs", "2",
-                       "--plot", plot)  # fmt: skip
+    _, local, _ = run_main(
+        example, capsys, "--local", "--replicas", "3", "--epochs", "2", "--plot", plot
+    )
     assert _epochs(lines) == _epochs(local) and len(_epochs(local)) == 2
 
 
@@ -306,8 +342,9 @@ def test_example_with_one_replica_is_train_mlp_exactly(
     example: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     plot = str(tmp_path / "p.png")
-    status, lines, _ = _run(example, capsys, "--local", "--replicas", "1", "--epochs", "3",
-                            "--plot", plot)  # fmt: skip
+    status, lines, _ = run_main(
+        example, capsys, "--local", "--replicas", "1", "--epochs", "3", "--plot", plot
+    )
     assert status == 1  # three epochs are short of the goal
     assert lines[0] == "training on 1 numpy replica"
     train_mlp = sys.modules["train_mlp"]
@@ -316,34 +353,42 @@ def test_example_with_one_replica_is_train_mlp_exactly(
 
 
 def test_example_exits_1_when_the_replicas_differ(
-    example: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    example: ModuleType,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
-) -> None:  # fmt: skip
+) -> None:
     monkeypatch.setattr(example, "GOAL", 0.0)  # the accuracy passes: only the replicas fail
     monkeypatch.setattr(DataParallel, "diverged", lambda self: ["0.bias"])
-    status, lines, _ = _run(example, capsys, "--local", "--epochs", "1",
-                            "--plot", str(tmp_path / "p.png"))  # fmt: skip
+    status, lines, _ = run_main(
+        example, capsys, "--local", "--epochs", "1", "--plot", str(tmp_path / "p.png")
+    )
     assert status == 1
     assert "replicas bit-identical: no, 0.bias differ" in lines
 
 
 def test_example_refuses_an_unreachable_or_refusing_server_in_one_line(
-    example: ModuleType, servers: list[ServerProcess], tmp_path: Path,
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
-) -> None:  # fmt: skip
+    example: ModuleType,
+    servers: list[ServerProcess],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Exit 2 and one line, before any training: not a traceback, not 1."""
     monkeypatch.delenv("TENSOR_SERVER_TOKEN", raising=False)
     monkeypatch.delenv("TENSOR_SERVER_TOKEN_FILE", raising=False)
     plot, token = str(tmp_path / "p.png"), tmp_path / "token"
     token.write_text(TOKEN)
     for args, says in [
-        (["--url", servers[0].url, "--url", "ws://127.0.0.1:1", "--token-file", str(token)],
-         "ConnectionLost"),
+        (
+            ["--url", servers[0].url, "--url", "ws://127.0.0.1:1", "--token-file", str(token)],
+            "ConnectionLost",
+        ),
         (["--url", servers[0].url], "AuthenticationError"),  # no token
         (["--url", "http://127.0.0.1:1"], "DeviceSpecError: unknown device spec"),
         (["--local", "--plot", str(tmp_path / "missing" / "p.png")], "no such directory"),
-    ]:  # fmt: skip
-        status, lines, err = _run(example, capsys, "--epochs", "1", "--plot", plot, *args)
+    ]:
+        status, lines, err = run_main(example, capsys, "--epochs", "1", "--plot", plot, *args)
         assert status == 2, lines
         assert err.startswith("train_data_parallel.py: ") and err.count("\n") == 1
         assert says in err

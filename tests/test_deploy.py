@@ -51,24 +51,29 @@ def _compose() -> dict[str, Any]:
 def test_dockerfile_passes_hadolint() -> None:
     result = subprocess.run(
         [_tool("hadolint"), "--no-color", "--failure-threshold", "style", str(DOCKERFILE)],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_hadolint_can_fail(tmp_path: Path) -> None:
     bad = tmp_path / "Dockerfile"
     bad.write_text("FROM python\nRUN pip install numpy\nCMD python -m server\n")
-    result = subprocess.run([_tool("hadolint"), "--no-color", str(bad)],
-                            capture_output=True, text=True, timeout=60)  # fmt: skip
+    result = subprocess.run(
+        [_tool("hadolint"), "--no-color", str(bad)], capture_output=True, text=True, timeout=60
+    )
     assert result.returncode != 0 and "DL3006" in result.stdout
 
 
 def _check_compose(path: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [_tool("check-jsonschema"), "--builtin-schema", "vendor.compose-spec", str(path)],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_compose_file_matches_the_compose_spec(tmp_path: Path) -> None:
@@ -88,8 +93,14 @@ def test_dockerfile_shape() -> None:
     runtime = stages[-1]
     assert all("-slim" in stage.base for stage in stages)
     assert runtime.exec_form("CMD") == [
-        "python", "-m", "server", "--device", "ndarray", "--host", "0.0.0.0",
-    ]  # fmt: skip
+        "python",
+        "-m",
+        "server",
+        "--device",
+        "ndarray",
+        "--host",
+        "0.0.0.0",
+    ]
     assert runtime.exec_form("ENTRYPOINT") == []
     user = runtime.all("USER")[-1].split(":")[0]
     assert user not in ("root", "0")
@@ -128,8 +139,19 @@ def test_compose_multi_profile_promises() -> None:
         multi = services[name]
         assert multi["profiles"] == ["multi"]
         assert "ports" not in multi  # clients of transfers run in the compose network
-        same = ("image", "build", "secrets", "restart", "stop_signal", "stop_grace_period",
-                "deploy", "healthcheck", "read_only", "cap_drop", "security_opt")  # fmt: skip
+        same = (
+            "image",
+            "build",
+            "secrets",
+            "restart",
+            "stop_signal",
+            "stop_grace_period",
+            "deploy",
+            "healthcheck",
+            "read_only",
+            "cap_drop",
+            "security_opt",
+        )
         assert {k: multi[k] for k in same} == {k: server[k] for k in same}
         environment = dict(multi["environment"])
         assert environment.pop("TENSOR_SERVER_PEERS").split(",") == urls
@@ -224,6 +246,7 @@ def _image_environment(stage: Stage, **overrides: str) -> dict[str, str]:
     return env
 
 
+@pytest.mark.e2e
 def test_image_command_serves_checks_health_runs_a_client_and_drains(tmp_path: Path) -> None:
     """The Dockerfile's CMD with its ENV, changed only where a test must: the python of this
     environment, loopback instead of 0.0.0.0, port 0, and the secret's path on this machine."""
@@ -242,9 +265,13 @@ def test_image_command_serves_checks_health_runs_a_client_and_drains(tmp_path: P
         assert health(port) == (200, {"status": "serving", "protocol": 1, "device": "ndarray"})
 
         checker = subprocess.run(  # the HEALTHCHECK, with the port the server really took
-            [sys.executable, "-m", "server.healthcheck"], cwd=workdir, capture_output=True,
-            text=True, env={**env, "TENSOR_SERVER_PORT": str(port)}, timeout=60,
-        )  # fmt: skip
+            [sys.executable, "-m", "server.healthcheck"],
+            cwd=workdir,
+            capture_output=True,
+            text=True,
+            env={**env, "TENSOR_SERVER_PORT": str(port)},
+            timeout=60,
+        )
         assert checker.returncode == 0, checker.stdout + checker.stderr
         assert json.loads(checker.stdout)["status"] == "serving"
 
@@ -254,16 +281,21 @@ def test_image_command_serves_checks_health_runs_a_client_and_drains(tmp_path: P
         train_argv = [sys.executable, str(ROOT / train[1]), *args, "--quick"]
         # compose mounts the secret at /run/secrets/...; here it is at `secret`
         train_env = {**env, **service["environment"], "TENSOR_SERVER_TOKEN_FILE": str(secret)}
-        ran = subprocess.run(train_argv, cwd=workdir, capture_output=True, text=True,
-                             timeout=120, env=train_env)  # fmt: skip
+        ran = subprocess.run(
+            train_argv, cwd=workdir, capture_output=True, text=True, timeout=120, env=train_env
+        )
         assert ran.returncode == 0, ran.stdout + ran.stderr
         assert "converged" in ran.stdout
 
         assert proc.stop(timeout=60) == 0  # SIGTERM
         unhealthy = subprocess.run(
-            [sys.executable, "-m", "server.healthcheck"], cwd=workdir, capture_output=True,
-            text=True, env={**env, "TENSOR_SERVER_PORT": str(port)}, timeout=60,
-        )  # fmt: skip
+            [sys.executable, "-m", "server.healthcheck"],
+            cwd=workdir,
+            capture_output=True,
+            text=True,
+            env={**env, "TENSOR_SERVER_PORT": str(port)},
+            timeout=60,
+        )
         assert unhealthy.returncode == 1
         events = [json.loads(line) for line in proc.stderr.lines()]
         names = [e["event"] for e in events]
@@ -272,14 +304,21 @@ def test_image_command_serves_checks_health_runs_a_client_and_drains(tmp_path: P
         assert "image-test-token" not in json.dumps(events)
 
 
+@pytest.mark.server
 def test_image_refuses_to_start_without_its_secret(tmp_path: Path) -> None:
     stage = _runtime()
     command = stage.exec_form("CMD")
     env = _image_environment(
         stage, TENSOR_SERVER_PORT="0", TENSOR_SERVER_TOKEN_FILE=str(tmp_path / "missing")
     )
-    result = subprocess.run([sys.executable, *command[1:], "--check-config"], env=env,
-                            cwd=tmp_path, capture_output=True, text=True, timeout=60)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, *command[1:], "--check-config"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and "TENSOR_SERVER_TOKEN_FILE" in result.stderr
 
@@ -293,6 +332,7 @@ def test_health_check_stays_light() -> None:
     """The check runs every few seconds in the container: no numpy, websockets or pydantic."""
     heavy = "{'numpy', 'websockets', 'pydantic'}"
     code = f"import sys, server.healthcheck; print(sorted({heavy} & set(sys.modules)))"
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            cwd=ROOT, timeout=60)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60
+    )
     assert result.returncode == 0 and result.stdout.strip() == "[]", result.stderr

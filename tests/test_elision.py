@@ -30,15 +30,20 @@ from server.plans import build_plan, replay
 SHAPE = (3, 3)  # square: a transposed intermediate has the shape of the others
 
 
-def _graph(inputs: dict[int, str], ops: list[Any], outputs: list[int],
-           shape: tuple[int, ...] = SHAPE) -> GraphDef:  # fmt: skip
+def _graph(
+    inputs: dict[int, str], ops: list[Any], outputs: list[int], shape: tuple[int, ...] = SHAPE
+) -> GraphDef:
     """Inputs ``{id: dtype}`` of ``shape``; outputs by id, their metas from the check."""
-    declared = [GraphTensor(name=f"in{i}", id=i, shape=shape, dtype=d)  # type: ignore[arg-type]
-                for i, d in inputs.items()]  # fmt: skip
+    declared = [
+        GraphTensor(name=f"in{i}", id=i, shape=shape, dtype=d)  # type: ignore[arg-type]
+        for i, d in inputs.items()
+    ]
     draft = GraphDef(inputs=declared, ops=ops, outputs=[])
     metas = check_graph(draft).metas
-    named = [GraphTensor(name=f"out{i}", id=i, shape=metas[i].shape, dtype=metas[i].dtype)
-             for i in outputs]  # fmt: skip
+    named = [
+        GraphTensor(name=f"out{i}", id=i, shape=metas[i].shape, dtype=metas[i].dtype)
+        for i in outputs
+    ]
     return GraphDef(inputs=declared, ops=ops, outputs=named)
 
 
@@ -85,17 +90,23 @@ def _assert_same(graph: GraphDef, inputs: dict[int, str]) -> None:
 
 def test_adams_second_moment_writes_its_product_into_the_dying_temporary() -> None:
     """``v = 0.999 * v + 0.001 * g * g``: ``(0.001 * g) * g`` lands in ``0.001 * g``."""
-    ops = [BinaryScalar(op="multiply", out=2, x=1, scalar=0.001, scalar_first=True),
-           Binary(op="multiply", out=3, x1=2, x2=1),
-           InPlaceBinary(op="add", out=0, x2=3)]  # fmt: skip
+    ops = [
+        BinaryScalar(op="multiply", out=2, x=1, scalar=0.001, scalar_first=True),
+        Binary(op="multiply", out=3, x1=2, x2=1),
+        InPlaceBinary(op="add", out=0, x2=3),
+    ]
     graph = _graph({0: "float32", 1: "float32"}, ops, [])
     assert _elided(graph) == {1: 0}
     _assert_same(_graph({0: "float32", 1: "float32"}, ops, [3]), {0: "float32", 1: "float32"})
 
 
 def test_a_chain_writes_each_result_into_the_one_before() -> None:
-    ops = [Unary(op="exp", out=1, x=0), BinaryScalar(op="add", out=2, x=1, scalar=1.0),
-           Unary(op="sqrt", out=3, x=2), Binary(op="multiply", out=4, x1=0, x2=3)]  # fmt: skip
+    ops = [
+        Unary(op="exp", out=1, x=0),
+        BinaryScalar(op="add", out=2, x=1, scalar=1.0),
+        Unary(op="sqrt", out=3, x=2),
+        Binary(op="multiply", out=4, x1=0, x2=3),
+    ]
     graph = _graph({0: "float64"}, ops, [4])
     assert _elided(graph) == {1: 0, 2: 0, 3: 1}
     _assert_same(graph, {0: "float64"})
@@ -105,36 +116,94 @@ def test_a_chain_writes_each_result_into_the_one_before() -> None:
     ("why", "inputs", "ops", "outputs"),
     [
         ("a graph input dies", {0: "float64"}, [Unary(op="exp", out=1, x=0)], [1]),
-        ("an output is never written over", {0: "float64"},
-         [Unary(op="exp", out=1, x=0), Unary(op="sqrt", out=2, x=1)], [1, 2]),
-        ("a view of it may outlive it", {0: "float64"},
-         [Unary(op="exp", out=1, x=0), Reshape(out=2, x=1, shape=SHAPE),
-          Unary(op="sqrt", out=3, x=1)], [2, 3]),
-        ("a transposed view of it", {0: "float64"},
-         [Unary(op="exp", out=1, x=0), PermuteDims(out=2, x=1, axes=(0, 1)),
-          Unary(op="sqrt", out=3, x=1)], [2, 3]),
-        ("it is itself a view", {0: "float64"},
-         [Unary(op="exp", out=1, x=0), Reshape(out=2, x=1, shape=SHAPE),
-          Unary(op="sqrt", out=3, x=2)], [1, 3]),
-        ("the result is another dtype", {0: "float32", 1: "float64"},
-         [Unary(op="exp", out=2, x=0), Binary(op="add", out=3, x1=2, x2=1)], [3]),
-        ("the result is bool", {0: "float64"},
-         [Unary(op="exp", out=1, x=0), BinaryScalar(op="less", out=2, x=1, scalar=1.0)], [2]),
-        ("matmul cannot write into an input", {0: "float64"},
-         [Unary(op="exp", out=1, x=0), PermuteDims(out=2, x=0, axes=(1, 0)),
-          Binary(op="matmul", out=3, x1=1, x2=2)], [3]),
-        ("float floor_divide has a fix-up after numpy", {0: "float64"},
-         [Unary(op="exp", out=1, x=0), BinaryScalar(op="floor_divide", out=2, x=1, scalar=0.5)],
-         [2]),
-        ("complex tanh has a fix-up after numpy", {0: "complex128"},
-         [Unary(op="exp", out=1, x=0), Unary(op="tanh", out=2, x=1)], [2]),
-        ("real returns a view", {0: "complex128"},
-         [Unary(op="real", out=1, x=0), Unary(op="exp", out=2, x=1)], [2]),
-        ("a reduction reads it (not known to copy)", {0: "float64"},
-         [Unary(op="exp", out=1, x=0), Reduce(op="sum", out=2, x=1),
-          Unary(op="sqrt", out=3, x=1)], [2, 3]),
+        (
+            "an output is never written over",
+            {0: "float64"},
+            [Unary(op="exp", out=1, x=0), Unary(op="sqrt", out=2, x=1)],
+            [1, 2],
+        ),
+        (
+            "a view of it may outlive it",
+            {0: "float64"},
+            [
+                Unary(op="exp", out=1, x=0),
+                Reshape(out=2, x=1, shape=SHAPE),
+                Unary(op="sqrt", out=3, x=1),
+            ],
+            [2, 3],
+        ),
+        (
+            "a transposed view of it",
+            {0: "float64"},
+            [
+                Unary(op="exp", out=1, x=0),
+                PermuteDims(out=2, x=1, axes=(0, 1)),
+                Unary(op="sqrt", out=3, x=1),
+            ],
+            [2, 3],
+        ),
+        (
+            "it is itself a view",
+            {0: "float64"},
+            [
+                Unary(op="exp", out=1, x=0),
+                Reshape(out=2, x=1, shape=SHAPE),
+                Unary(op="sqrt", out=3, x=2),
+            ],
+            [1, 3],
+        ),
+        (
+            "the result is another dtype",
+            {0: "float32", 1: "float64"},
+            [Unary(op="exp", out=2, x=0), Binary(op="add", out=3, x1=2, x2=1)],
+            [3],
+        ),
+        (
+            "the result is bool",
+            {0: "float64"},
+            [Unary(op="exp", out=1, x=0), BinaryScalar(op="less", out=2, x=1, scalar=1.0)],
+            [2],
+        ),
+        (
+            "matmul cannot write into an input",
+            {0: "float64"},
+            [
+                Unary(op="exp", out=1, x=0),
+                PermuteDims(out=2, x=0, axes=(1, 0)),
+                Binary(op="matmul", out=3, x1=1, x2=2),
+            ],
+            [3],
+        ),
+        (
+            "float floor_divide has a fix-up after numpy",
+            {0: "float64"},
+            [Unary(op="exp", out=1, x=0), BinaryScalar(op="floor_divide", out=2, x=1, scalar=0.5)],
+            [2],
+        ),
+        (
+            "complex tanh has a fix-up after numpy",
+            {0: "complex128"},
+            [Unary(op="exp", out=1, x=0), Unary(op="tanh", out=2, x=1)],
+            [2],
+        ),
+        (
+            "real returns a view",
+            {0: "complex128"},
+            [Unary(op="real", out=1, x=0), Unary(op="exp", out=2, x=1)],
+            [2],
+        ),
+        (
+            "a reduction reads it (not known to copy)",
+            {0: "float64"},
+            [
+                Unary(op="exp", out=1, x=0),
+                Reduce(op="sum", out=2, x=1),
+                Unary(op="sqrt", out=3, x=1),
+            ],
+            [2, 3],
+        ),
     ],
-)  # fmt: skip
+)
 def test_no_elision_where_it_could_change_a_result(
     why: str, inputs: dict[int, str], ops: list[BaseOp], outputs: list[int]
 ) -> None:
@@ -155,9 +224,12 @@ def test_a_result_keeps_the_layout_numpy_gives_it() -> None:
     """``exp(x.T)`` is Fortran-ordered; ``exp(x.T) + y`` with ``y`` C-ordered is C-ordered in
     numpy, so it is not written into the Fortran-ordered temporary (a reduction of it would
     sum in another order)."""
-    ops = [PermuteDims(out=2, x=0, axes=(1, 0)), Unary(op="exp", out=3, x=2),
-           Binary(op="add", out=4, x1=3, x2=1),
-           Reduce(op="sum", out=5, x=4, axis=(1,))]  # fmt: skip
+    ops = [
+        PermuteDims(out=2, x=0, axes=(1, 0)),
+        Unary(op="exp", out=3, x=2),
+        Binary(op="add", out=4, x1=3, x2=1),
+        Reduce(op="sum", out=5, x=4, axis=(1,)),
+    ]
     _assert_same(_graph({0: "float64", 1: "float64"}, ops, [4, 5]), {0: "float64", 1: "float64"})
 
 
@@ -190,8 +262,18 @@ def test_a_result_lands_in_the_memory_of_the_input_it_elides() -> None:
 # --- replays equal op-by-op runs -------------------------------------------------------------
 
 _UNARY = ["negative", "exp", "sqrt", "abs", "tanh", "square", "sin", "log1p"]
-_BINARY = ["add", "subtract", "multiply", "divide", "maximum", "minimum", "pow", "hypot",
-           "floor_divide", "remainder"]  # fmt: skip
+_BINARY = [
+    "add",
+    "subtract",
+    "multiply",
+    "divide",
+    "maximum",
+    "minimum",
+    "pow",
+    "hypot",
+    "floor_divide",
+    "remainder",
+]
 
 
 @st.composite
@@ -209,8 +291,9 @@ def graphs(draw: st.DrawFn) -> tuple[GraphDef, dict[int, str]]:
             if not made:
                 continue
             target = draw(st.sampled_from(made))
-            op: BaseOp = InPlaceBinary(op=draw(st.sampled_from(["add", "multiply"])), out=target,
-                                       x2=x)  # fmt: skip
+            op: BaseOp = InPlaceBinary(
+                op=draw(st.sampled_from(["add", "multiply"])), out=target, x2=x
+            )
             try:
                 check_graph(GraphDef(inputs=_declared(inputs), ops=[*ops, op], outputs=[]))
             except Exception:  # noqa: BLE001 - a dtype the in-place rule refuses: draw again
@@ -220,16 +303,27 @@ def graphs(draw: st.DrawFn) -> tuple[GraphDef, dict[int, str]]:
         if kind == "unary":
             op = Unary(op=draw(st.sampled_from(_UNARY)), out=next_id, x=x)
         elif kind == "binary":
-            op = Binary(op=draw(st.sampled_from(_BINARY)), out=next_id, x1=x,
-                        x2=draw(st.sampled_from(live)))  # fmt: skip
+            op = Binary(
+                op=draw(st.sampled_from(_BINARY)), out=next_id, x1=x, x2=draw(st.sampled_from(live))
+            )
         elif kind == "scalar":
-            op = BinaryScalar(op=draw(st.sampled_from(_BINARY)), out=next_id, x=x,
-                              scalar=draw(st.sampled_from([0.5, 2.0, 3])),
-                              scalar_first=draw(st.booleans()))  # fmt: skip
+            op = BinaryScalar(
+                op=draw(st.sampled_from(_BINARY)),
+                out=next_id,
+                x=x,
+                scalar=draw(st.sampled_from([0.5, 2.0, 3])),
+                scalar_first=draw(st.booleans()),
+            )
         else:
-            op = draw(st.sampled_from([Reshape(out=next_id, x=x, shape=SHAPE),
-                                       PermuteDims(out=next_id, x=x, axes=(0, 1)),
-                                       PermuteDims(out=next_id, x=x, axes=(1, 0))]))  # fmt: skip
+            op = draw(
+                st.sampled_from(
+                    [
+                        Reshape(out=next_id, x=x, shape=SHAPE),
+                        PermuteDims(out=next_id, x=x, axes=(0, 1)),
+                        PermuteDims(out=next_id, x=x, axes=(1, 0)),
+                    ]
+                )
+            )
         ops.append(op)
         live.append(next_id)
         made.append(next_id)
@@ -242,8 +336,10 @@ def graphs(draw: st.DrawFn) -> tuple[GraphDef, dict[int, str]]:
 
 
 def _declared(inputs: dict[int, str]) -> list[GraphTensor]:
-    return [GraphTensor(name=f"in{i}", id=i, shape=SHAPE, dtype=d)  # type: ignore[arg-type]
-            for i, d in inputs.items()]  # fmt: skip
+    return [
+        GraphTensor(name=f"in{i}", id=i, shape=SHAPE, dtype=d)  # type: ignore[arg-type]
+        for i, d in inputs.items()
+    ]
 
 
 @settings(max_examples=600, deadline=None)

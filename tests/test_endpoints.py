@@ -34,6 +34,8 @@ from .ops_helpers import health, http_get, metrics, value
 from .polling import wait_until
 from .servers import ServerProcess, run_server
 
+pytestmark = [pytest.mark.server, pytest.mark.wire]
+
 TOKEN = "metrics-test-token"  # noqa: S105
 
 
@@ -69,8 +71,9 @@ def test_metrics_move_as_a_session_works() -> None:
         a = xp.ones((64, 32), dtype=xp.float32)
         b = xp.exp(a @ xp.ones((32, 16), dtype=xp.float32))
         np.testing.assert_allclose(b.numpy(), np.exp(np.full((64, 16), 32.0, np.float32)))
-        bad = dev.submit_unchecked(Binary(op="matmul", out=10**6, x1=a.tensor_id, x2=a.tensor_id),
-                                   a.meta)  # fmt: skip
+        bad = dev.submit_unchecked(
+            Binary(op="matmul", out=10**6, x1=a.tensor_id, x2=a.tensor_id), a.meta
+        )
         with pytest.raises(client.RemoteError):
             bad.numpy()
         held = dev.stats()
@@ -139,8 +142,10 @@ def test_sigterm_drains_in_flight_reads_then_exits_0() -> None:
         # max_queue=1: the client stops reading after one frame, so the reply stays in flight
         with ws_client.connect(proc.url, compression=None, max_size=None, max_queue=1) as ws:
             _hello(ws)
-            batch = Batch(ops=[Full(out=1, shape=shape, dtype="float32", value=1.5)],
-                          requests=[Read(request_id=1, tensor=1)])  # fmt: skip
+            batch = Batch(
+                ops=[Full(out=1, shape=shape, dtype="float32", value=1.5)],
+                requests=[Read(request_id=1, tensor=1)],
+            )
             ws.send(to_frames(encode(batch)))
             wait_until(
                 lambda: value(metrics(proc.port), "tensorwire_messages_in_flight") == 1,
@@ -150,9 +155,12 @@ def test_sigterm_drains_in_flight_reads_then_exits_0() -> None:
             wait_until(lambda: health(proc.port)[0] == 503, "/healthz to say 503")
             assert health(proc.port)[1]["status"] == "draining"
             check = subprocess.run(  # the container health check fails while draining
-                [sys.executable, "-m", "server.healthcheck"], capture_output=True, text=True,
-                env={**os.environ, "TENSOR_SERVER_PORT": str(proc.port)}, timeout=60,
-            )  # fmt: skip
+                [sys.executable, "-m", "server.healthcheck"],
+                capture_output=True,
+                text=True,
+                env={**os.environ, "TENSOR_SERVER_PORT": str(proc.port)},
+                timeout=60,
+            )
             assert check.returncode == 1 and check.stdout.startswith("HTTP 503: ")
             with pytest.raises(InvalidStatus) as refused:
                 ws_client.connect(proc.url, open_timeout=10).close()
@@ -174,8 +182,10 @@ def test_sigterm_drains_in_flight_reads_then_exits_0() -> None:
 def _hold_a_read(proc: ServerProcess, ws: Any) -> None:
     """Ask for a 64 MiB read that ``ws`` never receives, and wait until the server holds it."""
     _hello(ws)
-    batch = Batch(ops=[Full(out=1, shape=(4096, 4096), dtype="float32", value=0.0)],
-                  requests=[Read(request_id=1, tensor=1)])  # fmt: skip
+    batch = Batch(
+        ops=[Full(out=1, shape=(4096, 4096), dtype="float32", value=0.0)],
+        requests=[Read(request_id=1, tensor=1)],
+    )
     ws.send(to_frames(encode(batch)))
     wait_until(
         lambda: value(metrics(proc.port), "tensorwire_messages_in_flight") == 1,

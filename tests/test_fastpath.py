@@ -148,8 +148,10 @@ def test_scalar_operands_take_the_fast_path(monkeypatch: pytest.MonkeyPatch) -> 
 
     monkeypatch.setattr(FastPath, "run", run)
     session = Session("s", 0)
-    ops = [BinaryScalar(op="multiply", out=50 + i, x=1 if i == 0 else 49 + i, scalar=0.5)
-           for i in range(100)]  # fmt: skip
+    ops = [
+        BinaryScalar(op="multiply", out=50 + i, x=1 if i == 0 else 49 + i, scalar=0.5)
+        for i in range(100)
+    ]
     _run(session, [*SETUP, *ops])
     assert calls == ["multiply"] * 100
     result = session.store.lookup(149)
@@ -159,8 +161,9 @@ def test_scalar_operands_take_the_fast_path(monkeypatch: pytest.MonkeyPatch) -> 
 _EDGES = [0.0, -0.0, 1.5, -2.0, 3.0, float("inf"), float("nan"), 7.0]
 
 
-@pytest.mark.parametrize("dtype", ["bool", "int8", "uint8", "int64", "float32", "float64",
-                                   "complex64"])  # fmt: skip
+@pytest.mark.parametrize(
+    "dtype", ["bool", "int8", "uint8", "int64", "float32", "float64", "complex64"]
+)
 def test_a_prepared_call_computes_what_the_runner_computes(dtype: str) -> None:
     """``elementwise.one_call``, which the fast path caches per rule, against the runner, for
     every unary and binary op and scalar operands of each type, bit for bit."""
@@ -176,9 +179,12 @@ def test_a_prepared_call_computes_what_the_runner_computes(dtype: str) -> None:
     ops: list[tuple[AnyOp, list[np.ndarray]]] = []
     ops += [(Unary(op=name, out=2, x=0), [x]) for name in get_args(UnaryName)]
     ops += [(Binary(op=name, out=2, x1=0, x2=1), [x, y]) for name in get_args(BinaryName)]
-    ops += [(BinaryScalar(op=name, out=2, x=0, scalar=s, scalar_first=first), [x])
-            for name in get_args(BinaryName) for s in (True, 3, -2.5)
-            for first in (False, True)]  # fmt: skip
+    ops += [
+        (BinaryScalar(op=name, out=2, x=0, scalar=s, scalar_first=first), [x])
+        for name in get_args(BinaryName)
+        for s in (True, 3, -2.5)
+        for first in (False, True)
+    ]
     prepared = 0
     for op, args in ops:
         try:

@@ -147,18 +147,33 @@ def _op_of(kind: str) -> st.SearchStrategy[dict[str, Any]]:
 
 
 op_dicts = st.one_of([_op_of(kind) for kind in REQUIRED])
-INPUTS = {1: ((3, 4), "float64"), 2: ((4,), "int8"), 3: ((2, 1, 4), "bool"), 4: ((), "complex64"),
-          5: ((0, 3), "uint64"), 6: ((4,), "int64"), 7: ((3, 3), "float32")}  # fmt: skip
-DOCUMENTED_OP_ERRORS = {ErrorCode.INVALID_OP, ErrorCode.LIMIT_EXCEEDED, ErrorCode.UNKNOWN_TENSOR,
-                        ErrorCode.DUPLICATE_TENSOR, ErrorCode.EXECUTION_FAILED,
-                        ErrorCode.QUOTA_EXCEEDED, ErrorCode.SERVER_MEMORY_EXHAUSTED}  # fmt: skip
+INPUTS = {
+    1: ((3, 4), "float64"),
+    2: ((4,), "int8"),
+    3: ((2, 1, 4), "bool"),
+    4: ((), "complex64"),
+    5: ((0, 3), "uint64"),
+    6: ((4,), "int64"),
+    7: ((3, 3), "float32"),
+}
+DOCUMENTED_OP_ERRORS = {
+    ErrorCode.INVALID_OP,
+    ErrorCode.LIMIT_EXCEEDED,
+    ErrorCode.UNKNOWN_TENSOR,
+    ErrorCode.DUPLICATE_TENSOR,
+    ErrorCode.EXECUTION_FAILED,
+    ErrorCode.QUOTA_EXCEEDED,
+    ErrorCode.SERVER_MEMORY_EXHAUSTED,
+}
 
 
 def new_session() -> Session:
     store = TensorStore(quota=2**20, budget=MemoryBudget(2**21))
     session = Session("fuzz", 0, store, Limits(max_op_bytes=2**16, max_ndim=8))
-    setup = [{"kind": "full", "out": i, "shape": list(s), "dtype": d, "value": i}
-             for i, (s, d) in INPUTS.items()]  # fmt: skip
+    setup = [
+        {"kind": "full", "out": i, "shape": list(s), "dtype": d, "value": i}
+        for i, (s, d) in INPUTS.items()
+    ]
     run(session, Batch.model_validate_json(json.dumps({"ops": setup})), [])
     return session
 
@@ -202,8 +217,12 @@ def assert_settled(value: Stored | Failure | None) -> None:
 def assert_accounting_exact(session: Session) -> None:
     """Every held root counted once, nothing reserved, and all of it given back on free."""
     store = session.store
-    roots = {id(r): r for i in range(ALL_IDS) if isinstance(v := _get(store, i), Stored)
-             for r in [root_of(v.array)]}  # fmt: skip
+    roots = {
+        id(r): r
+        for i in range(ALL_IDS)
+        if isinstance(v := _get(store, i), Stored)
+        for r in [root_of(v.array)]
+    }
     assert all(r.base is None for r in roots.values())  # nothing held that is not counted
     held = sum(r.nbytes for r in roots.values())
     assert store.nbytes == held == store.budget.used and store.reserved == 0
@@ -226,35 +245,57 @@ axis_or_none = st.one_of(st.none(), wild_int)
 ARRAY_API: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {  # kind: (required, optional)
     "setitem": ({"out": ids, "key": st.lists(index_items, max_size=3), "value": ids}, {}),
     "binary_inplace": ({"op": st.sampled_from(get_args(BinaryName)), "out": ids, "x2": ids}, {}),
-    "binary_scalar": ({"op": st.sampled_from(get_args(BinaryName)), "x": ids, "scalar": scalars},
-                      {"scalar_first": st.booleans()}),
-    "binary_inplace_scalar": ({"op": st.sampled_from(get_args(BinaryName)), "out": ids,
-                               "scalar": scalars}, {}),
+    "binary_scalar": (
+        {"op": st.sampled_from(get_args(BinaryName)), "x": ids, "scalar": scalars},
+        {"scalar_first": st.booleans()},
+    ),
+    "binary_inplace_scalar": (
+        {"op": st.sampled_from(get_args(BinaryName)), "out": ids, "scalar": scalars},
+        {},
+    ),
     "take": ({"op": _names(Take), "x": ids, "indices": ids, "axis": wild_int}, {}),
     "join": ({"op": _names(Join), "xs": id_lists}, {"axis": axis_or_none}),
     "axes": ({"op": _names(Axes), "x": ids}, {"axis": st.lists(wild_int, max_size=3)}),
-    "roll": ({"x": ids, "shift": st.lists(wild_int, max_size=3)},
-             {"axis": st.lists(small_int, max_size=3)}),
-    "moveaxis": ({"x": ids, "source": st.lists(small_int, max_size=2),
-                  "destination": st.lists(small_int, max_size=2)}, {}),
+    "roll": (
+        {"x": ids, "shift": st.lists(wild_int, max_size=3)},
+        {"axis": st.lists(small_int, max_size=3)},
+    ),
+    "moveaxis": (
+        {
+            "x": ids,
+            "source": st.lists(small_int, max_size=2),
+            "destination": st.lists(small_int, max_size=2),
+        },
+        {},
+    ),
     "broadcast_to": ({"x": ids, "shape": dims}, {}),
     "tile": ({"x": ids, "reps": dims}, {}),
     "repeat": ({"x": ids}, {"repeats": wild_int, "repeats_tensor": ids, "axis": axis_or_none}),
     "triangle": ({"op": _names(Triangle), "x": ids}, {"k": wild_int}),
-    "linspace": ({"start": st.floats(), "stop": st.floats(), "num": wild_int,
-                  "dtype": FIELDS["dtype"]}, {"endpoint": st.booleans()}),
+    "linspace": (
+        {"start": st.floats(), "stop": st.floats(), "num": wild_int, "dtype": FIELDS["dtype"]},
+        {"endpoint": st.booleans()},
+    ),
     "sort": ({"op": _names(Sort), "x": ids}, {"axis": wild_int, "descending": st.booleans()}),
-    "cumulative": ({"op": _names(Cumulative), "x": ids},
-                   {"axis": axis_or_none, "include_initial": st.booleans()}),
+    "cumulative": (
+        {"op": _names(Cumulative), "x": ids},
+        {"axis": axis_or_none, "include_initial": st.booleans()},
+    ),
     "searchsorted": ({"x1": ids, "x2": ids}, {"side": st.sampled_from(["left", "right"])}),
     "nonzero": ({"x": ids}, {"more": more}),
     "unique": ({"op": _names(Unique), "x": ids}, {"more": more}),
-    "linalg": ({"op": _names(Linalg), "xs": id_lists},
-               {"more": more, "n": wild_int, "offset": wild_int, "keepdims": st.booleans()}),
-    "fft": ({"op": _names(FFT), "x": ids},
-            {"n": st.lists(st.one_of(st.none(), wild_int), max_size=2),
-             "axes": st.lists(small_int, max_size=2)}),
-}  # fmt: skip
+    "linalg": (
+        {"op": _names(Linalg), "xs": id_lists},
+        {"more": more, "n": wild_int, "offset": wild_int, "keepdims": st.booleans()},
+    ),
+    "fft": (
+        {"op": _names(FFT), "x": ids},
+        {
+            "n": st.lists(st.one_of(st.none(), wild_int), max_size=2),
+            "axes": st.lists(small_int, max_size=2),
+        },
+    ),
+}
 
 
 def _array_api_op(kind: str) -> st.SearchStrategy[dict[str, Any]]:

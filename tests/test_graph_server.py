@@ -31,8 +31,16 @@ from .polling import wait_until
 from .servers import ServerProcess, run_server
 
 F64 = "float64"
-GRAPH_LIMITS = ("--max-graphs", "2", "--max-graph-bytes", "16KiB", "--session-quota", "256KiB",
-                "--max-op-bytes", "64KiB")  # fmt: skip
+GRAPH_LIMITS = (
+    "--max-graphs",
+    "2",
+    "--max-graph-bytes",
+    "16KiB",
+    "--session-quota",
+    "256KiB",
+    "--max-op-bytes",
+    "64KiB",
+)
 
 
 def _tensor(name: str, tensor_id: int, shape: tuple[int, ...], dtype: str = F64) -> GraphTensor:
@@ -80,8 +88,9 @@ def register(dev: client.RemoteDevice, graph: GraphDef, *constants: np.ndarray) 
     return graph_id
 
 
-def run(dev: client.RemoteDevice, graph_id: int, graph: GraphDef,
-        *args: RemoteArray) -> list[RemoteArray]:  # fmt: skip
+def run(
+    dev: client.RemoteDevice, graph_id: int, graph: GraphDef, *args: RemoteArray
+) -> list[RemoteArray]:
     """Submit one ``run_graph`` op; handles for its outputs."""
     ids = [dev.new_id() for _ in graph.outputs]
     arg_ids = tuple(a.tensor_id for a in args)

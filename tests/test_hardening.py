@@ -19,13 +19,43 @@ import protocol.messages
 import protocol.ops
 from protocol import CLIENT_ADAPTER, DTYPES, ErrorCode, from_numpy
 
+pytestmark = pytest.mark.wire
+
 ROOT = Path(__file__).resolve().parent.parent
-FORBIDDEN_MODULES = {"pickle", "cPickle", "marshal", "shelve", "dill", "cloudpickle", "joblib",
-                     "subprocess", "importlib", "ctypes", "tempfile", "shutil"}  # fmt: skip
+FORBIDDEN_MODULES = {
+    "pickle",
+    "cPickle",
+    "marshal",
+    "shelve",
+    "dill",
+    "cloudpickle",
+    "joblib",
+    "subprocess",
+    "importlib",
+    "ctypes",
+    "tempfile",
+    "shutil",
+}
 FORBIDDEN_CALLS = {"eval", "exec", "compile", "open", "__import__", "breakpoint", "input"}
-FORBIDDEN_ATTRIBUTES = {"load", "loads", "loadtxt", "genfromtxt", "fromfile", "fromregex",
-                        "memmap", "save", "savez", "tofile", "system", "popen", "read_text",
-                        "read_bytes", "write_text", "write_bytes", "unlink"}  # fmt: skip
+FORBIDDEN_ATTRIBUTES = {
+    "load",
+    "loads",
+    "loadtxt",
+    "genfromtxt",
+    "fromfile",
+    "fromregex",
+    "memmap",
+    "save",
+    "savez",
+    "tofile",
+    "system",
+    "popen",
+    "read_text",
+    "read_bytes",
+    "write_text",
+    "write_bytes",
+    "unlink",
+}
 
 
 def _sources() -> list[Path]:
@@ -202,8 +232,12 @@ def test_the_token_is_compared_in_constant_time(monkeypatch: pytest.MonkeyPatch)
 def _unbounded_int(tp: Any, metadata: Sequence[Any] = ()) -> bool:
     """True if annotation ``tp`` lets a bare, unbounded ``int`` through."""
     if tp is int:
-        bounds = {name for m in metadata for name in ("ge", "gt", "le", "lt")
-                  if getattr(m, name, None) is not None}  # fmt: skip
+        bounds = {
+            name
+            for m in metadata
+            for name in ("ge", "gt", "le", "lt")
+            if getattr(m, name, None) is not None
+        }
         return not ({"ge", "gt"} & bounds and {"le", "lt"} & bounds)
     if get_origin(tp) is Annotated:
         base, *meta = get_args(tp)
@@ -234,9 +268,17 @@ def test_every_integer_on_the_wire_is_bounded() -> None:
     # Full.value and a scalar operand are range-checked against their dtype by inference
     # (test_limits, test_scalar_operands); Hello's ints are only compared (protocol version,
     # device count) and never reach numpy.
-    exempt = {"Full.value", "BinaryScalar.scalar", "InPlaceBinaryScalar.scalar",
-              "Hello.protocol", "Hello.device_index"}  # fmt: skip
-    loose = [f"{model.__name__}.{name}" for model in models
-             for name, field in model.model_fields.items()
-             if _unbounded_int(field.annotation, field.metadata)]  # fmt: skip
+    exempt = {
+        "Full.value",
+        "BinaryScalar.scalar",
+        "InPlaceBinaryScalar.scalar",
+        "Hello.protocol",
+        "Hello.device_index",
+    }
+    loose = [
+        f"{model.__name__}.{name}"
+        for model in models
+        for name, field in model.model_fields.items()
+        if _unbounded_int(field.annotation, field.metadata)
+    ]
     assert set(loose) == exempt, loose

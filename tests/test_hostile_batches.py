@@ -42,6 +42,8 @@ from protocol.stepwise import validate_stepwise
 from .raw import TOKEN, Raw
 from .servers import ServerProcess, run_server
 
+pytestmark = pytest.mark.wire
+
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[ServerProcess]:
@@ -126,6 +128,7 @@ def _assert_not_held(victim: Victim, start: float, end: float) -> None:
     assert max(reads) < max(0.5, (end - start) / 4), (max(reads), end - start)
 
 
+@pytest.mark.serial
 def test_a_batch_of_110k_tiny_ops_does_not_hold_another_session(server: ServerProcess) -> None:
     n = 110_000
     frames = _frames(_chain(n))
@@ -144,6 +147,7 @@ def test_a_batch_of_110k_tiny_ops_does_not_hold_another_session(server: ServerPr
     assert opened < 1.0
 
 
+@pytest.mark.serial
 def test_a_batch_of_50k_reads_does_not_hold_another_session(server: ServerProcess) -> None:
     n = 50_000
     with closing(Raw(server.url)) as attacker, Victim(server.url) as victim:
@@ -176,6 +180,7 @@ def _stream(url: str, frames: Any, stop: threading.Event, sent: list[int]) -> No
             pending -= 1
 
 
+@pytest.mark.serial
 def test_a_stream_of_large_batches_leaves_other_sessions_served(server: ServerProcess) -> None:
     n = 80_000  # 8 MB a batch, sent without a pause for 4 s
     frames = _frames(_chain(n, first=1_000_000, again=True))
@@ -315,6 +320,7 @@ def test_a_decoder_that_steps_keeps_what_followed_the_header_in_its_first_chunk(
     assert np.array_equal(np.frombuffer(got[0], np.float64), upload)
 
 
+@pytest.mark.server
 def test_a_header_over_the_default_cap_is_refused_and_the_session_goes_on() -> None:
     """A parsed header holds about 14x its bytes in objects, uncounted: the default cap of 4 MiB
     bounds that (issue 17's soak); a larger header is refused whole, before it is parsed."""
@@ -331,6 +337,7 @@ def test_a_header_over_the_default_cap_is_refused_and_the_session_goes_on() -> N
         assert reply[0].type == "read_reply"
 
 
+@pytest.mark.server
 def test_the_client_sends_many_frees_in_messages_under_the_cap() -> None:
     """Handles dropped by the hundred thousand leave in messages of at most 32,768 frees, each
     under a 256 KiB header cap (one message of all would be 700 KB), all before the next
@@ -348,6 +355,8 @@ def test_the_client_sends_many_frees_in_messages_under_the_cap() -> None:
         dev.sync()  # and nothing refused
 
 
+@pytest.mark.serial
+@pytest.mark.server
 def test_a_message_dropped_whole_fails_its_read_at_once_and_the_session_goes_on() -> None:
     """A message the server cannot use at all (here a header over a 1 KiB cap) runs no op and
     answers no request. The server names it (``Dropped``), so the read it carried fails with

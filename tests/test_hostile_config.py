@@ -29,13 +29,19 @@ from .polling import wait_until
 from .raw import TOKEN, RawSocket
 from .servers import ROOT, run_server
 
+pytestmark = [pytest.mark.server, pytest.mark.wire]
+
 
 def check_config(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
     """``python -m server --check-config ARGS`` with ``env`` added to this environment."""
     return subprocess.run(
         [sys.executable, "-m", "server", "--check-config", *args],
-        capture_output=True, text=True, cwd=ROOT, env={**os.environ, **env}, timeout=60,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, **env},
+        timeout=60,
+    )
 
 
 # --- 10: an empty token ------------------------------------------------------------------------
@@ -159,8 +165,10 @@ def hold_a_read(ws: ws_client.ClientConnection, port: int) -> None:
     reads one frame at most), so that a drain waits for it."""
     ws.send(to_frames(encode(Hello(protocol=PROTOCOL_VERSION))))
     ws.recv(decode=False)  # the welcome
-    batch = Batch(ops=[Full(out=1, shape=(4096, 4096), dtype="float32", value=0.0)],
-                  requests=[Read(request_id=1, tensor=1)])  # fmt: skip
+    batch = Batch(
+        ops=[Full(out=1, shape=(4096, 4096), dtype="float32", value=0.0)],
+        requests=[Read(request_id=1, tensor=1)],
+    )
     ws.send(to_frames(encode(batch)))
     wait_until(
         lambda: value(metrics(port), "tensorwire_messages_in_flight") == 1,
@@ -187,10 +195,13 @@ def test_a_new_session_during_a_drain_is_told_the_server_is_shutting_down() -> N
 # --- 14: silent and vanished connections -------------------------------------------------------
 
 
+@pytest.mark.serial
 def test_a_silent_connection_frees_its_slot_at_the_handshake_timeout() -> None:
     """No hello: closed at --handshake-timeout, and its slot free then, not 10 s later
     (websockets' close timeout, waiting for a close frame a silent peer never sends)."""
-    with run_server("--handshake-timeout", "1", "--max-connections", "1", "--log-level", "info") as proc:  # fmt: skip  # noqa: E501
+    with run_server(
+        "--handshake-timeout", "1", "--max-connections", "1", "--log-level", "info"
+    ) as proc:
         silent = RawSocket(proc.url, token=None)  # upgraded, then says nothing
         assert proc.stderr.wait_for("limit=handshake_timeout", timeout=30)
         timed_out = time.monotonic()

@@ -22,6 +22,9 @@ from .servers import ServerProcess, run_server
 ELEMENTS = 2**16  # int64: 512 KiB
 
 
+pytestmark = pytest.mark.wire
+
+
 @pytest.fixture(scope="module")
 def server() -> Iterator[ServerProcess]:
     with run_server("--token", TOKEN) as proc:

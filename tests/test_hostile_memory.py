@@ -37,9 +37,13 @@ BUDGET, QUOTA = 64 * MIB, 32 * MIB
 # (server/allocator.py), and a batch's parsed ops and replies live while it runs.
 SLACK = 48 * MIB
 
-pytestmark = pytest.mark.skipif(
-    not Path("/proc/self/clear_refs").exists(), reason="peak RSS is read from Linux's /proc"
-)
+pytestmark = [
+    pytest.mark.wire,
+    pytest.mark.server,
+    pytest.mark.skipif(
+        not Path("/proc/self/clear_refs").exists(), reason="peak RSS is read from Linux's /proc"
+    ),
+]
 
 
 def _status(pid: int, key: str) -> int:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 
 import numpy as np
+import pytest
 
 import client
 from bench._procs import rss
@@ -17,6 +18,8 @@ from protocol.codec import encode, to_frames
 from protocol.ops import AnyOp, Binary
 
 from .servers import run_server
+
+pytestmark = pytest.mark.server
 
 MIB = 2**20
 

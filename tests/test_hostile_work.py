@@ -60,6 +60,7 @@ ATTACKS: dict[str, Callable[[client.RemoteDevice], None]] = {
 }
 
 
+@pytest.mark.serial
 @pytest.mark.parametrize("attack", list(ATTACKS))
 def test_costly_ops_leave_the_event_loop_to_other_sessions(
     server: ServerProcess, attack: str
@@ -116,6 +117,7 @@ WORK_BOMBS: dict[str, Callable[[client.Namespace], client.RemoteArray]] = {
 }
 
 
+@pytest.mark.serial
 @pytest.mark.parametrize("name", list(WORK_BOMBS))
 def test_an_op_over_the_work_cap_is_refused_and_the_session_goes_on(
     capped: ServerProcess, name: str
@@ -131,6 +133,7 @@ def test_an_op_over_the_work_cap_is_refused_and_the_session_goes_on(
         assert float(xp.sum(xp.ones(10)).numpy()) == 10.0  # the session goes on
 
 
+@pytest.mark.serial
 def test_work_bombs_hold_no_worker_slot_from_an_innocent_session(capped: ServerProcess) -> None:
     """Two sessions each send the broadcast matmul (both worker threads); an innocent session's
     ``sum`` of a million elements, which runs in a worker thread, is answered at once (before:

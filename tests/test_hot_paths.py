@@ -50,6 +50,7 @@ def test_cost_counts_elements_and_matmul_work() -> None:
     assert executor.cost(inv, TensorMeta((200, 200), "float64"), [np.zeros((200, 200))]) >= 200**3
 
 
+@pytest.mark.wire
 def test_connection_has_nodelay_and_no_compression(dev: client.RemoteDevice) -> None:
     ws = dev._conn._ws
     assert ws.socket.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1

@@ -89,8 +89,17 @@ def _selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
 
 def _quantity(text: str) -> float:
     """A Kubernetes quantity (``4Gi``, ``500m``, ``2``) as a number."""
-    suffixes = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "k": 1e3, "M": 1e6,
-                "G": 1e9, "m": 1e-3, "": 1}  # fmt: skip
+    suffixes = {
+        "Ki": 2**10,
+        "Mi": 2**20,
+        "Gi": 2**30,
+        "Ti": 2**40,
+        "k": 1e3,
+        "M": 1e6,
+        "G": 1e9,
+        "m": 1e-3,
+        "": 1,
+    }
     match = re.fullmatch(r"([0-9.]+)([A-Za-z]*)", str(text))
     assert match is not None, f"not a quantity: {text!r}"
     return float(match[1]) * suffixes[match[2]]
@@ -162,9 +171,12 @@ def test_kustomization_lists_every_manifest_once() -> None:
 def test_the_build_holds_the_deployment() -> None:
     kinds = sorted((r["kind"], r["metadata"]["name"]) for r in _build())
     assert kinds == [
-        ("Job", "tensorwire-train-parallel"), ("NetworkPolicy", "tensorwire"),
-        ("Service", "tensorwire"), ("Service", "tensorwire-any"), ("StatefulSet", "tensorwire"),
-    ]  # fmt: skip
+        ("Job", "tensorwire-train-parallel"),
+        ("NetworkPolicy", "tensorwire"),
+        ("Service", "tensorwire"),
+        ("Service", "tensorwire-any"),
+        ("StatefulSet", "tensorwire"),
+    ]
     # the Secret is created with kubectl, never kept here (docker/README.md, "Kubernetes")
     assert "secretGenerator" not in _kustomization()
 
@@ -203,8 +215,9 @@ def test_servers_run_the_image_as_compose_builds_it() -> None:
     assert container["command"] == runtime.exec_form("CMD")
     uid, gid = runtime.all("USER")[-1].split(":")
     assert (pod["securityContext"]["runAsUser"], pod["securityContext"]["runAsGroup"]) == (
-        int(uid), int(gid),
-    )  # fmt: skip
+        int(uid),
+        int(gid),
+    )
     assert _server_port() == int(_server_env()["TENSOR_SERVER_PORT"]) == 8765
 
 
@@ -294,6 +307,7 @@ def test_the_drain_fits_the_grace_period() -> None:
     assert _server_pod()["spec"]["terminationGracePeriodSeconds"] >= grace + 5
 
 
+@pytest.mark.server
 def test_every_variable_is_a_server_setting_and_the_server_accepts_them(tmp_path: Path) -> None:
     """A misspelt TENSOR_SERVER_* variable is ignored by the server, so each must name a field;
     then ``--check-config`` validates the whole environment the pods get."""
@@ -305,9 +319,12 @@ def test_every_variable_is_a_server_setting_and_the_server_accepts_them(tmp_path
     env["TENSOR_SERVER_TOKEN_FILE"] = str(token)
     result = subprocess.run(
         [sys.executable, *_server_container()["command"][1:], "--check-config"],
-        env={"PATH": "/usr/bin:/bin", **env}, cwd=tmp_path, capture_output=True, text=True,
+        env={"PATH": "/usr/bin:/bin", **env},
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
         timeout=60,
-    )  # fmt: skip
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     checked = json.loads(result.stdout.partition(": ")[2])
     assert checked["host"] == "0.0.0.0" and checked["worker_threads"] == 2
@@ -378,8 +395,9 @@ def _admits(pod_labels: dict[str, str], namespace_labels: dict[str, str], same: 
         assert all(set(s) == {"matchLabels"} for s in peer.values())
         pods = peer.get("podSelector", {}).get("matchLabels", {})
         namespaces = peer.get("namespaceSelector")
-        in_namespace = same if namespaces is None else _selects(namespaces["matchLabels"],
-                                                                namespace_labels)  # fmt: skip
+        in_namespace = (
+            same if namespaces is None else _selects(namespaces["matchLabels"], namespace_labels)
+        )
         if in_namespace and _selects(pods, pod_labels):
             return True
     return False

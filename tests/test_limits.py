@@ -24,9 +24,21 @@ from protocol.ops import AnyOp, Arange, Binary, Eye, FromBuffer, Full, Reshape
 from .raw import TOKEN, Raw, Witness
 from .servers import ServerProcess, run_server
 
+pytestmark = pytest.mark.wire
+
 MIB = 2**20
-LIMITS = ("--max-op-bytes", "1MiB", "--session-quota", "4MiB", "--memory-budget", "6MiB",
-          "--max-message-size", "2MiB", "--max-ndim", "8")  # fmt: skip
+LIMITS = (
+    "--max-op-bytes",
+    "1MiB",
+    "--session-quota",
+    "4MiB",
+    "--memory-budget",
+    "6MiB",
+    "--max-message-size",
+    "2MiB",
+    "--max-ndim",
+    "8",
+)
 
 
 @pytest.fixture(scope="module")
@@ -100,11 +112,11 @@ MALFORMED = {
     ),
     "huge int: index": frame(
         batch_json(ops=[{"kind": "getitem", "out": 2, "x": 1, "key": [10**30]}])
-    ),  # fmt: skip
+    ),
     "huge int: eye k": frame(
         batch_json(
             ops=[{"kind": "eye", "out": 1, "n_rows": 2, "n_cols": 2, "k": 10**30, "dtype": "int64"}]
-        )  # fmt: skip
+        )
     ),
     # the Array API families' integer fields are int64 too
     "huge int: roll shift": frame(
@@ -114,12 +126,12 @@ MALFORMED = {
         batch_json(
             ops=[{"kind": "take", "op": "take", "out": 3, "x": 1, "indices": 2, "axis": -(10**30)}]
         )
-    ),  # fmt: skip
+    ),
     "huge int: setitem slice": frame(
         batch_json(
             ops=[{"kind": "setitem", "out": 1, "value": 2, "key": [{"start": 0, "stop": 2**63}]}]
         )
-    ),  # fmt: skip
+    ),
     "huge int: tile reps": frame(
         batch_json(ops=[{"kind": "tile", "out": 2, "x": 1, "reps": [2**64]}])
     ),
@@ -139,13 +151,13 @@ MALFORMED = {
                 }
             ]
         )
-    ),  # fmt: skip
+    ),
     "huge int: fft n": frame(
         batch_json(ops=[{"kind": "fft", "op": "fft", "out": 2, "x": 1, "n": [10**30]}])
     ),
     "huge int: matrix_power n": frame(
         batch_json(ops=[{"kind": "linalg", "op": "matrix_power", "out": 2, "xs": [1], "n": 10**30}])
-    ),  # fmt: skip
+    ),
     "repeated output id": frame(
         batch_json(ops=[{"kind": "nonzero", "out": 2, "more": [2], "x": 1}])
     ),
@@ -178,8 +190,23 @@ def test_text_frame_is_refused_and_connection_kept(raw: Raw, witness: Witness) -
 
 # --- dtypes: only the Array API standard's numeric dtypes exist ---------------------------------
 
-BAD_DTYPES = ["object", "O", "|O", ">f8", "<f8", "float16", "V8", "|S4", "<U2", "str",
-              "[('a', '<i4')]", "datetime64[s]", "timedelta64", "bfloat16", "int"]  # fmt: skip
+BAD_DTYPES = [
+    "object",
+    "O",
+    "|O",
+    ">f8",
+    "<f8",
+    "float16",
+    "V8",
+    "|S4",
+    "<U2",
+    "str",
+    "[('a', '<i4')]",
+    "datetime64[s]",
+    "timedelta64",
+    "bfloat16",
+    "int",
+]
 
 
 @pytest.mark.parametrize("dtype", BAD_DTYPES)
@@ -244,9 +271,10 @@ def read_error(raw: Raw, batch: Batch, buffers: list[memoryview] | None = None) 
 def test_byte_length_not_matching_shape(raw: Raw, witness: Witness) -> None:
     op = FromBuffer(out=1, shape=(3,), dtype="float64", buffer=0)
     error = read_error(
-        raw, Batch(ops=[op], buffers=[16], requests=[Read(request_id=1, tensor=1)]),
+        raw,
+        Batch(ops=[op], buffers=[16], requests=[Read(request_id=1, tensor=1)]),
         [memoryview(b"\x00" * 16)],
-    )  # fmt: skip
+    )
     assert error.code == ErrorCode.INVALID_OP and "needs 24" in error.message
     assert_kept(raw)
     witness.assert_intact()
@@ -306,10 +334,28 @@ def _bombs(xp: client.Namespace) -> dict[str, Any]:
     }
 
 
-BOMB_NAMES = ["zeros", "full 2**62", "broadcast", "outer", "where", "matmul", "arange ints",
-              "arange floats", "eye", "astype widening", "tile", "tile 2**62", "repeat",
-              "repeat by a tensor", "linspace", "concat", "stack", "broadcast_to",
-              "linalg outer", "fft n"]  # fmt: skip
+BOMB_NAMES = [
+    "zeros",
+    "full 2**62",
+    "broadcast",
+    "outer",
+    "where",
+    "matmul",
+    "arange ints",
+    "arange floats",
+    "eye",
+    "astype widening",
+    "tile",
+    "tile 2**62",
+    "repeat",
+    "repeat by a tensor",
+    "linspace",
+    "concat",
+    "stack",
+    "broadcast_to",
+    "linalg outer",
+    "fft n",
+]
 
 
 @pytest.mark.parametrize("name", BOMB_NAMES)
@@ -443,8 +489,12 @@ def test_limit_ops_named_in_errors(raw: Raw, witness: Witness) -> None:
     ]
     requests: list[Request] = [Read(request_id=i, tensor=i) for i in (1, 2, 4, 5)]
     replies = raw.request(Batch(ops=ops, requests=requests))
-    assert [r.type for r in replies] == ["request_failed", "request_failed", "read_reply",
-                                         "request_failed"]  # fmt: skip
+    assert [r.type for r in replies] == [
+        "request_failed",
+        "request_failed",
+        "read_reply",
+        "request_failed",
+    ]
     assert replies[0].error.code == replies[1].error.code == ErrorCode.LIMIT_EXCEEDED
     assert replies[3].error.op == replies[0].error.op == "arange() -> #1"
     raw.request(Batch(frees=[1, 2, 3, 4, 5], requests=[Sync(request_id=9)]))
@@ -468,6 +518,7 @@ def test_too_many_buffers_in_one_message(raw: Raw, witness: Witness) -> None:
     witness.assert_intact()
 
 
+@pytest.mark.server
 def test_buffers_per_message_is_configurable() -> None:
     with run_server("--token", TOKEN, "--max-buffers", "2") as proc:
         raw, witness = Raw(proc.url), Witness(proc.url)

@@ -200,23 +200,33 @@ def test_failures_are_the_remote_ones(url: str) -> None:
     with LocalDevice() as local, client.RemoteDevice(url) as remote:
         got, expected = _failures(local), _failures(remote)
     codes = [o[1] for o in expected[:6]] + [expected[7][1]]
-    assert codes == ["invalid_op", "invalid_op", "execution_failed", "limit_exceeded",
-                     "unknown_tensor", "invalid_op", "duplicate_tensor"]  # fmt: skip
+    assert codes == [
+        "invalid_op",
+        "invalid_op",
+        "execution_failed",
+        "limit_exceeded",
+        "unknown_tensor",
+        "invalid_op",
+        "duplicate_tensor",
+    ]
     assert expected[6][0] == "OpShapeError" and expected[8] == ("ok", [[2.0] * 3] * 2)
     assert got == expected
 
 
 def _limits(dev: AnyDevice) -> list[tuple[Any, ...]]:
     xp = client.namespace(dev)
-    outcomes = [_outcome(xp.asarray(np.zeros(4000)).numpy),  # 32000 bytes of upload
-                _outcome(xp.zeros(4000).numpy),  # 32000 bytes of output
-                _outcome(xp.ones(100).numpy)]  # fmt: skip
+    outcomes = [
+        _outcome(xp.asarray(np.zeros(4000)).numpy),  # 32000 bytes of upload
+        _outcome(xp.zeros(4000).numpy),  # 32000 bytes of output
+        _outcome(xp.ones(100).numpy),
+    ]
     gc.collect()  # a remote reply's error holds its array in a cycle (Reply.result's frame)
     stats = dev.stats()
     outcomes.append((stats.tensors, stats.tensor_bytes, stats.failed))
     return outcomes
 
 
+@pytest.mark.server
 @pytest.mark.parametrize(
     ("flags", "kwargs", "code"),
     [
@@ -377,9 +387,11 @@ def _train(ad: Autodiff) -> list[float]:
     y = (x[:, :4].argmax(axis=1) + 3 * (x[:, 4] > 0)).astype(np.int64)  # 7 classes
     init = np.random.default_rng(0)
     model = nn.Sequential(
-        nn.Linear(16, 32, ad=ad, rng=init), nn.GELU(), nn.LayerNorm(32, ad=ad),
+        nn.Linear(16, 32, ad=ad, rng=init),
+        nn.GELU(),
+        nn.LayerNorm(32, ad=ad),
         nn.Linear(32, 7, ad=ad, rng=init),
-    )  # fmt: skip
+    )
     opt = optim.AdamW(model.parameters(), lr=1e-2, weight_decay=1e-2)
     data, labels = ad.asarray(x), ad.asarray(y)
     losses = []

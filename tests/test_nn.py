@@ -57,15 +57,25 @@ class Block(nn.Module):
 def test_named_parameters_names_and_order() -> None:
     model = Block()
     assert [name for name, _ in model.named_parameters()] == [
-        "scale", "fc1.weight", "fc1.bias", "body.0.weight", "body.0.bias", "body.2.weight",
+        "scale",
+        "fc1.weight",
+        "fc1.bias",
+        "body.0.weight",
+        "body.0.bias",
+        "body.2.weight",
         "body.2.bias",
-    ]  # fmt: skip
+    ]
     assert list(model.state_dict()) == [name for name, _ in model.named_parameters()]
     assert sum(values(p).size for p in model.parameters()) == 3 + 16 + 25 + 12
     assert [name for name, _ in model.named_children()] == ["fc1", "body"]
     assert [type(m).__name__ for m in model.modules()] == [
-        "Block", "Linear", "Sequential", "Linear", "ReLU", "Linear",
-    ]  # fmt: skip
+        "Block",
+        "Linear",
+        "Sequential",
+        "Linear",
+        "ReLU",
+        "Linear",
+    ]
     assert [name for name, _ in model.named_parameters(recurse=False)] == ["scale"]
 
 
@@ -207,8 +217,9 @@ def test_layer_norm_against_numpy(ad: Autodiff) -> None:
     assert list(bare.parameters()) == []
     m1 = x.mean(axis=-1, keepdims=True)
     v1 = x.var(axis=-1, keepdims=True)
-    np.testing.assert_allclose(values(bare(ad.asarray(x))), (x - m1) / np.sqrt(v1 + 1e-3),
-                               rtol=1e-4, atol=1e-5)  # fmt: skip
+    np.testing.assert_allclose(
+        values(bare(ad.asarray(x))), (x - m1) / np.sqrt(v1 + 1e-3), rtol=1e-4, atol=1e-5
+    )
     with pytest.raises(ValueError, match=r"trailing axes must be \(4, 5\)"):
         layer(np.ones((2, 5, 4), np.float32))
 
@@ -309,8 +320,12 @@ def test_cross_entropy_refuses_wrong_shapes_and_dtypes(ad: Autodiff) -> None:
 
 def mlp(ad: Autodiff | None = None, seed: int = 0) -> nn.Sequential:
     rng = np.random.default_rng(seed)
-    return nn.Sequential(nn.Linear(3, 5, ad=ad, rng=rng), nn.GELU(),
-                         nn.LayerNorm(5, ad=ad), nn.Linear(5, 2, ad=ad, rng=rng))  # fmt: skip
+    return nn.Sequential(
+        nn.Linear(3, 5, ad=ad, rng=rng),
+        nn.GELU(),
+        nn.LayerNorm(5, ad=ad),
+        nn.Linear(5, 2, ad=ad, rng=rng),
+    )
 
 
 def same_values(a: nn.Module, b: nn.Module) -> bool:
@@ -358,12 +373,17 @@ def test_load_state_dict_keeps_the_tensors_and_copies(ad: Autodiff) -> None:
     [
         (lambda s: s.pop("2.bias"), r"missing name '2\.bias'.*\(1 missing, 0 unexpected"),
         (lambda s: s.update(extra=np.zeros(1)), r"unexpected name 'extra'"),
-        (lambda s: s.update({"0.weight": np.zeros((3, 5))}),
-         r"'0\.weight'.*shape \(5, 3\).*\(3, 5\)"),
-        (lambda s: (s.pop("0.bias"), s.update(zzz=np.zeros(1))), r"missing name '0\.bias'.*"
-         r"\(1 missing, 1 unexpected"),
+        (
+            lambda s: s.update({"0.weight": np.zeros((3, 5))}),
+            r"'0\.weight'.*shape \(5, 3\).*\(3, 5\)",
+        ),
+        (
+            lambda s: (s.pop("0.bias"), s.update(zzz=np.zeros(1))),
+            r"missing name '0\.bias'.*"
+            r"\(1 missing, 1 unexpected",
+        ),
     ],
-)  # fmt: skip
+)
 def test_load_state_dict_names_the_first_mismatch(change: Any, message: str) -> None:
     model = mlp()
     before = {k: v.copy() for k, v in model.state_dict().items()}

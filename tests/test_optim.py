@@ -33,8 +33,11 @@ def gradients(shape: tuple[int, ...], seed: int = 0) -> list[np.ndarray]:
     return [rng.standard_normal(shape) for _ in range(STEPS)]
 
 
-def run(ad: Autodiff, make: Callable[[list[Tensor]], optim.Optimizer], p0: np.ndarray,
-        ) -> tuple[np.ndarray, optim.Optimizer, Tensor]:  # fmt: skip
+def run(
+    ad: Autodiff,
+    make: Callable[[list[Tensor]], optim.Optimizer],
+    p0: np.ndarray,
+) -> tuple[np.ndarray, optim.Optimizer, Tensor]:
     """``STEPS`` steps of the optimizer from ``p0`` (float64, for an exact comparison) with
     the gradients of :func:`gradients` set by hand; the final values, the optimizer and p."""
     p = ad.asarray(p0, requires_grad=True)
@@ -50,8 +53,14 @@ def run(ad: Autodiff, make: Callable[[list[Tensor]], optim.Optimizer], p0: np.nd
 # --- PyTorch's rules, re-implemented for the comparison ----------------------------------------
 
 
-def reference_sgd(p: np.ndarray, lr: float, momentum: float = 0.0, dampening: float = 0.0,
-                  weight_decay: float = 0.0, nesterov: bool = False) -> np.ndarray:  # fmt: skip
+def reference_sgd(
+    p: np.ndarray,
+    lr: float,
+    momentum: float = 0.0,
+    dampening: float = 0.0,
+    weight_decay: float = 0.0,
+    nesterov: bool = False,
+) -> np.ndarray:
     p, buf = p.copy(), np.zeros_like(p)
     for t, g in enumerate(gradients(p.shape)):
         if weight_decay:
@@ -63,9 +72,15 @@ def reference_sgd(p: np.ndarray, lr: float, momentum: float = 0.0, dampening: fl
     return p
 
 
-def reference_adam(p: np.ndarray, lr: float, betas: tuple[float, float], eps: float,
-                   weight_decay: float, decoupled: bool,
-                   grads: Sequence[np.ndarray | None] | None = None) -> np.ndarray:  # fmt: skip
+def reference_adam(
+    p: np.ndarray,
+    lr: float,
+    betas: tuple[float, float],
+    eps: float,
+    weight_decay: float,
+    decoupled: bool,
+    grads: Sequence[np.ndarray | None] | None = None,
+) -> np.ndarray:
     """``grads`` (default :func:`gradients`) one per step; at a None the parameter has no
     gradient, so PyTorch skips it: its ``t`` does not advance."""
     p, m, v = p.copy(), np.zeros_like(p), np.zeros_like(p)
@@ -113,11 +128,17 @@ def test_sgd_matches_pytorchs_rules(ad: Autodiff, hyper: dict[str, Any]) -> None
         (optim.AdamW, {"lr": 0.05, "weight_decay": 0.3}),
     ],
 )
-def test_adam_and_adamw_match_pytorchs_rules(ad: Autodiff, cls: type[optim.Adam],
-                                             hyper: dict[str, Any]) -> None:  # fmt: skip
+def test_adam_and_adamw_match_pytorchs_rules(
+    ad: Autodiff, cls: type[optim.Adam], hyper: dict[str, Any]
+) -> None:
     got, opt, p = run(ad, lambda ps: cls(ps, **hyper), P0)
-    full = {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8,
-            "weight_decay": 1e-2 if cls is optim.AdamW else 0.0, **hyper}  # fmt: skip
+    full = {
+        "lr": 1e-3,
+        "betas": (0.9, 0.999),
+        "eps": 1e-8,
+        "weight_decay": 1e-2 if cls is optim.AdamW else 0.0,
+        **hyper,
+    }
     expected = reference_adam(P0, decoupled=cls is optim.AdamW, **full)
     np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-14)
     state = opt.state[p]
@@ -164,15 +185,19 @@ def counted(dev: client.RemoteDevice, monkeypatch: pytest.MonkeyPatch) -> Iterat
     [
         (lambda ps: optim.SGD(ps, lr=0.1), np.float64, 2, 0),
         (lambda ps: optim.SGD(ps, lr=0.1, momentum=0.9), np.float64, 4, 0),
-        (lambda ps: optim.SGD(ps, lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.1),
-         np.float64, 8, 0),
+        (
+            lambda ps: optim.SGD(ps, lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.1),
+            np.float64,
+            8,
+            0,
+        ),
         (lambda ps: optim.Adam(ps), np.float64, 12, 8),
         (lambda ps: optim.Adam(ps), np.float32, 12, 10),  # +2: the terms cast to float32
         (lambda ps: optim.Adam(ps, weight_decay=0.1), np.float64, 14, 8),
         (lambda ps: optim.AdamW(ps), np.float64, 13, 10),  # +2: 1 - lr * weight_decay
         (lambda ps: optim.AdamW(ps), np.float32, 13, 13),  # +3: and the casts to float32
     ],
-)  # fmt: skip
+)
 def test_ops_per_parameter_and_per_group_per_step_are_as_documented(
     ad: Autodiff, counted: list[Any], make: Any, dtype: Any, per_parameter: int, per_group: int
 ) -> None:
@@ -212,8 +237,12 @@ class _Made(dict[int, int]):
 
 
 def _adam_groups(ps: list[Tensor]) -> optim.Optimizer:
-    return optim.Adam([{"params": ps[:2], "weight_decay": 0.1},
-                       {"params": ps[2:], "lr": 3e-3, "betas": (0.8, 0.99)}])  # fmt: skip
+    return optim.Adam(
+        [
+            {"params": ps[:2], "weight_decay": 0.1},
+            {"params": ps[2:], "lr": 3e-3, "betas": (0.8, 0.99)},
+        ]
+    )
 
 
 @pytest.mark.parametrize(
@@ -232,8 +261,9 @@ def test_a_training_step_sends_the_same_ops_every_step_after_the_first(
     rate changed between steps by a schedule (its writes are ops of their own, not the
     step's). A step-dependent Python scalar (Adam's bias corrections, the rate) fails this."""
     rng = np.random.default_rng(3)
-    model = nn.Sequential(nn.Linear(8, 16, ad=ad, rng=rng), nn.ReLU(),
-                          nn.Linear(16, 4, ad=ad, rng=rng))  # fmt: skip
+    model = nn.Sequential(
+        nn.Linear(8, 16, ad=ad, rng=rng), nn.ReLU(), nn.Linear(16, 4, ad=ad, rng=rng)
+    )
     opt = make(list(model.parameters()))
     schedule = optim.CosineAnnealingLR(opt, T_max=5)
     x = ad.asarray(rng.standard_normal((32, 8)).astype(np.float32))
@@ -261,8 +291,10 @@ def test_a_parameter_that_skips_steps_keeps_its_own_step_count(
     has = {"a": "111111", "b": "101111", "c": "001111"}  # c's first step is the group's third
     rng = np.random.default_rng(5)
     g = {name: [rng.standard_normal(P0.shape) for _ in range(5)] for name in has}
-    grads = {name: [g[name][min(i, 4)] if took == "1" else None for i, took in enumerate(row)]
-             for name, row in has.items()}  # fmt: skip
+    grads = {
+        name: [g[name][min(i, 4)] if took == "1" else None for i, took in enumerate(row)]
+        for name, row in has.items()
+    }
     params = {name: ad.asarray(P0, requires_grad=True) for name in has}
     uploaded = {name: [ad.asarray(x) for x in g[name]] for name in has}
     opt = optim.Adam(list(params.values()), lr=0.1, betas=(0.8, 0.9))
@@ -274,8 +306,15 @@ def test_a_parameter_that_skips_steps_keeps_its_own_step_count(
         opt.step()
         steps.append(normalised(counted))
     for name, p in params.items():
-        expected = reference_adam(P0, lr=0.1, betas=(0.8, 0.9), eps=1e-8, weight_decay=0.0,
-                                  decoupled=False, grads=grads[name])  # fmt: skip
+        expected = reference_adam(
+            P0,
+            lr=0.1,
+            betas=(0.8, 0.9),
+            eps=1e-8,
+            weight_decay=0.0,
+            decoupled=False,
+            grads=grads[name],
+        )
         np.testing.assert_allclose(values(p), expected, rtol=1e-12, atol=1e-14)
         assert opt.state[p]["step"] == has[name].count("1")
     assert steps[4] == steps[5]
@@ -365,8 +404,9 @@ def test_a_small_mlp_learns_on_the_server(ad: Autodiff) -> None:
     rng = np.random.default_rng(0)
     x = rng.uniform(-1, 1, (64, 2)).astype(np.float32)
     labels = ((x[:, 0] * x[:, 1]) > 0).astype(np.int64)  # XOR of the signs: not linear
-    model = nn.Sequential(nn.Linear(2, 16, ad=ad, rng=rng), nn.Tanh(),
-                          nn.Linear(16, 2, ad=ad, rng=rng))  # fmt: skip
+    model = nn.Sequential(
+        nn.Linear(2, 16, ad=ad, rng=rng), nn.Tanh(), nn.Linear(16, 2, ad=ad, rng=rng)
+    )
     opt = optim.AdamW(model.parameters(), lr=0.05)
     schedule = optim.StepLR(opt, step_size=25, gamma=0.5)
     inputs, targets = ad.asarray(x), ad.asarray(labels)

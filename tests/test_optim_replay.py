@@ -29,8 +29,9 @@ class Run:
         self.x = ad.asarray(rng.standard_normal((48, 10)).astype(np.float32))
         self.y = ad.asarray(rng.integers(0, 4, 48))
         init = np.random.default_rng(2)
-        self.net = nn.Sequential(nn.Linear(10, 20, ad=ad, rng=init), nn.Tanh(),
-                                 nn.Linear(20, 4, ad=ad, rng=init))  # fmt: skip
+        self.net = nn.Sequential(
+            nn.Linear(10, 20, ad=ad, rng=init), nn.Tanh(), nn.Linear(20, 4, ad=ad, rng=init)
+        )
         params = list(self.net.parameters())
         self.opt: optim.Optimizer
         self.change: Callable[[int], None]
@@ -41,8 +42,9 @@ class Run:
             self.opt = optim.SGD(params, lr=0.2, momentum=0.9)
             self.change = _stepper(optim.StepLR(self.opt, step_size=3, gamma=0.5))
         else:  # two groups, each rate set by hand (0.0 among them)
-            self.opt = optim.Adam([{"params": params[:2]}, {"params": params[2:], "lr": 5e-3}],
-                                  lr=1e-2)  # fmt: skip
+            self.opt = optim.Adam(
+                [{"params": params[:2]}, {"params": params[2:], "lr": 5e-3}], lr=1e-2
+            )
             self.change = self._by_hand
         self.order = np.random.default_rng(6)
 
@@ -113,8 +115,10 @@ def counted(dev: client.RemoteDevice, monkeypatch: pytest.MonkeyPatch) -> Iterat
 
 def _float32_params(ad: Autodiff, n: int) -> list[Tensor]:
     rng = np.random.default_rng(1)
-    return [ad.asarray(rng.standard_normal((3, 4)).astype(np.float32), requires_grad=True)
-            for _ in range(n)]  # fmt: skip
+    return [
+        ad.asarray(rng.standard_normal((3, 4)).astype(np.float32), requires_grad=True)
+        for _ in range(n)
+    ]
 
 
 def test_the_rate_arrays_are_made_at_the_first_step_and_written_in_place(
@@ -174,8 +178,12 @@ def test_bad_rates_and_groups_are_refused_and_nothing_is_written(
     p.grad, q.grad = ad.asarray(np.ones((3, 4), np.float32)), None
     opt.step()
     counted.clear()
-    for bad, error in ((-1.0, ValueError), (float("nan"), ValueError), ("0.1", TypeError),
-                       (True, TypeError)):  # fmt: skip
+    for bad, error in (
+        (-1.0, ValueError),
+        (float("nan"), ValueError),
+        ("0.1", TypeError),
+        (True, TypeError),
+    ):
         with pytest.raises(error, match="learning rate|lr"):
             opt.set_lr(bad)  # type: ignore[arg-type]
     with pytest.raises(IndexError, match="2 parameter groups"):

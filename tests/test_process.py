@@ -50,6 +50,7 @@ def test_the_listening_line(line: str, parsed: tuple[str, str, int] | None) -> N
     assert parse_listening(line) == parsed
 
 
+@pytest.mark.server
 def test_a_wss_server(tmp_path: Path) -> None:
     ca = trustme.CA()
     pem, ca_file = tmp_path / "server.pem", tmp_path / "ca.pem"
@@ -74,6 +75,7 @@ def _has_ipv6_loopback() -> bool:
     return True
 
 
+@pytest.mark.server
 @pytest.mark.skipif(not _has_ipv6_loopback(), reason="this machine has no IPv6 loopback (::1)")
 def test_an_ipv6_loopback_server() -> None:
     with run_server("--host", "::1") as proc:
@@ -84,6 +86,7 @@ def test_an_ipv6_loopback_server() -> None:
             assert float(client.namespace(dev).sum(client.namespace(dev).ones(5))) == 5.0
 
 
+@pytest.mark.server
 def test_a_chatty_server_never_blocks_on_its_log() -> None:
     """Far more than a pipe buffer (64 KiB) of INFO lines while a client keeps working: the
     launcher drains stderr, keeps its last 64 KiB from a line's start, and the newest line."""
@@ -138,6 +141,7 @@ def test_a_tail_keeps_whole_lines() -> None:
     assert tail.first_line(timeout=0) == "line 0000"
 
 
+@pytest.mark.server
 def test_a_server_that_exits_raises_with_its_stderr() -> None:
     with pytest.raises(StartError) as info:
         start_server("--device", "remote:ws://gpu-box:8765", cwd=ROOT)
@@ -147,6 +151,7 @@ def test_a_server_that_exits_raises_with_its_stderr() -> None:
     assert info.value.stderr.count("\n") == 1
 
 
+@pytest.mark.server
 def test_a_server_already_on_its_port_raises_with_its_stderr() -> None:
     with run_server() as first, pytest.raises(StartError) as info:
         start_server(command=[sys.executable, "-m", "server", "--port", str(first.port)], cwd=ROOT)
@@ -168,6 +173,7 @@ def test_an_unexpected_first_line_is_refused() -> None:
 def test_importing_the_launcher_stays_light() -> None:
     heavy = "{'numpy', 'websockets', 'anyio', 'pydantic'}"
     code = f"import sys, server.process; print(sorted({heavy} & set(sys.modules)))"
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            cwd=ROOT, timeout=60)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60
+    )
     assert result.returncode == 0 and result.stdout.strip() == "[]", result.stderr

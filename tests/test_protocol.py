@@ -223,8 +223,9 @@ def test_to_frames_keeps_small_messages_whole_and_fragments_large_ones() -> None
     )
     assert isinstance(to_frames(small), bytes)
     big = np.zeros(3 * 2**20 + 5, np.uint8)
-    chunks = encode(ReadReply(request_id=1, shape=big.shape, dtype="uint8", nbytes=big.nbytes),
-                    [byte_view(big)])  # fmt: skip
+    chunks = encode(
+        ReadReply(request_id=1, shape=big.shape, dtype="uint8", nbytes=big.nbytes), [byte_view(big)]
+    )
     frames = to_frames(chunks, fragment_size=2**20)
     assert isinstance(frames, list) and len(frames) == 5
     assert frames[0] is chunks[0] and sum(len(f) for f in frames[1:]) == big.nbytes
@@ -335,10 +336,13 @@ def test_getitem_shape_matches_numpy(shape: tuple[int, ...], data: st.DataObject
     key = data.draw(hnp.basic_indices(shape, allow_newaxis=True, allow_ellipsis=True))
     items = key if isinstance(key, tuple) else (key,)
     wire: Any = tuple(
-        "..." if k is Ellipsis else SliceSpec(start=k.start, stop=k.stop, step=k.step)
-        if isinstance(k, slice) else k
+        "..."
+        if k is Ellipsis
+        else SliceSpec(start=k.start, stop=k.stop, step=k.step)
+        if isinstance(k, slice)
+        else k
         for k in items
-    )  # fmt: skip
+    )
     op = GetItem(out=2, x=1, key=wire)
     assert op.infer(TensorMeta(shape, "float64")).shape == np.zeros(shape)[key].shape
 

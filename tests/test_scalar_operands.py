@@ -76,8 +76,10 @@ def test_operators_send_one_op_per_scalar(
     y = 1 - y / 4 + x**2
     z = xp.where(x > 1, y, 0.0)  # where's scalar is still a full (one op per scalar there)
     assert sent == ["binary_scalar"] * 5 + ["binary_scalar", "binary"] + [
-        "binary_scalar", "full", "where",
-    ]  # fmt: skip
+        "binary_scalar",
+        "full",
+        "where",
+    ]
     x *= 0.5
     assert sent[-1] == "binary_inplace_scalar"
     a = np.arange(4.0)
@@ -151,8 +153,9 @@ def test_a_scalar_op_refused_by_the_server_costs_nothing_else(
     dev.sync()
     after = dev.stats()
     assert (after.tensor_bytes, after.server_tensor_bytes) == (
-        before.tensor_bytes, before.server_tensor_bytes,
-    )  # fmt: skip
+        before.tensor_bytes,
+        before.server_tensor_bytes,
+    )
 
 
 def test_a_long_chain_of_scalar_ops_matches_numpy(

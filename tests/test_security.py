@@ -26,6 +26,8 @@ from .polling import wait_until
 from .raw import TOKEN, Raw, RawSocket, Witness
 from .servers import ROOT, ServerProcess, run_server
 
+pytestmark = pytest.mark.wire
+
 ONE_THREAD = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
@@ -85,6 +87,7 @@ def test_token_is_not_a_hello_field(secured: ServerProcess, witness: Witness) ->
     witness.assert_intact()
 
 
+@pytest.mark.server
 def test_token_from_the_environment_on_both_sides(monkeypatch: pytest.MonkeyPatch) -> None:
     with run_server(env={"TENSOR_SERVER_TOKEN": "from-env"}) as proc:
         with pytest.raises(client.AuthenticationError):
@@ -97,11 +100,15 @@ def test_token_from_the_environment_on_both_sides(monkeypatch: pytest.MonkeyPatc
 # --- bind ------------------------------------------------------------------------------------
 
 
+@pytest.mark.server
 def test_non_loopback_bind_without_token_refuses_to_start() -> None:
     done = subprocess.run(
         [sys.executable, "-m", "server", "--host", "0.0.0.0", "--port", "0"],
-        cwd=ROOT, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 2 and done.stdout == ""
     (line,) = done.stderr.splitlines()
     assert "refusing to bind 0.0.0.0 without a token" in line and "--token" in line
@@ -140,6 +147,7 @@ def tls_files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return tmp / "server.pem", tmp / "ca.pem"
 
 
+@pytest.mark.server
 def test_tls_verified_with_a_ca_file(tls_files: tuple[Path, Path]) -> None:
     pem, ca = tls_files
     with run_server("--token", TOKEN, "--tls-cert", str(pem), "--tls-key", str(pem)) as proc:
@@ -153,12 +161,16 @@ def test_tls_verified_with_a_ca_file(tls_files: tuple[Path, Path]) -> None:
             client.RemoteDevice(proc.url.replace("wss://", "ws://"), token=TOKEN, open_timeout=5)
 
 
+@pytest.mark.server
 def test_bad_tls_files_refuse_to_start(tmp_path: Path) -> None:
     missing = str(tmp_path / "missing.pem")
     done = subprocess.run(
         [sys.executable, "-m", "server", "--tls-cert", missing, "--tls-key", missing],
-        cwd=ROOT, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 2 and len(done.stderr.splitlines()) == 1
     assert "cannot load --tls-cert" in done.stderr
 
@@ -174,6 +186,7 @@ def test_foreign_origin_is_refused_by_default(secured: ServerProcess, witness: W
     witness.assert_intact()
 
 
+@pytest.mark.server
 def test_allowed_origin_is_accepted() -> None:
     with run_server("--token", TOKEN, "--allowed-origins", "https://app.example") as proc:
         Raw(proc.url, origin="https://app.example").close()
@@ -184,6 +197,7 @@ def test_allowed_origin_is_accepted() -> None:
 # --- connections -----------------------------------------------------------------------------
 
 
+@pytest.mark.server
 def test_too_many_connections() -> None:
     with run_server("--token", TOKEN, "--max-connections", "2") as proc:
         w = Witness(proc.url)
@@ -207,8 +221,16 @@ def test_too_many_connections() -> None:
 
 @pytest.fixture
 def impatient() -> Iterator[ServerProcess]:
-    args = ("--handshake-timeout", "0.5", "--idle-timeout", "1", "--send-timeout", "1",
-            "--write-limit", "64KiB")  # fmt: skip
+    args = (
+        "--handshake-timeout",
+        "0.5",
+        "--idle-timeout",
+        "1",
+        "--send-timeout",
+        "1",
+        "--write-limit",
+        "64KiB",
+    )
     with run_server("--token", TOKEN, *args) as proc:
         yield proc
 
@@ -240,6 +262,7 @@ def test_idle_client_is_closed(impatient: ServerProcess) -> None:
     wait_until(lambda: server_bytes(impatient.url) == 0, "the server to hold no bytes")
 
 
+@pytest.mark.serial
 def test_a_session_busier_than_the_idle_timeout_stays_open(impatient: ServerProcess) -> None:
     """Idle means one wait longer than the timeout, not the time since the session began:
     syncs back to back for 2.5 s (the timeout is 1 s; each waits for its reply, no pauses)
@@ -327,6 +350,7 @@ def test_slow_op_does_not_block_other_sessions(secured: ServerProcess, witness: 
     witness.assert_intact()
 
 
+@pytest.mark.server
 def test_op_past_its_deadline_closes_the_session() -> None:
     with run_server("--token", TOKEN, "--op-deadline", "0.1", env=ONE_THREAD) as proc:
         w = Witness(proc.url)
@@ -347,8 +371,10 @@ def test_op_past_its_deadline_closes_the_session() -> None:
 
 def test_matmul_op_types_are_still_checked(secured: ServerProcess, witness: Witness) -> None:
     raw = Raw(secured.url)
-    ops: list[AnyOp] = [Full(out=1, shape=(2, 3), dtype="float64", value=1.0),
-                        Binary(op="matmul", out=2, x1=1, x2=1)]  # fmt: skip
+    ops: list[AnyOp] = [
+        Full(out=1, shape=(2, 3), dtype="float64", value=1.0),
+        Binary(op="matmul", out=2, x1=1, x2=1),
+    ]
     (reply,) = raw.request(Batch(ops=ops, frees=[1], requests=[Read(request_id=1, tensor=2)]))
     assert reply.error.code == ErrorCode.INVALID_OP
     raw.request(Batch(frees=[2], requests=[Sync(request_id=2)]))
@@ -356,6 +382,7 @@ def test_matmul_op_types_are_still_checked(secured: ServerProcess, witness: Witn
     witness.assert_intact()
 
 
+@pytest.mark.server
 def test_client_that_does_not_answer_pings_is_dropped() -> None:
     with run_server("--token", TOKEN, "--ping-interval", "0.2", "--ping-timeout", "0.2") as proc:
         sock = RawSocket(proc.url)  # answers nothing, not even pings
@@ -388,6 +415,7 @@ def test_broken_websocket_framing_closes_with_1002(
     witness.assert_intact()
 
 
+@pytest.mark.server
 def test_a_flooding_client_is_held_back_by_tcp() -> None:
     """While a session's slow op runs, it cannot queue more than a few messages in the
     server: the server stops reading the socket and the sender's kernel buffer fills."""
@@ -414,6 +442,7 @@ def test_a_flooding_client_is_held_back_by_tcp() -> None:
         w.close()
 
 
+@pytest.mark.server
 def test_a_client_gone_during_a_long_op_ends_its_session_at_once() -> None:
     """The session does not wait for numpy: a 432 GFLOP matmul on one thread runs for
     minutes, and the session of the client that asked for it ends as soon as it is gone (the
@@ -434,6 +463,7 @@ def test_a_client_gone_during_a_long_op_ends_its_session_at_once() -> None:
             assert probe.stats().server_tensor_bytes == 6000 * 6000 * 8
 
 
+@pytest.mark.server
 def test_sigterm_exits_after_the_grace_while_numpy_runs() -> None:
     with run_server("--token", TOKEN, "--shutdown-grace", "1", env=ONE_THREAD) as proc:
         dev = client.RemoteDevice(proc.url, token=TOKEN)
@@ -453,6 +483,8 @@ def test_sigterm_exits_after_the_grace_while_numpy_runs() -> None:
         dev.close()
 
 
+@pytest.mark.serial
+@pytest.mark.server
 def test_a_session_with_work_in_flight_is_not_idle() -> None:
     """The work (8 single-threaded 2000x2000 matmuls, about 2 s here) outlasts the idle
     timeout, and nothing is sent meanwhile; the client's one gap that counts, from its

@@ -38,12 +38,19 @@ def _run_guarded(
     tmp_path: Path, *args: str, timeout: float = 20
 ) -> subprocess.CompletedProcess[str]:
     (tmp_path / "sitecustomize.py").write_text(BIND_GUARD)
-    env = {"PYTHONPATH": str(tmp_path), "BIND_MARKER": str(tmp_path / "binds.log"),
-           "PATH": "/usr/bin:/bin"}  # fmt: skip
+    env = {
+        "PYTHONPATH": str(tmp_path),
+        "BIND_MARKER": str(tmp_path / "binds.log"),
+        "PATH": "/usr/bin:/bin",
+    }
     return subprocess.run(
-        [sys.executable, "-m", "server", *args], cwd=ROOT, env=env, capture_output=True,
-        text=True, timeout=timeout,
-    )  # fmt: skip
+        [sys.executable, "-m", "server", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def _free_port() -> int:
@@ -53,6 +60,7 @@ def _free_port() -> int:
         return port
 
 
+@pytest.mark.server
 @pytest.mark.parametrize(
     "device, expected",
     [
@@ -80,6 +88,7 @@ def test_validator_refuses_before_binding(tmp_path: Path, device: str, expected:
         s.bind(("127.0.0.1", port))
 
 
+@pytest.mark.server
 def test_bind_guard_sees_a_real_bind(tmp_path: Path) -> None:
     """The control for the test above: the guard does record a server that binds."""
     (tmp_path / "sitecustomize.py").write_text(BIND_GUARD)
@@ -107,6 +116,7 @@ def test_programmatic_entry_raises_typed_error(
     assert binds == [] and threading.active_count() == threads
 
 
+@pytest.mark.server
 def test_bad_flags_exit_2_with_one_line(tmp_path: Path) -> None:
     result = _run_guarded(tmp_path, "--port", "70000")
     assert result.returncode == 2 and len(result.stderr.splitlines()) == 1
@@ -114,14 +124,21 @@ def test_bad_flags_exit_2_with_one_line(tmp_path: Path) -> None:
     assert not (tmp_path / "binds.log").exists()
 
 
+@pytest.mark.server
 def test_help_lists_the_flags() -> None:
-    result = subprocess.run([sys.executable, "-m", "server", "--help"], cwd=ROOT,
-                            capture_output=True, text=True, timeout=30)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-m", "server", "--help"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert result.returncode == 0
     for flag in ["--device", "--host", "--port"]:
         assert flag in result.stdout
 
 
+@pytest.mark.server
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_signals_close_sessions_and_exit_0(sig: signal.Signals) -> None:
     with run_server() as proc:

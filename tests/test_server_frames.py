@@ -41,6 +41,8 @@ from protocol.ops import FromBuffer, Full
 from .raw import Witness
 from .servers import ServerProcess, run_server
 
+pytestmark = pytest.mark.wire
+
 WAIT = 30.0
 
 
@@ -273,16 +275,19 @@ def test_an_upload_sent_before_the_welcome_is_decoded_for_the_session(url: str) 
 
 @pytest.mark.parametrize(
     ("what", "wire"),
-    [
-        ("unmasked", frame(Opcode.BINARY, b"x", masked=False)),
-        ("reserved bit", frame(Opcode.BINARY, b"x", rsv=0x40)),
-        ("continuation first", frame(Opcode.CONT, b"x")),
-        (
-            "new message inside one",
-            frame(Opcode.BINARY, b"x", fin=False) + frame(Opcode.TEXT, b"y"),
-        ),
-        ("long control frame", frame(Opcode.PING, b"p" * 126)),
-        ("unknown opcode", frame(3, b"x")),
+    [  # each named by its case: a mask is random, so the bytes would differ between processes
+        pytest.param(what, wire, id=what)
+        for what, wire in [
+            ("unmasked", frame(Opcode.BINARY, b"x", masked=False)),
+            ("reserved bit", frame(Opcode.BINARY, b"x", rsv=0x40)),
+            ("continuation first", frame(Opcode.CONT, b"x")),
+            (
+                "new message inside one",
+                frame(Opcode.BINARY, b"x", fin=False) + frame(Opcode.TEXT, b"y"),
+            ),
+            ("long control frame", frame(Opcode.PING, b"p" * 126)),
+            ("unknown opcode", frame(3, b"x")),
+        ]
     ],
 )
 def test_protocol_violations_close_with_1002_and_touch_no_one_else(
@@ -299,6 +304,7 @@ def test_protocol_violations_close_with_1002_and_touch_no_one_else(
     witness.dev.close()
 
 
+@pytest.mark.server
 def test_fragments_adding_up_past_the_message_size_close_with_1009() -> None:
     with run_server("--max-message-size", "1MiB") as small:
         witness = Witness(small.url, token=None)

@@ -132,8 +132,9 @@ def test_two_devices_of_one_server_copy_in_memory(source: ServerProcess) -> None
 
 
 def _pull(dev: Device, capability: str, source: str | None, meta: TensorMeta) -> Any:
-    op = Pull(out=dev.new_id(), source=source, capability=capability, shape=meta.shape,
-              dtype=meta.dtype)  # fmt: skip
+    op = Pull(
+        out=dev.new_id(), source=source, capability=capability, shape=meta.shape, dtype=meta.dtype
+    )
     return dev.submit_unchecked(op, meta)
 
 
@@ -160,6 +161,7 @@ def test_a_capability_works_once_for_its_server(
     assert float(client.namespace(b).sum(first).numpy()) == 15.0  # the session goes on
 
 
+@pytest.mark.server
 def test_a_capability_expires_and_its_bytes_come_back_unclaimed() -> None:
     with run_server("--transfer-ttl", "0.3") as proc, client.RemoteDevice(proc.url, 0) as a:
         with client.RemoteDevice(proc.url, 0) as b:
@@ -199,6 +201,7 @@ def test_a_server_pulls_only_from_its_peers(source: ServerProcess) -> None:
             assert (stats.tensor_bytes, stats.server_tensor_bytes) == (0, 0)  # nothing reserved
 
 
+@pytest.mark.server
 def test_servers_authenticate_to_each_other_with_their_token() -> None:
     token = {"TENSOR_SERVER_TOKEN": "s3cret-shared"}
     with (
@@ -252,6 +255,7 @@ def test_a_source_lost_midway_fails_the_pull_and_nothing_leaks(
         )
 
 
+@pytest.mark.server
 def test_servers_over_tls_verify_each_other(tmp_path: Any) -> None:
     import trustme
 
@@ -358,6 +362,7 @@ def test_a_peer_pattern_with_more_than_scheme_host_and_port_is_refused(pattern: 
         ServerConfig(peers=pattern)
 
 
+@pytest.mark.server
 def test_a_peer_token_of_its_own() -> None:
     with (
         run_server(*LOOPBACK_PEERS, env={"TENSOR_SERVER_TOKEN": "source-token"}) as source,
@@ -371,6 +376,7 @@ def test_a_peer_token_of_its_own() -> None:
         np.testing.assert_array_equal(x.to_device(b).numpy(), np.arange(5))
 
 
+@pytest.mark.server
 def test_a_kept_session_the_source_closed_is_renewed() -> None:
     with (
         run_server(*LOOPBACK_PEERS, "--idle-timeout", "1") as source,
@@ -378,20 +384,31 @@ def test_a_kept_session_the_source_closed_is_renewed() -> None:
         client.RemoteDevice(target.url) as b,
     ):
         for value in (1.0, 2.0):  # the second after the source closed every idle session
+            if value == 2.0:
+                wait_until(lambda: _sessions(source) == 1, "the source to close the idle ones")
             with client.RemoteDevice(source.url) as a:
                 x = client.namespace(a).full(2, value)
                 np.testing.assert_array_equal(x.to_device(b).numpy(), np.full(2, value))
-            time.sleep(2.0)
 
 
+def _sessions(proc: ServerProcess) -> int:
+    """The server's open sessions, counting the one that asks."""
+    with client.RemoteDevice(proc.url) as probe:
+        return probe.stats().connections
+
+
+@pytest.mark.server
 def test_the_peer_token_is_hidden_in_check_config() -> None:
     import subprocess
     import sys
 
     shown = subprocess.run(
         [sys.executable, "-m", "server", "--peer-token", "s3cret-peer", "--check-config"],
-        capture_output=True, text=True, timeout=60, check=True,
-    ).stdout  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
     assert "s3cret-peer" not in shown and '"peer_token": "<hidden>"' in shown
 
 

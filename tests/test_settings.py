@@ -34,8 +34,14 @@ def _clean_env(**values: str) -> dict[str, str]:
 
 
 def _server(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "server", *args], cwd=ROOT, env=_clean_env(**env),
-                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "server", *args],
+        cwd=ROOT,
+        env=_clean_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def _checked(*args: str, **env: str) -> dict[str, object]:
@@ -48,6 +54,7 @@ def _checked(*args: str, **env: str) -> dict[str, object]:
     return loaded
 
 
+@pytest.mark.server
 def test_help_documents_every_setting_with_its_variable() -> None:
     result = _server("--help")
     assert result.returncode == 0
@@ -59,13 +66,18 @@ def test_help_documents_every_setting_with_its_variable() -> None:
     assert actions == set(ServerConfig.model_fields)  # a new field is a new flag
 
 
+@pytest.mark.server
 def test_variables_flags_and_defaults() -> None:
     defaults = _checked()
     assert defaults["port"] == 8765 and defaults["host"] == "127.0.0.1"
     assert defaults["device"] == "ndarray" and defaults["token"] is None
-    from_env = _checked(TENSOR_SERVER_PORT="9001", TENSOR_SERVER_DEVICE="ndarray:3",
-                        TENSOR_SERVER_SHUTDOWN_GRACE="2.5", TENSOR_SERVER_LOG_LEVEL="debug",
-                        TENSOR_SERVER_MEMORY_BUDGET="1GiB")  # fmt: skip
+    from_env = _checked(
+        TENSOR_SERVER_PORT="9001",
+        TENSOR_SERVER_DEVICE="ndarray:3",
+        TENSOR_SERVER_SHUTDOWN_GRACE="2.5",
+        TENSOR_SERVER_LOG_LEVEL="debug",
+        TENSOR_SERVER_MEMORY_BUDGET="1GiB",
+    )
     assert from_env["port"] == 9001 and from_env["device"] == "ndarray:3"
     assert from_env["shutdown_grace"] == 2.5 and from_env["log_level"] == "DEBUG"
     assert from_env["memory_budget"] == 2**30
@@ -73,6 +85,7 @@ def test_variables_flags_and_defaults() -> None:
     assert flag_wins["port"] == 9002
 
 
+@pytest.mark.server
 def test_check_config_binds_nothing() -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -81,6 +94,7 @@ def test_check_config_binds_nothing() -> None:
         assert _checked("--port", str(port))["port"] == port  # the port is in use: not bound
 
 
+@pytest.mark.server
 def test_token_file_is_read_and_hidden(tmp_path: Path) -> None:
     secret = tmp_path / "token"
     secret.write_text("  file-token\n")
@@ -93,6 +107,7 @@ def test_token_file_is_read_and_hidden(tmp_path: Path) -> None:
             client.RemoteDevice(proc.url, token="wrong")
 
 
+@pytest.mark.server
 @pytest.mark.parametrize(
     ("args", "env", "needle"),
     [
@@ -118,10 +133,14 @@ def test_bad_settings_exit_2_with_one_line(
         assert result.stderr.count("\n") == 1
 
 
+@pytest.mark.server
 def test_startup_validator_from_flag_and_variable() -> None:
     remote = {"TENSOR_SERVER_DEVICE": "remote:ws://gpu-box:8765"}
-    for args, env in [(["--device", "remote:ws://gpu-box:8765"], {}), ([], remote),
-                      (["--check-config"], remote)]:  # fmt: skip
+    for args, env in [
+        (["--device", "remote:ws://gpu-box:8765"], {}),
+        ([], remote),
+        (["--check-config"], remote),
+    ]:
         result = _server(*args, **env)
         assert (result.returncode, result.stdout, result.stderr) == (2, "", REMOTE_REFUSAL)
     result = _server(TENSOR_SERVER_DEVICE="capture:capture:ndarray:2")
@@ -129,6 +148,7 @@ def test_startup_validator_from_flag_and_variable() -> None:
     assert result.stderr.endswith("serve the inner device instead: --device ndarray:2\n")
 
 
+@pytest.mark.server
 def test_device_from_the_environment_is_served() -> None:
     with run_server(env=_clean_env(TENSOR_SERVER_DEVICE="ndarray:3")) as proc:
         with client.RemoteDevice(proc.url, index=2) as dev:
@@ -142,6 +162,7 @@ def test_programmatic_config() -> None:
         server.Server(ServerConfig(device=RemoteSpec(url="ws://gpu-box:8765")))
 
 
+@pytest.mark.server
 def test_memory_budget_auto_follows_the_cgroup_limit(tmp_path: Path) -> None:
     limit_file = tmp_path / "memory.max"
     limit_file.write_text("4294967296\n")
@@ -178,6 +199,7 @@ def test_a_new_field_is_a_new_flag_and_variable(monkeypatch: pytest.MonkeyPatch)
     assert Extended(**args).insecure is False  # the flag beats the variable
 
 
+@pytest.mark.server
 def test_port_in_use_is_one_line_and_exit_1() -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

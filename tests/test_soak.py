@@ -5,7 +5,11 @@ bench's to report (bench/HISTORY.md, run 43), not a test's to time."""
 
 from __future__ import annotations
 
+import pytest
+
 from bench import soak
+
+pytestmark = pytest.mark.e2e
 
 
 def test_a_short_soak_keeps_the_server_alive_and_every_result_right() -> None:
@@ -14,6 +18,9 @@ def test_a_short_soak_keeps_the_server_alive_and_every_result_right() -> None:
     assert figures["well_behaved_reads"] > 0 and figures["connects"] > 0
     assert figures["wrong_results"] == 0 and figures["failed_calls"] == []
     assert set(soak.verdict(figures)) == {
-        "p99 read < 100 ms", "new connection < 1 s", "RSS < 1.5x budget + at rest",
-        "every result correct", "server alive",
-    }  # fmt: skip
+        "p99 read < 100 ms",
+        "new connection < 1 s",
+        "RSS < 1.5x budget + at rest",
+        "every result correct",
+        "server alive",
+    }

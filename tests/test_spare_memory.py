@@ -158,6 +158,7 @@ def _spare(port: int) -> float:
     return value(metrics(port), "tensorwire_spare_bytes")
 
 
+@pytest.mark.server
 def test_an_upload_into_reused_memory_holds_exactly_its_own_bytes() -> None:
     n = 4 * MIB // 4
     rng = np.random.default_rng(7)
@@ -178,6 +179,7 @@ def test_an_upload_into_reused_memory_holds_exactly_its_own_bytes() -> None:
         assert (rc + 1).numpy().tobytes() == (c + 1).tobytes()
 
 
+@pytest.mark.server
 def test_a_budget_full_of_spare_memory_still_takes_a_larger_upload() -> None:
     args = ("--memory-budget", "16MiB", "--session-quota", "16MiB")
     with run_server(*args) as proc, client.RemoteDevice(proc.url) as dev:
@@ -192,6 +194,7 @@ def test_a_budget_full_of_spare_memory_still_takes_a_larger_upload() -> None:
         assert _spare(proc.port) == 0
 
 
+@pytest.mark.server
 def test_sessions_that_reuse_each_others_memory_never_see_stale_bytes() -> None:
     """Two sessions upload, read back and free same-size tensors at once, each keeping a view
     of the previous upload past its free (a view keeps the memory in use): every read returns
@@ -232,6 +235,7 @@ def _minor_faults(pid: int) -> int:
         return int(stat.read().rsplit(")", 1)[1].split()[7])
 
 
+@pytest.mark.server
 @pytest.mark.skipif(not is_glibc(), reason="glibc's mallopt only")
 def test_a_loop_of_ops_reuses_freed_results_instead_of_faulting_in_fresh_pages() -> None:
     """Each step makes and frees 4 MiB results, as a training step does: after a warm-up the
@@ -261,6 +265,7 @@ def _rss(pid: int) -> int:
     raise AssertionError("no VmRSS")
 
 
+@pytest.mark.server
 @pytest.mark.skipif(not is_glibc(), reason="glibc's malloc_trim only")
 def test_memory_malloc_kept_for_results_goes_back_once_the_server_is_idle() -> None:
     """Results freed below a live one stay in malloc's heap while the server works (no trim
@@ -282,6 +287,7 @@ def test_memory_malloc_kept_for_results_goes_back_once_the_server_is_idle() -> N
         assert float(keep[0]) == 47.0
 
 
+@pytest.mark.server
 def test_a_temporary_is_freed_after_its_last_use_in_the_batch() -> None:
     """Ten 4 MiB results in one batch, each a temporary of the next (``x = x * 2.0``), under a
     16 MiB quota: freed at their last use, at most three are alive at once. When a batch's

@@ -34,6 +34,8 @@ from protocol import (
 from protocol.codec import decode, encode_header, to_frames
 from protocol.ops import Unary
 
+pytestmark = pytest.mark.wire
+
 
 def apply_mask(data: bytes, key: bytes) -> bytes:
     """RFC 6455's masking, written independently of the code under test."""
@@ -111,6 +113,7 @@ def fake_server(welcome: bool = True) -> Iterator[FakeServer]:
                 fake.sock.close()
 
 
+@pytest.mark.inprocess
 def test_idle_client_answers_pings(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(client._connection, "KEEPALIVE_POLL", 0.01)
     with fake_server() as fake:
@@ -126,6 +129,7 @@ def test_idle_client_answers_pings(monkeypatch: pytest.MonkeyPatch) -> None:
         dev.close()
 
 
+@pytest.mark.inprocess
 def test_blocked_reader_wakes_when_the_server_goes_away() -> None:
     with fake_server() as fake:
         dev = client.RemoteDevice(fake.url)
@@ -151,6 +155,7 @@ def test_blocked_reader_wakes_when_the_server_goes_away() -> None:
         dev.close()
 
 
+@pytest.mark.inprocess
 def test_close_gives_up_on_a_silent_server(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(client._connection, "CLOSE_TIMEOUT", 0.2)
     with fake_server() as fake:
@@ -161,6 +166,7 @@ def test_close_gives_up_on_a_silent_server(monkeypatch: pytest.MonkeyPatch) -> N
             dev.sync()
 
 
+@pytest.mark.inprocess
 def test_fragmented_reply_with_a_ping_inside_lands_in_the_array() -> None:
     """A read reply in three fragments (16-bit and 64-bit payload lengths) with a ping between
     them: the values arrive whole and the ping is answered."""
@@ -216,6 +222,7 @@ async def test_a_reply_wrapped_as_an_asyncio_future_resolves(url: str) -> None:
         np.testing.assert_array_equal(got, np.arange(4, dtype=np.float32) * 2)
 
 
+@pytest.mark.inprocess
 def test_a_server_that_never_welcomes_times_out() -> None:
     with fake_server(welcome=False) as fake:
         with pytest.raises(client.ConnectionLost, match="handshake"):
@@ -281,6 +288,7 @@ def _raw_frames(sock: socket.socket) -> list[tuple[int, bool, bytes, bytes]]:
     return frames
 
 
+@pytest.mark.inprocess
 @pytest.mark.parametrize("nbytes", [4096, 3 * (1 << 20) // 2 + 4])
 def test_uploads_go_out_masked_with_a_fresh_key_per_frame(nbytes: int) -> None:
     """A small upload (one frame) and a large one (a header frame and fragments from the

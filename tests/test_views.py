@@ -96,8 +96,14 @@ def test_a_read_only_view_is_written_into_its_own_copy(xp: client.Namespace) -> 
 
 def test_copies_are_not_views(xp: client.Namespace) -> None:
     x = xp.asarray(_base())
-    copies = [xp.asarray(x, copy=True), xp.reshape(x, (24,), copy=True), x.astype(x.dtype),
-              xp.astype(x, xp.float64), x + 0.0, x[xp.asarray([0, 1])]]  # fmt: skip
+    copies = [
+        xp.asarray(x, copy=True),
+        xp.reshape(x, (24,), copy=True),
+        x.astype(x.dtype),
+        xp.astype(x, xp.float64),
+        x + 0.0,
+        x[xp.asarray([0, 1])],
+    ]
     for c in copies:
         c[...] = 0.0
     np.testing.assert_array_equal(x.numpy(), _base())
@@ -123,8 +129,17 @@ def test_to_device_copies_and_views_do_not_follow(url: str) -> None:
         np.testing.assert_array_equal(x.numpy(), [0, 1, 1, 0])
 
 
-DTYPES = ["bool", "int8", "uint16", "int32", "float32", "int64", "float64", "complex64",
-          "complex128"]  # fmt: skip
+DTYPES = [
+    "bool",
+    "int8",
+    "uint16",
+    "int32",
+    "float32",
+    "int64",
+    "float64",
+    "complex64",
+    "complex128",
+]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

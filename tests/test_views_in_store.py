@@ -41,8 +41,10 @@ def array(session: Session, tensor_id: int) -> np.ndarray[Any, Any]:
 
 
 def update(out: int, index: int, value_id: int, value: int) -> list[AnyOp]:
-    return [Full(out=value_id, shape=(), dtype="int64", value=value),
-            SetItem(out=out, key=(index,), value=value_id)]  # fmt: skip
+    return [
+        Full(out=value_id, shape=(), dtype="int64", value=value),
+        SetItem(out=out, key=(index,), value=value_id),
+    ]
 
 
 def test_unshared_target_is_written_in_place_and_not_counted_again() -> None:
@@ -75,10 +77,15 @@ def test_pending_read_reply_never_sees_a_later_write() -> None:
 
 def test_a_view_sees_writes_to_its_base_and_the_base_sees_writes_to_the_view() -> None:
     session = Session("s", 0)
-    run(session, [Full(out=1, shape=(4,), dtype="int64", value=0),
-                  GetItem(out=2, x=1, key=(SliceSpec(start=1, stop=3),)),
-                  Reshape(out=3, x=1, shape=(2, 2)),
-                  PermuteDims(out=4, x=3, axes=(1, 0))])  # fmt: skip
+    run(
+        session,
+        [
+            Full(out=1, shape=(4,), dtype="int64", value=0),
+            GetItem(out=2, x=1, key=(SliceSpec(start=1, stop=3),)),
+            Reshape(out=3, x=1, shape=(2, 2)),
+            PermuteDims(out=4, x=3, axes=(1, 0)),
+        ],
+    )
     assert session.store.nbytes == 32  # views: counted once
     run(session, update(2, 0, 5, 7))  # x[1:3][0] = 7
     run(session, update(4, 1, 6, 9))  # x.reshape(2, 2).T[1] = 9: x[1] and x[3]
@@ -95,28 +102,39 @@ def test_a_moved_root_keeps_its_views_one_family() -> None:
     """A write while a reply sends from the memory moves the root; every tensor on it moves
     to the same view of the new memory, so later writes still reach them all."""
     session = Session("s", 0)
-    run(session, [Full(out=1, shape=(2, 3), dtype="float64", value=1.0),
-                  PermuteDims(out=2, x=1, axes=(1, 0)),
-                  GetItem(out=3, x=1, key=(1,))])  # fmt: skip
+    run(
+        session,
+        [
+            Full(out=1, shape=(2, 3), dtype="float64", value=1.0),
+            PermuteDims(out=2, x=1, axes=(1, 0)),
+            GetItem(out=3, x=1, key=(1,)),
+        ],
+    )
     ((_, (view,)),) = run(session, [], [1])
-    run(session, [Full(out=4, shape=(), dtype="float64", value=5.0),
-                  SetItem(out=3, key=(2,), value=4)])  # fmt: skip
+    run(
+        session,
+        [Full(out=4, shape=(), dtype="float64", value=5.0), SetItem(out=3, key=(2,), value=4)],
+    )
     assert bytes(view) == np.ones((2, 3)).tobytes()
     assert array(session, 1).tolist() == [[1, 1, 1], [1, 1, 5]]
     assert array(session, 2).tolist() == [[1, 1], [1, 1], [1, 5]]
     assert np.shares_memory(array(session, 1), array(session, 2))
     assert np.shares_memory(array(session, 1), array(session, 3))
     # through the transposed view: x[:, 0] = 3
-    run(session, [Full(out=5, shape=(), dtype="float64", value=3.0),
-                  SetItem(out=2, key=(0,), value=5)])  # fmt: skip
+    run(
+        session,
+        [Full(out=5, shape=(), dtype="float64", value=3.0), SetItem(out=2, key=(0,), value=5)],
+    )
     assert array(session, 1).tolist() == [[3, 1, 1], [3, 1, 5]]
     assert session.store.nbytes == 48 + 8 + 8
 
 
 def test_a_read_only_view_is_written_into_a_counted_copy() -> None:
     session = Session("s", 0)
-    run(session, [Full(out=1, shape=(3,), dtype="int64", value=0),
-                  BroadcastTo(out=2, x=1, shape=(2, 3))])  # fmt: skip
+    run(
+        session,
+        [Full(out=1, shape=(3,), dtype="int64", value=0), BroadcastTo(out=2, x=1, shape=(2, 3))],
+    )
     assert session.store.nbytes == 24
     run(session, update(2, 0, 3, 7))  # b[0] = 7, on a read-only broadcast view
     assert array(session, 2).tolist() == [[7, 7, 7], [0, 0, 0]]

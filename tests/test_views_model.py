@@ -51,8 +51,9 @@ class Views(RuleBasedStateMachine):
     def _run(
         self, ops: list[AnyOp], reads: tuple[int, ...] = (), frees: tuple[int, ...] = ()
     ) -> list[Reply]:
-        batch = Batch(ops=ops, requests=[Read(request_id=t, tensor=t) for t in reads],
-                      frees=list(frees))  # fmt: skip
+        batch = Batch(
+            ops=ops, requests=[Read(request_id=t, tensor=t) for t in reads], frees=list(frees)
+        )
         job = self.session.start(batch, [])
         assert self.session.step(job, inline=False)
         return self.session.finish(job)
@@ -104,8 +105,10 @@ class Views(RuleBasedStateMachine):
             local, spec = _slice(twin.shape[0], data)
             key = (spec,)
         scalar = self._new_id()
-        ops: list[AnyOp] = [Full(out=scalar, shape=(), dtype="float64", value=float(value)),
-                            SetItem(out=target, key=key, value=scalar)]  # fmt: skip
+        ops: list[AnyOp] = [
+            Full(out=scalar, shape=(), dtype="float64", value=float(value)),
+            SetItem(out=target, key=key, value=scalar),
+        ]
         self._run(ops, frees=(scalar,))
         if not twin.flags.writeable:  # a read-only view is written into its own copy
             twin = self.twins[target] = twin.copy()
@@ -182,7 +185,9 @@ class Views(RuleBasedStateMachine):
 
 
 Views.TestCase.settings = settings(
-    max_examples=150, stateful_step_count=30, deadline=None,
+    max_examples=150,
+    stateful_step_count=30,
+    deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
-)  # fmt: skip
+)
 test_views_match_numpy = Views.TestCase

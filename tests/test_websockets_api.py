@@ -27,6 +27,8 @@ from websockets.uri import parse_uri
 
 from .servers import ROOT
 
+pytestmark = pytest.mark.wire
+
 SOURCES = ("protocol", "server", "client", "bench", "tests", "tools", "examples")
 # The modules of websockets' API reference (docs/reference: the sans-I/O, asyncio and sync
 # implementations, data structures, exceptions, URIs).
@@ -47,12 +49,32 @@ DOCUMENTED_MODULES = {
 }
 # docs/reference/sansio/{common,server,client}.rst: the methods and attributes documented
 DOCUMENTED_PROTOCOL_MEMBERS = {
-    "receive_data", "receive_eof", "send_continuation", "send_text", "send_binary",
-    "send_close", "send_ping", "send_pong", "fail", "events_received", "data_to_send",
-    "close_expected", "id", "logger", "state", "handshake_exc", "close_code", "close_reason",
-    "close_exc", "accept", "select_subprotocol", "reject", "send_response", "connect",
+    "receive_data",
+    "receive_eof",
+    "send_continuation",
+    "send_text",
+    "send_binary",
+    "send_close",
+    "send_ping",
+    "send_pong",
+    "fail",
+    "events_received",
+    "data_to_send",
+    "close_expected",
+    "id",
+    "logger",
+    "state",
+    "handshake_exc",
+    "close_code",
+    "close_reason",
+    "close_exc",
+    "accept",
+    "select_subprotocol",
+    "reject",
+    "send_response",
+    "connect",
     "send_request",
-}  # fmt: skip
+}
 
 
 def _trees(root: Path) -> Iterator[tuple[str, ast.Module]]:

@@ -35,6 +35,8 @@ from protocol.ops import Binary, FromBuffer, Unary
 
 from .servers import ServerProcess, run_server
 
+pytestmark = pytest.mark.wire
+
 
 def _send(ws: ClientConnection, message: Message, buffers: list[memoryview] | None = None) -> None:
     ws.send(b"".join(bytes(c) for c in encode(message, buffers or [])))
@@ -92,8 +94,11 @@ def test_garbage_handshake_is_refused(url: str) -> None:
 
 def test_malformed_messages_keep_the_session(raw: ClientConnection) -> None:
     values = np.arange(4, dtype=np.float32)
-    _send(raw, Batch(ops=[FromBuffer(out=1, shape=(4,), dtype="float32", buffer=0)],
-                     buffers=[16]), [byte_view(values)])  # fmt: skip
+    _send(
+        raw,
+        Batch(ops=[FromBuffer(out=1, shape=(4,), dtype="float32", buffer=0)], buffers=[16]),
+        [byte_view(values)],
+    )
     bad: list[bytes | str] = [
         b"\x03\x00\x00\x00{}}",
         b"\x00",
@@ -139,6 +144,7 @@ def test_reusing_an_id_is_refused_and_keeps_the_tensor(raw: ClientConnection) ->
     np.testing.assert_array_equal(np.frombuffer(buffers[0], np.float64), values)
 
 
+@pytest.mark.server
 def test_token_is_checked() -> None:
     with run_server("--token", "s3cret") as proc:
         with pytest.raises(client.AuthenticationError, match="auth_failed"):

@@ -27,6 +27,8 @@ from server.responses import plain
 from server.websocket import WebSocket, WebSocketSettings
 from server.wire import WireConnection
 
+pytestmark = [pytest.mark.inprocess, pytest.mark.wire]
+
 Handler = Callable[[WireConnection], Awaitable[None]]
 SETTINGS = WebSocketSettings(max_message_size=1 << 20, close_timeout=5)
 

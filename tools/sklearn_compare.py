@@ -37,8 +37,10 @@ def main(strict_xml: str, tensorwire_xml: str) -> None:
     common = set(strict) & set(ours)
     for label, cases in (("array_api_strict", strict), ("Tensorwire", ours)):
         counts = Counter(cases[k][0] for k in common)
-        print(f"{label}: {len(cases)} cases; of the {len(common)} both ran: "
-              + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())))  # fmt: skip
+        print(
+            f"{label}: {len(cases)} cases; of the {len(common)} both ran: "
+            + ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+        )
     print("failing on Tensorwire only:")
     for name in sorted(k for k in common if ours[k][0] in BAD and strict[k][0] not in BAD):
         print(f"  {name}\n    {ours[name][1][:200]}")
@@ -46,8 +48,10 @@ def main(strict_xml: str, tensorwire_xml: str) -> None:
     for name in sorted(k for k in common if strict[k][0] in BAD and ours[k][0] not in BAD):
         print(f"  {name}\n    {strict[name][1][:200]}")
     only = sorted(set(strict) - set(ours))
-    print(f"run on array_api_strict only (they name it): {len(only)}, "
-          f"failing: {sum(strict[k][0] in BAD for k in only)}")  # fmt: skip
+    print(
+        f"run on array_api_strict only (they name it): {len(only)}, "
+        f"failing: {sum(strict[k][0] in BAD for k in only)}"
+    )
     print("five slowest Tensorwire cases (setup + call + teardown):")
     for name in sorted(ours, key=lambda k: -ours[k][2])[:5]:
         theirs = strict[name][2] if name in strict else float("nan")
