@@ -57,7 +57,7 @@ class Answering:
         self.start(session, ws, item)
         done = item.answered and not ws.write_paused  # else the task waits until it is taken
         if done:
-            self._metrics.answered_on_arrival.inc()
+            self._metrics.messages.answered_on_arrival += 1
         return done
 
     def start(self, session: Session, ws: WireConnection, item: Received) -> None:
@@ -65,7 +65,7 @@ class Answering:
         with, or ``item.answered`` is set (its replies are sent); an exception becomes
         ``item.failure``."""
         item.started = True
-        self._metrics.received_bytes.inc(item.nbytes)
+        self._metrics.messages.received_bytes += item.nbytes
         batch = item.message
         if not isinstance(batch, Batch):
             return  # the task answers it: nothing of it runs
@@ -88,14 +88,14 @@ class Answering:
         sent = 0
         for reply, buffers in session.finish(job):
             sent += ws.send_message_now(encode(reply, tuple(buffers)))
-        self._metrics.sent_bytes.inc(sent)
+        self._metrics.messages.sent_bytes += sent
         self.answered(item, batch)
         item.job, item.answered = None, True
 
     def answered(self, item: Received, batch: Batch) -> None:
         """Count the read requests of ``item`` (``batch``), whose replies are all sent."""
         reads = sum(isinstance(r, Read) for r in batch.requests)
-        self._metrics.read_done(reads, time.perf_counter() - item.at)
+        self._metrics.messages.read_done(reads, time.perf_counter() - item.at)
 
 
 __all__ = ["MOST_REPLIES", "MOST_REPLY_BYTES", "Answering"]

@@ -270,7 +270,7 @@ class Connections:
         """
         try:
             sent = await ws.send_message(encode(message, buffers), self._config.send_timeout)
-            self._metrics.sent_bytes.inc(sent)
+            self._metrics.messages.sent_bytes += sent
         except TimeoutError:
             raise self._not_taken() from None
 

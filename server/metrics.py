@@ -3,10 +3,13 @@
 No I/O: the transport serves :meth:`Metrics.exposition`. Each :class:`~server.app.Server` owns
 its own registry, so several servers in one process never share counts.
 
-Two kinds of numbers. Counters the transport bumps as things happen (sessions opened, bytes,
-read latency, refusals) are prometheus_client objects. Numbers the sessions already keep (ops
-run by kind, op errors by code, tensors and bytes held, messages in flight) are collected when
-scraped, so the op loop pays a dict increment and no lock: see :class:`_SessionCollector`.
+Three kinds of numbers. What is counted once per message (bytes received and sent, messages
+answered on arrival, read latency) is plain integers, bumped on the event loop and turned into
+series when scraped (:class:`_MessageCollector`): a prometheus_client counter takes a lock and
+checks its labels on every bump, several times a message. Rarer events (sessions opened,
+refusals) are prometheus_client counters. Numbers the sessions already keep (ops run by kind,
+op errors by code, tensors and bytes held, messages in flight) are collected when scraped, so
+the op loop pays a dict increment and no lock: see :class:`_SessionCollector`.
 
 Series (all prefixed ``tensorwire_``)::
 
@@ -32,12 +35,18 @@ Neither this module nor ``/metrics`` ever sees tensor data.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import Counter as Tally
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client import CollectorRegistry, Counter
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 
@@ -109,6 +118,57 @@ class _SessionCollector(Collector):
             )
 
 
+class MessageCounts:
+    """What is counted once per message, as plain numbers (see the module docstring). Bumped
+    on the event loop only."""
+
+    def __init__(self) -> None:
+        self.received_bytes = 0
+        self.sent_bytes = 0
+        self.answered_on_arrival = 0
+        self.read_buckets = [0] * (len(READ_BUCKETS) + 1)  # the last: over every bound
+        self.read_sum = 0.0
+
+    def read_done(self, reads: int, seconds: float) -> None:
+        """``reads`` read requests were answered ``seconds`` after their batch arrived."""
+        if reads:
+            self.read_buckets[bisect_left(READ_BUCKETS, seconds)] += reads
+            self.read_sum += reads * seconds
+
+
+class _MessageCollector(Collector):
+    """The message counts as Prometheus series, at scrape time."""
+
+    def __init__(self, counts: MessageCounts) -> None:
+        self._counts = counts
+
+    def collect(self) -> Iterator[Metric]:
+        c = self._counts
+        yield _total("received_bytes", "Websocket message bytes received.", c.received_bytes)
+        yield _total("sent_bytes", "Websocket message bytes sent.", c.sent_bytes)
+        yield _total(
+            "answered_on_arrival",
+            "Messages answered in the callback that received them, without a task's turn.",
+            c.answered_on_arrival,
+        )
+        cumulative, running = [], 0
+        for bound, count in zip(
+            [*(str(float(b)) for b in READ_BUCKETS), "+Inf"], c.read_buckets, strict=True
+        ):
+            running += count
+            cumulative.append((bound, running))
+        yield HistogramMetricFamily(
+            f"{PREFIX}_read_seconds",
+            "Seconds from a read's batch arriving to its reply being sent.",
+            buckets=cumulative,
+            sum_value=c.read_sum,
+        )
+
+
+def _total(name: str, doc: str, value: float) -> CounterMetricFamily:
+    return CounterMetricFamily(f"{PREFIX}_{name}", doc, value=value)
+
+
 def _counter(name: str, doc: str, label: str, values: Tally[str]) -> CounterMetricFamily:
     family = CounterMetricFamily(f"{PREFIX}_{name}", doc, labels=[label])
     for key, value in sorted(values.items()):
@@ -121,8 +181,8 @@ def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
 
 
 class Metrics:
-    """One server's metrics. The transport calls the ``*_bytes``/``refused``/``read_done``
-    hooks on the event loop and :meth:`retire` when a session closes.
+    """One server's metrics. The transport bumps :attr:`messages` and calls :meth:`refused` on
+    the event loop, and :meth:`retire` when a session closes.
 
     Args:
         sessions: returns the open sessions (called at scrape time, on the event loop).
@@ -152,23 +212,8 @@ class Metrics:
         self.sessions_opened = Counter(
             f"{PREFIX}_sessions_opened", "Handshakes that made a session.", registry=r
         )
-        self.received_bytes = Counter(
-            f"{PREFIX}_received_bytes", "Websocket message bytes received.", registry=r
-        )
-        self.sent_bytes = Counter(
-            f"{PREFIX}_sent_bytes", "Websocket message bytes sent.", registry=r
-        )
-        self.answered_on_arrival = Counter(
-            f"{PREFIX}_answered_on_arrival",
-            "Messages answered in the callback that received them, without a task's turn.",
-            registry=r,
-        )
-        self.read_seconds = Histogram(
-            f"{PREFIX}_read_seconds",
-            "Seconds from a read's batch arriving to its reply being sent.",
-            buckets=READ_BUCKETS,
-            registry=r,
-        )
+        self.messages = MessageCounts()
+        r.register(_MessageCollector(self.messages))
         self.refusals = Counter(
             f"{PREFIX}_refusals", "Connections or work refused, by limit.", ["limit"], registry=r
         )
@@ -179,11 +224,6 @@ class Metrics:
     def refused(self, limit: str) -> None:
         """Count one refusal because of ``limit`` (see :data:`REFUSAL_LIMITS`)."""
         self.refusals.labels(limit).inc()
-
-    def read_done(self, reads: int, seconds: float) -> None:
-        """``reads`` read requests were answered ``seconds`` after their batch arrived."""
-        for _ in range(reads):
-            self.read_seconds.observe(seconds)
 
     def retire(self, session: Session) -> None:
         """Keep a closing session's op counts in the totals."""
