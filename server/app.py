@@ -78,7 +78,9 @@ class Server:
         self._workers = Workers(config.worker_threads, config.op_deadline)
         self._peers = PeerFetcher(config)  # its sessions with peer servers, for pulls
         self._exposures = Exposures(config.transfer_ttl)  # open transfer capabilities
-        self.budget = MemoryBudget(config.effective_memory_budget, config.spare_memory)
+        self.budget = MemoryBudget(
+            config.effective_memory_budget, config.spare_memory, spare_ttl=config.spare_ttl
+        )
         keep_freed_memory()  # op results reuse freed results' pages (given back when idle)
         self._ssl = tls_context(config)
         self.metrics = Metrics(

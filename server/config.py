@@ -124,8 +124,13 @@ class ServerConfig(BaseSettings):
     spare_memory: Size = Field(
         default=2**30,
         description="memory of freed uploads of 1 MiB and up kept for uploads of the same size, "
-        "in bytes (each for 10 s at most; counted in the memory budget, dropped before work is "
-        "refused; 0 = off)",
+        "in bytes (each for --spare-ttl at most; counted in the memory budget, dropped before "
+        "work is refused; 0 = off)",
+    )
+    spare_ttl: Annotated[float, Field(gt=0, le=3600)] = Field(
+        default=10.0,
+        description="seconds a spare upload array is kept unused, and that no op may run before "
+        "the server gives malloc's freed memory back to the system",
     )
     # --- security and limits (docs/security.md; each is a row of docs/limits.md) --------------
     insecure: bool = Field(

@@ -269,9 +269,9 @@ def _rss(pid: int) -> int:
 @pytest.mark.skipif(not is_glibc(), reason="glibc's malloc_trim only")
 def test_memory_malloc_kept_for_results_goes_back_once_the_server_is_idle() -> None:
     """Results freed below a live one stay in malloc's heap while the server works (no trim
-    at the top reaches them); once no op has run for spare_ttl (10 s) the server gives them
-    back (malloc_trim)."""
-    with run_server() as proc, client.RemoteDevice(proc.url) as dev:
+    at the top reaches them); once no op has run for --spare-ttl (1 s here) the server gives
+    them back (malloc_trim)."""
+    with run_server("--spare-ttl", "1") as proc, client.RemoteDevice(proc.url) as dev:
         xp = client.namespace(dev)
         w = xp.asarray(np.ones(MIB, dtype=np.float32))
         results = [w * float(i) for i in range(48)]  # 192 MiB of 4 MiB results
