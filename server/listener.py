@@ -77,11 +77,6 @@ class Listener:
         port: int = self._server.sockets[0].getsockname()[1]
         return port
 
-    @property
-    def open_connections(self) -> list[WebSocket]:
-        """The connections whose upgrade was accepted and whose handler still runs."""
-        return [ws for ws in self._connections if not ws.upgrading]
-
     def _connection(self) -> WebSocket:
         ws = self._make_connection(self._settings, self._upgrades)
         self._connections.add(ws)

@@ -69,12 +69,10 @@ class WebSocket(asyncio.BufferedProtocol):
 
     def __init__(self, settings: WebSocketSettings, upgrades: Upgrades) -> None:
         self.settings = settings
-        self.message_size_limit = settings.max_message_size
         self.protocol = ServerProtocol(max_size=None)  # it sees control frames only
         self.loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport = None  # type: ignore[assignment]  # connection_made
         self.raw_socket: socket.socket | None = None  # plain TCP only: gathered sendmsg calls
-        self.request: Request | None = None
         self.close_received: int | None = None  # the code of the peer's close frame
         self.lost: asyncio.Future[None] = self.loop.create_future()  # the TCP connection ended
         self._upgrades = upgrades
@@ -92,7 +90,7 @@ class WebSocket(asyncio.BufferedProtocol):
         transport.set_write_buffer_limits(high=self.settings.write_limit)
         self.raw_socket = _plain_socket(transport)
         if self.settings.open_timeout is not None:
-            self._close_timer = self.loop.call_later(self.settings.open_timeout, self._too_slow)
+            self._close_timer = self.loop.call_later(self.settings.open_timeout, self._cut)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.protocol.receive_eof()  # idempotent: the state is CLOSED from here on
@@ -137,7 +135,6 @@ class WebSocket(asyncio.BufferedProtocol):
                 self._control(event)
 
     def _answer(self, request: Request) -> None:
-        self.request = request
         try:
             response = self._upgrades.answer(self, request)
         except Exception:  # a bug in the answer: 500, as websockets' servers answer then
@@ -193,15 +190,10 @@ class WebSocket(asyncio.BufferedProtocol):
             self._close_timer = self.loop.call_later(self.settings.close_timeout, self._cut)
 
     def _cut(self) -> None:
-        """The close timer: the connection did not end in time."""
+        """The open timer (cancelled once the upgrade is accepted) or the close timer: the
+        connection did not get there, or did not end, in time."""
         self._close_timer = None
         self.abort()
-
-    def _too_slow(self) -> None:
-        """The open timer: the upgrade did not end within the open timeout."""
-        self._close_timer = None
-        if self.protocol.state is State.CONNECTING:
-            self.abort()
 
     # --- keepalive --------------------------------------------------------------------------
 
@@ -295,10 +287,7 @@ class WebSocket(asyncio.BufferedProtocol):
     async def close(self, code: int = 1000, reason: str = "") -> None:
         """Start the close handshake, unless it started, and return once the TCP connection
         is gone: the client closes it after its close frame, or the close timeout cuts it."""
-        if self.protocol.state is State.OPEN and not self.is_dropped:
-            self.protocol.send_close(code, reason)
-            self._send_output()
-        elif self.protocol.state is State.CONNECTING:
+        if not self._send_close(code, reason) and self.protocol.state is State.CONNECTING:
             self.abort()
         self._expect_close()
         await asyncio.shield(self.lost)
@@ -308,14 +297,21 @@ class WebSocket(asyncio.BufferedProtocol):
         for a peer that sent nothing in time, whose close would otherwise hold its connection
         slot for the close timeout. The frame is written before the end, so a peer that reads
         still learns why."""
-        if self.protocol.state is State.OPEN and not self.is_dropped:
-            self.protocol.send_close(code, reason)
-            self._send_output()
+        self._send_close(code, reason)
         if self.transport.get_write_buffer_size():
             self.abort()  # it does not read: what waits would never leave
         else:
             self.transport.close()
         await asyncio.shield(self.lost)
+
+    def _send_close(self, code: int, reason: str) -> bool:
+        """Send a close frame if the connection is open and its transport alive; whether it
+        was sent."""
+        if self.protocol.state is not State.OPEN or self.is_dropped:
+            return False
+        self.protocol.send_close(code, reason)
+        self._send_output()
+        return True
 
     # --- flow control -----------------------------------------------------------------------
 

@@ -272,7 +272,7 @@ class WireConnection(SendingConnection, ReceivingConnection):
             raise FrameError("expected a continuation frame")
         if not starting and header.opcode != Opcode.CONT:
             raise FrameError(f"invalid opcode {header.opcode}")
-        limit = self.message_size_limit
+        limit = self.settings.max_message_size
         size = header.length + (0 if starting or self._message is None else self._message.nbytes)
         if limit is not None and size > limit:
             raise FrameError(f"over size limit ({size} > {limit} bytes)", CloseCode.MESSAGE_TOO_BIG)
