@@ -14,11 +14,15 @@ The other hyper-parameters travel as Python scalars: constant, the same in every
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
+
+import numpy as np
 
 from client.autodiff import Tensor
 
-from .optimizer import Optimizer, Params, check_nonnegative, follow, lives_with
+from .optimizer import Optimizer, Params, check_nonnegative
+from .placement import follow, lives_with, load_array
 
 
 class Adam(Optimizer):
@@ -106,6 +110,68 @@ class Adam(Optimizer):
         if self._decoupled and float(group["weight_decay"]) != 0:
             self._decay_factors = self._decay_factors_for(group, stepping)
 
+    _fixed_options = {
+        **Optimizer._fixed_options,
+        "amsgrad": False,
+        "capturable": False,
+        "decoupled_weight_decay": False,
+    }
+
+    def _saved_state(self, state: dict[str, Any]) -> dict[str, Any]:
+        """PyTorch's ``step``, ``exp_avg`` and ``exp_avg_sq``, and the bias powers
+        ``beta1_power`` and ``beta2_power`` (0-d): what the device knows of ``t``, which a
+        replayed step advances and ``step`` does not, so a loaded state resumes exactly."""
+        if "step" not in state:
+            return {}
+        powers = state["bias_powers"]
+        return {
+            "step": state["step"],
+            "exp_avg": state["exp_avg"],
+            "exp_avg_sq": state["exp_avg_sq"],
+            "beta1_power": powers.beta1_power,
+            "beta2_power": powers.beta2_power,
+        }
+
+    def _load_group_state(
+        self, group: dict[str, Any], loading: Sequence[tuple[Tensor, Mapping[str, Any] | None]]
+    ) -> None:
+        """The moments through the base; the bias powers shared again by the parameters
+        whose loaded powers are equal (read to compare: two 0-d reads per remote parameter),
+        written in place into the powers they share now where those are theirs alone (a
+        recorded step holds them). A state without powers (PyTorch's) gets ``beta**step``
+        by repeated products, as the steps would have made them."""
+        betas = [float(b) for b in group["betas"]]
+        held = {id(p): self.state.get(p, {}).get("bias_powers") for p, _ in loading}
+        moments = [(p, _moments(e)) for p, e in loading]
+        super()._load_group_state(group, moments)
+        sharing: dict[tuple[Any, ...], list[Tensor]] = {}
+        for param, entry in loading:
+            was = held[id(param)]
+            if was is not None:
+                was.members -= 1
+            if entry:
+                if _POWERS[0] in entry:
+                    values = [float(np.asarray(entry[name])) for name in _POWERS]
+                else:
+                    values = [_power(beta, int(entry["step"])) for beta in betas]
+                array = param.array
+                sharing.setdefault((*values, type(array), str(array.device)), []).append(param)
+        for (*values, _, _), params in sharing.items():
+            first = params[0]
+            olds = {id(held[id(p)]): held[id(p)] for p in params}
+            old = olds.popitem()[1] if len(olds) == 1 else None
+            if old is not None and (old.members != 0 or not old.lives_with(first.array)):
+                old = None  # shared with parameters that load other powers, or elsewhere
+            dtype = _widest_float(first.namespace.xp, first.array)
+            arrays = [
+                load_array(getattr(old, name, None), np.float64(value), first, dtype)
+                for name, value in zip(_POWERS, values, strict=True)
+            ]
+            powers = old if old is not None else _BiasPowers(first.namespace.xp, *arrays)
+            powers.members = len(params)
+            for param in params:
+                self.state[param]["bias_powers"] = powers
+
     def _decay_factors_for(
         self,
         group: dict[str, Any],
@@ -173,6 +239,7 @@ class AdamW(Adam):
     ``weight_decay`` is 1e-2, PyTorch's."""
 
     _decoupled = True
+    _fixed_options = {**Adam._fixed_options, "decoupled_weight_decay": True}
 
     def __init__(
         self,
@@ -183,6 +250,26 @@ class AdamW(Adam):
         weight_decay: float = 1e-2,
     ) -> None:
         super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+
+
+_POWERS = ("beta1_power", "beta2_power")  # the bias powers' names in a state dict
+
+
+def _moments(entry: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+    """A loaded entry without its bias powers, its ``step`` a Python int (PyTorch's is a
+    0-d tensor)."""
+    if not entry:
+        return entry
+    kept = {k: v for k, v in entry.items() if k not in _POWERS}
+    return {**kept, "step": int(np.asarray(entry["step"]))}
+
+
+def _power(beta: float, step: int) -> float:
+    """``beta**step`` as ``step`` in-place products from 1.0 make it on the device."""
+    power = 1.0
+    for _ in range(step):
+        power *= beta
+    return power
 
 
 class _BiasPowers:

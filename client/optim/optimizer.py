@@ -21,15 +21,16 @@ jitted step with ``set_lr`` or a scheduler, between steps.
 
 from __future__ import annotations
 
+import itertools
 import math
 import numbers
 import operator
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-import numpy as np
-
 from client.autodiff import Tensor, enable_grad, no_grad
+
+from .placement import follow, lives_with, load_array
 
 Params = Iterable[Tensor] | Iterable[Mapping[str, Any]]
 
@@ -154,6 +155,118 @@ class Optimizer:
         ``group["lr"]``; it holds what ``group["lr"]`` held at this step's start."""
         return self._rate_of(group).array(xp, like, like.dtype if dtype is None else dtype)
 
+    # --- state dicts: PyTorch's layout --------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """The optimizer's state in PyTorch's layout: ``{"state": {index: {...}},
+        "param_groups": [{hyper-parameters..., "params": [index, ...]}]}``, the parameters
+        numbered in group order from 0, ``state`` holding only those that have some. Each
+        group also carries the PyTorch options this optimizer has fixed (``maximize=False``
+        ...), so the layout is torch's. The state's arrays are the optimizer's own (no copy,
+        nothing read from a remote device): save them (``client.checkpoint``) or copy them
+        before the next step changes them in place."""
+        state: dict[int, dict[str, Any]] = {}
+        groups: list[dict[str, Any]] = []
+        numbers = itertools.count()
+        for group in self.param_groups:
+            indices = []
+            for param in group["params"]:
+                index = next(numbers)
+                indices.append(index)
+                saved = self._saved_state(self.state.get(param, {}))
+                if saved:
+                    state[index] = saved
+            hyper = {key: value for key, value in group.items() if key != "params"}
+            groups.append({**hyper, **self._fixed_options, "params": indices})
+        return {"state": state, "param_groups": groups}
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Take the state and hyper-parameters of ``state_dict`` (from :meth:`state_dict`,
+        this optimizer's or a twin's, or read back from a checkpoint: arrays of any
+        namespace, state keys as ints or strings): the parameters match by position, group
+        by group, as PyTorch's. Each state array is written where its parameter lives, in
+        place into the array the optimizer holds there when its shape and dtype fit (so a
+        step recorded by ``client.capture.jit`` reads the loaded values), else as a new
+        array; the learning rates through :meth:`set_lr`. Everything is checked before
+        anything is written.
+
+        Raises:
+            ValueError: the groups or their sizes differ, a state entry names no parameter
+                or has an array of the wrong shape, or a fixed option differs.
+        """
+        saved_groups, entries = _parts(state_dict)
+        if len(saved_groups) != len(self.param_groups):
+            raise ValueError(
+                f"the state dict has {len(saved_groups)} parameter groups, the optimizer "
+                f"{len(self.param_groups)}"
+            )
+        by_index: dict[int, Tensor] = {}
+        for number, (group, saved) in enumerate(zip(self.param_groups, saved_groups, strict=True)):
+            indices = [operator.index(i) for i in saved.get("params", ())]
+            if len(indices) != len(group["params"]):
+                raise ValueError(
+                    f"parameter group {number} has {len(group['params'])} parameters, its "
+                    f"state dict {len(indices)}"
+                )
+            by_index.update(zip(indices, group["params"], strict=True))
+            self._check_options(number, saved)
+            _checked_lr(saved.get("lr"))
+        loaded: dict[Tensor, Mapping[str, Any]] = {}
+        for key, entry in entries.items():
+            param = by_index.get(int(key))
+            if param is None:
+                raise ValueError(
+                    f"the state dict has state for parameter {key}, which no group has"
+                )
+            for name, value in entry.items():
+                shape = tuple(getattr(value, "shape", ()))
+                if shape not in ((), tuple(param.shape)):
+                    raise ValueError(
+                        f"state {name!r} of parameter {key} has the shape {shape}, the "
+                        f"parameter {tuple(param.shape)}"
+                    )
+            loaded[param] = entry
+        for number, (group, saved) in enumerate(zip(self.param_groups, saved_groups, strict=True)):
+            for key, value in saved.items():
+                if key not in ("params", "lr") and key not in self._fixed_options:
+                    group[key] = tuple(value) if isinstance(value, list) else value
+            self.set_lr(saved["lr"], group_index=number)
+            self._load_group_state(group, [(p, loaded.get(p)) for p in group["params"]])
+
+    # PyTorch's options that this optimizer has fixed, in its state dict's groups.
+    _fixed_options: Mapping[str, Any] = {
+        "maximize": False,
+        "foreach": None,
+        "differentiable": False,
+        "fused": None,
+    }
+
+    def _check_options(self, number: int, saved: Mapping[str, Any]) -> None:
+        for key, fixed in self._fixed_options.items():
+            if saved.get(key, fixed) != fixed:
+                raise ValueError(
+                    f"parameter group {number} has {key}={saved[key]!r}; "
+                    f"{type(self).__name__} supports only {key}={fixed!r}"
+                )
+
+    def _saved_state(self, state: dict[str, Any]) -> dict[str, Any]:
+        """A parameter's state as its state dict holds it (a subclass may unpack objects)."""
+        return dict(state)
+
+    def _load_group_state(
+        self, group: dict[str, Any], loading: Sequence[tuple[Tensor, Mapping[str, Any] | None]]
+    ) -> None:
+        """Put each parameter's loaded state (None: none) in place of what it holds: arrays
+        through :func:`load_array`, in the parameter's dtype, anything else as it is."""
+        for param, entry in loading:
+            old = self.state.pop(param, {})
+            if entry:
+                self.state[param] = {
+                    key: load_array(old.get(key), value, param, param.dtype)
+                    if hasattr(value, "shape")
+                    else value
+                    for key, value in entry.items()
+                }
+
     def _rate_of(self, group: dict[str, Any]) -> _DeviceRate:
         for rate in self._rates:
             if rate.group is group:
@@ -218,18 +331,15 @@ class _DeviceRate:
         self.value = value
 
 
-def lives_with(value: Any, array: Any) -> bool:
-    """Whether ``value`` (an array) is where ``array`` is: the same type, the same device."""
-    return type(value) is type(array) and value.device == array.device
-
-
-def follow(value: Any, array: Any, xp: Any) -> Any:
-    """``value`` (an array) where ``array`` lives: itself, or, if ``array`` is of another type
-    or on another device (a model moved to a server), a copy moved there through numpy."""
-    # Local attribute reads only, as this runs for every state array at every step.
-    if type(value) is not type(array) or value.device != array.device:
-        return xp.asarray(np.array(value, copy=True))
-    return value
+def _parts(state_dict: Mapping[str, Any]) -> tuple[list[Mapping[str, Any]], Mapping[Any, Any]]:
+    """A state dict's groups and state, or a ValueError saying it is not one."""
+    groups, entries = state_dict.get("param_groups"), state_dict.get("state")
+    if not isinstance(groups, list | tuple) or not isinstance(entries, Mapping):
+        raise ValueError(
+            "an optimizer state dict has 'param_groups' (a list) and 'state' (a mapping), "
+            f"not the keys {sorted(map(str, state_dict))}"
+        )
+    return list(groups), entries
 
 
 def _check_parameter(index: int, param: Any) -> None:
