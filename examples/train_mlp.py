@@ -8,6 +8,7 @@ accuracy, for the progress bar. ``--local`` runs the same code on numpy, for com
     python examples/train_mlp.py --token-file ./token --plot curves.png
     python examples/train_mlp.py --local
     python examples/train_mlp.py --jit      # the step recorded once, then one op per step
+    python examples/train_mlp.py --checkpoint ckpt [--resume]   # survive a server restart
 
 Needs scikit-learn (the digits ship with it: no download), rich (the progress bar) and
 matplotlib (the curves): ``pip install -e '.[examples]'``. Exit status 0 when the held-out
@@ -23,14 +24,14 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 import client
-from client import nn, optim
+from client import checkpoint, nn, optim
 from client.autodiff import Autodiff, no_grad
 from client.capture import jit
 
@@ -45,6 +46,59 @@ class Curves:
     loss: list[float] = field(default_factory=list)
     accuracy: list[float] = field(default_factory=list)
     held_out: list[tuple[int, float]] = field(default_factory=list)  # (step, accuracy)
+
+
+@dataclass
+class Saving:
+    """--checkpoint: the whole training state every ``every`` steps and at the end, in
+    ``directory`` (the last two kept), and --resume from the latest there. With the model,
+    Adam's and the schedule's state, a checkpoint holds where the data order was (the
+    generator's state at the epoch's start and the batches done) and the curves so far, so
+    a resumed run is the uninterrupted one, bit for bit."""
+
+    directory: Path | None
+    every: int
+    model: nn.Module
+    opt: optim.Optimizer
+    schedule: optim.LRScheduler
+
+    def resume(self, order: np.random.Generator, curves: Curves) -> tuple[int, int]:
+        """Load the latest checkpoint, if any: the epoch and batch to go on from."""
+        assert self.directory is not None  # _parse: --resume needs --checkpoint
+        path = checkpoint.latest(self.directory)
+        if path is None:
+            print(f"no checkpoint in {self.directory}: starting afresh", flush=True)
+            return 0, 0
+        info = checkpoint.load(path, model=self.model, optimizer=self.opt, scheduler=self.schedule)
+        where = info.extra["data"]
+        order.bit_generator.state = where["order"]
+        saved = info.extra["curves"]
+        curves.loss[:], curves.accuracy[:] = saved["loss"], saved["accuracy"]
+        curves.held_out[:] = [(int(step), float(acc)) for step, acc in saved["held_out"]]
+        print(f"resuming from {path} (step {info.step})", flush=True)
+        return int(where["epoch"]), int(where["batch"])
+
+    def after_step(self, curves: Curves, data: dict[str, Any]) -> None:
+        if self.directory is not None and len(curves.loss) % self.every == 0:
+            self._save(curves, data)
+
+    def at_end(self, curves: Curves, data: dict[str, Any]) -> None:
+        if self.directory is not None:
+            self._save(curves, data)
+
+    def _save(self, curves: Curves, data: dict[str, Any]) -> None:
+        assert self.directory is not None
+        step = len(curves.loss)
+        path = checkpoint.save(
+            checkpoint.numbered(self.directory, step),
+            model=self.model,
+            optimizer=self.opt,
+            scheduler=self.schedule,
+            step=step,
+            extra={"data": data, "curves": asdict(curves)},
+        )
+        checkpoint.prune(self.directory, keep=2)
+        print(f"checkpoint {path.name} written (step {step})", flush=True)
 
 
 def digits(seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -98,6 +152,8 @@ def train(
     schedule = optim.CosineAnnealingLR(opt, T_max=args.epochs * per_epoch)
     order = np.random.default_rng(args.seed)
     curves = Curves()
+    saving = Saving(args.checkpoint, args.checkpoint_every, model, opt, schedule)
+    first_epoch, first_batch = saving.resume(order, curves) if args.resume else (0, 0)
 
     def step(index: Any) -> Any:
         """One step on the batch ``index`` selects: its loss and accuracy, in one array."""
@@ -112,15 +168,19 @@ def train(
     # --jit: the step is recorded once and then runs on the server as one op (the schedule
     # writes its rate into the optimizer's device arrays between steps; on numpy jit just runs)
     run_step = jit(step) if args.jit else step
-    with _progress(args.epochs * per_epoch) as advance:
-        for epoch in range(args.epochs):
-            for batch in np.array_split(order.permutation(len(x_train)), per_epoch):
+    with _progress(args.epochs * per_epoch, len(curves.loss)) as advance:
+        for epoch in range(first_epoch, args.epochs):
+            at_start = order.bit_generator.state  # the epoch's order, for a checkpoint
+            batches = np.array_split(order.permutation(len(x_train)), per_epoch)
+            skipped = first_batch if epoch == first_epoch else 0
+            for number, batch in enumerate(batches[skipped:], start=skipped + 1):
                 both = run_step(ad.asarray(batch))
                 schedule.step()
                 step_loss, step_accuracy = (float(v) for v in np.asarray(both))
                 curves.loss.append(step_loss)
                 curves.accuracy.append(step_accuracy)
                 advance(step_loss, step_accuracy)
+                saving.after_step(curves, {"order": at_start, "epoch": epoch, "batch": number})
             curves.held_out.append((len(curves.loss), evaluate(ad, model, x_held, y_held)))
             mean_loss = np.mean(curves.loss[-per_epoch:])
             print(
@@ -128,6 +188,7 @@ def train(
                 f"accuracy {curves.held_out[-1][1]:.4f}",
                 flush=True,
             )
+    saving.at_end(curves, {"order": order.bit_generator.state, "epoch": args.epochs, "batch": 0})
     return model, curves
 
 
@@ -140,7 +201,7 @@ def evaluate(ad: Autodiff, model: nn.Module, x: Any, y: Any) -> float:
 
 
 @contextmanager
-def _progress(total: int) -> Iterator[Any]:
+def _progress(total: int, done: int = 0) -> Iterator[Any]:
     """A rich progress bar with the running loss and accuracy; a no-op without rich."""
     try:
         from rich.progress import (
@@ -161,7 +222,9 @@ def _progress(total: int) -> Iterator[Any]:
         TimeRemainingColumn(),
     )
     with Progress(*columns, transient=not sys.stderr.isatty(), console=None) as bar:
-        task = bar.add_task("train", total=total, loss=float("nan"), acc=float("nan"))
+        task = bar.add_task(
+            "train", total=total, completed=done, loss=float("nan"), acc=float("nan")
+        )
         smoothed: list[float] = []
 
         def advance(loss: float, acc: float) -> None:
@@ -236,7 +299,30 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--plot", type=Path, default=Path("train_mlp.png"), help="PNG of the curves")
     p.add_argument("--save", type=Path, default=None, help="write the weights (safetensors)")
+    p.add_argument(
+        "--checkpoint",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="save the whole training state in DIR (client.checkpoint; the last two kept)",
+    )
+    p.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=100,
+        metavar="N",
+        help="with --checkpoint: save every N steps, and at the end (default 100)",
+    )
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="go on from the latest checkpoint in --checkpoint DIR (the same other flags)",
+    )
     args = p.parse_args(argv)
+    if args.resume and args.checkpoint is None:
+        p.error("--resume needs --checkpoint DIR")
+    if args.checkpoint_every < 1:
+        p.error("--checkpoint-every must be at least 1")
     if args.quick:
         args.epochs = 3
     return args
@@ -247,6 +333,11 @@ def main(argv: list[str] | None = None) -> int:
     for path in (args.plot, args.save):  # before training, not after it
         if path is not None and not path.absolute().parent.is_dir():
             return _fail(f"{path}: no such directory")
+    if args.checkpoint is not None:
+        try:
+            args.checkpoint.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            return _fail(f"{args.checkpoint}: {type(exc).__name__}: {exc}")
     data = digits(args.seed)
     start = time.perf_counter()
     where = "locally on numpy" if args.local else args.url

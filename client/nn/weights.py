@@ -54,7 +54,9 @@ def to_numpy(value: Any) -> np.ndarray[Any, Any]:
     array; safetensors writes only contiguous memory)."""
     if isinstance(value, Tensor):
         value = value.array
-    return np.ascontiguousarray(np.asarray(value))
+    array = np.asarray(value)
+    # not np.ascontiguousarray alone, which makes a 0-d array 1-d
+    return array if array.flags.c_contiguous else np.ascontiguousarray(array)
 
 
 def save(
@@ -64,18 +66,35 @@ def save(
 ) -> None:
     """Write a module's parameters (or a state dict of arrays of any namespace) to ``path`` as
     a safetensors file; ``metadata`` adds text entries to its header."""
+    arrays, header = _prepared(weights, metadata)
+    safetensors = _safetensors()
+    try:
+        safetensors.numpy.save_file(arrays, os.fspath(path), metadata=header)
+    except safetensors.SafetensorError as exc:
+        raise OSError(f"cannot write the weights file {os.fspath(path)!r}: {exc}") from exc
+
+
+def to_bytes(
+    weights: HasStateDict | Mapping[str, Any], metadata: Mapping[str, str] | None = None
+) -> bytes:
+    """The file :func:`save` would write, as bytes: for a caller that writes it its own way
+    (``client.checkpoint``: atomically)."""
+    arrays, header = _prepared(weights, metadata)
+    data: bytes = _safetensors().numpy.save(arrays, metadata=header)
+    return data
+
+
+def _prepared(
+    weights: HasStateDict | Mapping[str, Any], metadata: Mapping[str, str] | None
+) -> tuple[dict[str, np.ndarray[Any, Any]], dict[str, str]]:
+    """The arrays to write, by name, read to numpy, and the header's text entries."""
     state = weights if isinstance(weights, Mapping) else weights.state_dict()
     arrays: dict[str, np.ndarray[Any, Any]] = {}
     for name, value in state.items():
         if not isinstance(name, str):
             raise TypeError(f"weights names must be strings, not {name!r}")
         arrays[name] = to_numpy(value)
-    header = {"format": FORMAT, **(metadata or {})}
-    safetensors = _safetensors()
-    try:
-        safetensors.numpy.save_file(arrays, os.fspath(path), metadata=header)
-    except safetensors.SafetensorError as exc:
-        raise OSError(f"cannot write the weights file {os.fspath(path)!r}: {exc}") from exc
+    return arrays, {"format": FORMAT, **(metadata or {})}
 
 
 def load(path: PathLike) -> dict[str, np.ndarray[Any, Any]]:
@@ -96,6 +115,13 @@ def load_metadata(path: PathLike) -> dict[str, str]:
     file this module wrote), without reading its arrays."""
     with _opened(path) as file:
         return dict(file.metadata() or {})
+
+
+def load_with_metadata(path: PathLike) -> tuple[dict[str, np.ndarray[Any, Any]], dict[str, str]]:
+    """The arrays of the safetensors file at ``path`` and its header's text entries, read
+    from one opening of the file (errors as :func:`load`)."""
+    with _opened(path) as file:
+        return {name: file.get_tensor(name) for name in file.keys()}, dict(file.metadata() or {})
 
 
 @contextmanager
