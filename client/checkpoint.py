@@ -91,7 +91,7 @@ def save(
     ``model`` (a Module, or a mapping of names to arrays of any namespace), the state dicts
     of ``optimizer`` and ``scheduler``, ``step`` and ``extra`` (JSON-able data of the
     caller's: a data order's random state, say). Arrays on a server are read once each.
-    Returns the path.
+    Makes ``path``'s directory if it is missing. Returns the path.
 
     Raises:
         TypeError: ``extra`` is not JSON-able.
@@ -122,6 +122,7 @@ def save(
         header = json.dumps(meta)
     except (TypeError, ValueError) as exc:
         raise TypeError(f"a checkpoint's step and extra must be JSON-able: {exc}") from exc
+    target.parent.mkdir(parents=True, exist_ok=True)
     write_atomically(target, weights_file.to_bytes(arrays, {KEY: header}))
     return target
 
