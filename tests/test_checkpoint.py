@@ -168,8 +168,9 @@ def test_loading_refuses_what_does_not_fit(xp: client.Namespace) -> None:
 
 
 def test_a_jitted_step_keeps_working_after_load_state_dict(url: str) -> None:
-    """The load writes into the state arrays the recorded graph reads: replaying the steps
-    after a load gives the steps first run from that state, bit for bit, with one graph."""
+    """The loads write into the parameter and state arrays the recorded graph reads:
+    replaying the steps after a load gives the steps first run from that state, bit for bit,
+    with one graph."""
     with client.RemoteDevice(url) as dev:
         xp = client.namespace(dev)
         run = Run(Autodiff(xp), "adamw-cosine")
@@ -180,13 +181,14 @@ def test_a_jitted_step_keeps_working_after_load_state_dict(url: str) -> None:
         schedule_state, order = run.schedule.state_dict(), run.order.bit_generator.state
         run.train(5, step)
         first = run.weights()
-        for param, saved in zip(run.net.parameters(), model_state.values(), strict=True):
-            param.array[...] = xp.asarray(saved)  # in place: the graph holds these arrays too
-        recorded_with = run.opt.state_dict()  # alive: their ids are not freed and reused
+        recorded_with = run.net.state_dict(), run.opt.state_dict()  # alive: ids not reused
+        run.net.load_state_dict(model_state)
         run.opt.load_state_dict(opt_state)
+        for name, value in run.net.state_dict().items():  # the same arrays, contents loaded
+            assert value is recorded_with[0][name]
         for index, entry in run.opt.state_dict()["state"].items():
-            for key, value in entry.items():  # the same arrays, their contents loaded
-                assert value is recorded_with["state"][index][key] or key == "step"
+            for key, value in entry.items():
+                assert value is recorded_with[1]["state"][index][key] or key == "step"
         run.schedule.load_state_dict(schedule_state)
         run.order.bit_generator.state = order
         run.train(5, step)

@@ -356,14 +356,18 @@ def test_a_remote_model_saved_loads_locally_and_back(ad: Autodiff, tmp_path: Pat
 def test_load_state_dict_keeps_the_tensors_and_copies(ad: Autodiff) -> None:
     model, source = mlp(ad, seed=1), mlp(ad, seed=2)
     tensors = list(model.parameters())
+    arrays = [param.array for param in tensors]
     opt = optim.SGD(model.parameters(), lr=1.0)
     model.load_state_dict(source.state_dict())  # arrays of the same device: copied there
     assert list(model.parameters()) == tensors and same_values(model, source)
+    assert all(p.array is a for p, a in zip(tensors, arrays, strict=True))  # written in place
     ad.sum(model(np.ones((1, 3), np.float32))).backward()
     opt.step()  # the optimizer built before still updates the model...
     assert not same_values(model, source)  # ...and only it: the values were copied
     local = mlp(seed=4)
+    local[0].weight.array.flags.writeable = False  # cannot take the values in place
     local.load_state_dict(mlp(seed=5).state_dict())
+    assert same_values(local, mlp(seed=5))
     with no_grad():
         local[0].weight -= 1.0  # writable, and not shared with the other model's arrays
 

@@ -191,8 +191,10 @@ class Module:
         parameters, on the device each parameter is on, cast to its dtype.
 
         The names must match exactly and every shape must fit; nothing is copied otherwise.
-        The parameter tensors stay the same objects (only their arrays are replaced), so an
-        optimizer built on them keeps working.
+        As PyTorch's, the values are written into the parameters' own arrays in place, so an
+        optimizer built on the parameters, and a step recorded by ``client.capture.jit`` that
+        reads their arrays, see the loaded values. A parameter whose array cannot take them
+        in place (a read-only numpy array) gets a new array of its own instead.
 
         Raises:
             StateDictError: naming the first mismatch: a missing name, then an unexpected
@@ -200,9 +202,12 @@ class Module:
         """
         own = dict(self.named_parameters())
         _check_fits(type(self).__name__, own, state)
-        fresh = [(param, _copied_to(param, state[name])) for name, param in own.items()]
-        for param, array in fresh:  # only once every value is ready: all or nothing
-            param.array = array
+        ready = [(param, _on_device_of(param, state[name])) for name, param in own.items()]
+        for param, value in ready:  # only once every value is ready: all or nothing
+            if _writable(param.array):
+                param.array[...] = value
+            else:  # a copy: never the caller's array, which its owner may go on updating
+                param.array = param.namespace.xp.asarray(value, copy=True)
             param._version += 1  # a graph recorded before the load would differentiate old values
 
     def to(self, ad: Autodiff) -> Self:
@@ -276,12 +281,18 @@ def _check_fits(owner: str, own: Mapping[str, Tensor], state: Mapping[str, Any])
             )
 
 
-def _copied_to(param: Tensor, value: Any) -> Any:
-    """``value`` as a new array of ``param``'s namespace and dtype: copied on the device when
-    it is already an array there, else through numpy (one read, one upload). Always a copy,
-    so two modules loaded from one state dict never share (and update) the same memory."""
+def _on_device_of(param: Tensor, value: Any) -> Any:
+    """``value`` as an array of ``param``'s namespace and dtype: itself when it already is
+    one (a tensor's array), cast on the device when only its dtype differs, else through
+    numpy (one read, one upload)."""
     value = value.array if isinstance(value, Tensor) else value
     xp = param.namespace.xp
-    if hasattr(value, "__array_namespace__") and value.__array_namespace__() is xp:
-        return xp.asarray(value, dtype=param.dtype, copy=True)
-    return xp.asarray(np.asarray(value), dtype=param.dtype, copy=True)
+    if not (hasattr(value, "__array_namespace__") and value.__array_namespace__() is xp):
+        value = xp.asarray(np.asarray(value))
+    return value if value.dtype == param.dtype else xp.astype(value, param.dtype)
+
+
+def _writable(array: Any) -> bool:
+    """Whether ``array`` takes values in place: any array but a read-only numpy one."""
+    flags = getattr(array, "flags", None)
+    return flags is None or bool(flags.writeable)
