@@ -28,7 +28,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import checkpointing
 import numpy as np
+from checkpointing import Checkpoints
 
 import client
 from client import checkpoint, nn, optim
@@ -50,55 +52,42 @@ class Curves:
 
 @dataclass
 class Saving:
-    """--checkpoint: the whole training state every ``every`` steps and at the end, in
-    ``directory`` (the last two kept), and --resume from the latest there. With the model,
-    Adam's and the schedule's state, a checkpoint holds where the data order was (the
-    generator's state at the epoch's start and the batches done) and the curves so far, so
-    a resumed run is the uninterrupted one, bit for bit."""
+    """--checkpoint: the whole training state every ``every`` steps and at the end, and
+    --resume from the latest (``checkpointing``). With the model's, Adam's and the schedule's
+    state, a checkpoint holds where the data order was (the generator's state at the epoch's
+    start and the batches done) and the curves so far, so a resumed run is the uninterrupted
+    one, bit for bit. ``replicas``: each copy's model, optimizer and schedule (identical
+    copies: train_data_parallel.py's); a checkpoint holds the first's, a resume loads it into
+    every one."""
 
-    directory: Path | None
-    every: int
-    model: nn.Module
-    opt: optim.Optimizer
-    schedule: optim.LRScheduler
+    checkpoints: Checkpoints
+    replicas: list[tuple[nn.Module, optim.Optimizer, optim.LRScheduler]]
 
     def resume(self, order: np.random.Generator, curves: Curves) -> tuple[int, int]:
         """Load the latest checkpoint, if any: the epoch and batch to go on from."""
-        assert self.directory is not None  # _parse: --resume needs --checkpoint
-        path = checkpoint.latest(self.directory)
+        path = self.checkpoints.latest()
         if path is None:
-            print(f"no checkpoint in {self.directory}: starting afresh", flush=True)
             return 0, 0
-        info = checkpoint.load(path, model=self.model, optimizer=self.opt, scheduler=self.schedule)
+        for model, opt, schedule in self.replicas:
+            info = checkpoint.load(path, model=model, optimizer=opt, scheduler=schedule)
         where = info.extra["data"]
         order.bit_generator.state = where["order"]
         saved = info.extra["curves"]
         curves.loss[:], curves.accuracy[:] = saved["loss"], saved["accuracy"]
         curves.held_out[:] = [(int(step), float(acc)) for step, acc in saved["held_out"]]
-        print(f"resuming from {path} (step {info.step})", flush=True)
+        self.checkpoints.resumed(info)
         return int(where["epoch"]), int(where["batch"])
 
-    def after_step(self, curves: Curves, data: dict[str, Any]) -> None:
-        if self.directory is not None and len(curves.loss) % self.every == 0:
-            self._save(curves, data)
-
-    def at_end(self, curves: Curves, data: dict[str, Any]) -> None:
-        if self.directory is not None:
-            self._save(curves, data)
-
-    def _save(self, curves: Curves, data: dict[str, Any]) -> None:
-        assert self.directory is not None
-        step = len(curves.loss)
-        path = checkpoint.save(
-            checkpoint.numbered(self.directory, step),
-            model=self.model,
-            optimizer=self.opt,
-            scheduler=self.schedule,
-            step=step,
+    def save(self, curves: Curves, data: dict[str, Any]) -> None:
+        """Step ``len(curves.loss)``'s checkpoint (nothing without --checkpoint)."""
+        model, opt, schedule = self.replicas[0]
+        self.checkpoints.save(
+            len(curves.loss),
+            model=model,
+            optimizer=opt,
+            scheduler=schedule,
             extra={"data": data, "curves": asdict(curves)},
         )
-        checkpoint.prune(self.directory, keep=2)
-        print(f"checkpoint {path.name} written (step {step})", flush=True)
 
 
 def digits(seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -152,7 +141,7 @@ def train(
     schedule = optim.CosineAnnealingLR(opt, T_max=args.epochs * per_epoch)
     order = np.random.default_rng(args.seed)
     curves = Curves()
-    saving = Saving(args.checkpoint, args.checkpoint_every, model, opt, schedule)
+    saving = Saving(Checkpoints.of(args), [(model, opt, schedule)])
     first_epoch, first_batch = saving.resume(order, curves) if args.resume else (0, 0)
 
     def step(index: Any) -> Any:
@@ -180,7 +169,8 @@ def train(
                 curves.loss.append(step_loss)
                 curves.accuracy.append(step_accuracy)
                 advance(step_loss, step_accuracy)
-                saving.after_step(curves, {"order": at_start, "epoch": epoch, "batch": number})
+                if saving.checkpoints.due(len(curves.loss)):
+                    saving.save(curves, {"order": at_start, "epoch": epoch, "batch": number})
             curves.held_out.append((len(curves.loss), evaluate(ad, model, x_held, y_held)))
             mean_loss = np.mean(curves.loss[-per_epoch:])
             print(
@@ -188,7 +178,7 @@ def train(
                 f"accuracy {curves.held_out[-1][1]:.4f}",
                 flush=True,
             )
-    saving.at_end(curves, {"order": order.bit_generator.state, "epoch": args.epochs, "batch": 0})
+    saving.save(curves, {"order": order.bit_generator.state, "epoch": args.epochs, "batch": 0})
     return model, curves
 
 
@@ -299,30 +289,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--plot", type=Path, default=Path("train_mlp.png"), help="PNG of the curves")
     p.add_argument("--save", type=Path, default=None, help="write the weights (safetensors)")
-    p.add_argument(
-        "--checkpoint",
-        type=Path,
-        default=None,
-        metavar="DIR",
-        help="save the whole training state in DIR (client.checkpoint; the last two kept)",
-    )
-    p.add_argument(
-        "--checkpoint-every",
-        type=int,
-        default=100,
-        metavar="N",
-        help="with --checkpoint: save every N steps, and at the end (default 100)",
-    )
-    p.add_argument(
-        "--resume",
-        action="store_true",
-        help="go on from the latest checkpoint in --checkpoint DIR (the same other flags)",
-    )
+    checkpointing.add_flags(p)
     args = p.parse_args(argv)
-    if args.resume and args.checkpoint is None:
-        p.error("--resume needs --checkpoint DIR")
-    if args.checkpoint_every < 1:
-        p.error("--checkpoint-every must be at least 1")
+    checkpointing.check_flags(p, args)
     if args.quick:
         args.epochs = 3
     return args
@@ -333,11 +302,8 @@ def main(argv: list[str] | None = None) -> int:
     for path in (args.plot, args.save):  # before training, not after it
         if path is not None and not path.absolute().parent.is_dir():
             return _fail(f"{path}: no such directory")
-    if args.checkpoint is not None:
-        try:
-            args.checkpoint.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            return _fail(f"{args.checkpoint}: {type(exc).__name__}: {exc}")
+    if (unusable := checkpointing.make_directory(args)) is not None:
+        return _fail(unusable)
     data = digits(args.seed)
     start = time.perf_counter()
     where = "locally on numpy" if args.local else args.url
