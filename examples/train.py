@@ -6,10 +6,13 @@ Every array lives on the server; each step sends a handful of ops and reads back
     python examples/train.py --url ws://127.0.0.1:8765             # token: TENSOR_SERVER_TOKEN
     python examples/train.py --token-file ./token --plot loss.png  # or TENSOR_SERVER_TOKEN_FILE
 
-``--plot`` draws the loss curve with matplotlib (``pip install -e '.[examples]'``); without
-matplotlib the curve is skipped with a note. Exit status 0 when the loss fell by at least 100x
-and the weights were recovered, 1 otherwise, 2 when the server cannot be reached or refuses us
-(one line on stderr).
+``--checkpoint DIR`` saves the weights and the losses so far every ``--checkpoint-every N``
+steps and at the end; ``--resume`` goes on from the latest there (on a restarted server, say),
+ending exactly as a run never interrupted. ``--plot`` draws the loss curve with matplotlib
+(``pip install -e '.[examples]'``); without matplotlib the curve is skipped with a note. Exit
+status 0 when the loss fell by at least 100x and the weights were recovered, 1 otherwise, 2
+when the server cannot be reached or refuses us, or a checkpoint cannot be used (one line on
+stderr).
 """
 
 from __future__ import annotations
@@ -19,9 +22,12 @@ import os
 import sys
 from pathlib import Path
 
+import checkpointing
 import numpy as np
+from checkpointing import Checkpoints
 
 import client
+from client import checkpoint
 
 TOKEN_FILE_ENV = "TENSOR_SERVER_TOKEN_FILE"  # noqa: S105 - the variable's name, not a token
 
@@ -40,24 +46,36 @@ def train(
     xp: client.Namespace,
     x_np: np.ndarray,
     y_np: np.ndarray,
-    steps: int,
-    lr: float,
-    report_every: int,
+    args: argparse.Namespace,
 ) -> tuple[list[float], np.ndarray, float]:
-    """Fit ``y ~ x @ w + b`` on the server; returns the loss of every step, ``w`` and ``b``."""
+    """Fit ``y ~ x @ w + b`` on the server; returns the loss of every step, ``w`` and ``b``.
+
+    With --checkpoint, ``w``, ``b`` and the losses so far are saved every N steps and at the
+    end, and --resume goes on from the latest (``checkpointing``); the steps are full-batch
+    gradient descent, with no data order to keep."""
     n, d = x_np.shape
     x, y = xp.asarray(x_np), xp.asarray(y_np)
     w = xp.zeros((d, 1), dtype=xp.float32)
     b = xp.zeros((1,), dtype=xp.float32)
     losses: list[float] = []
-    for step in range(steps):
+    checkpoints = Checkpoints.of(args)
+    if args.resume and (path := checkpoints.latest()) is not None:
+        info = checkpoint.load(path)
+        w, b = xp.asarray(info.arrays["w"]), xp.asarray(info.arrays["b"])
+        losses = [float(loss) for loss in info.extra["losses"]]
+        checkpoints.resumed(info)
+    report_every = max(1, args.steps // 10)
+    for step in range(len(losses), args.steps):
         err = x @ w + b - y  # (n, 1), computed on the server
         loss = xp.mean(err * err)
-        w = w - lr * (2.0 / n) * (x.T @ err)
-        b = b - lr * 2.0 * xp.mean(err, axis=0)
+        w = w - args.lr * (2.0 / n) * (x.T @ err)
+        b = b - args.lr * 2.0 * xp.mean(err, axis=0)
         losses.append(float(loss))  # the one round trip of the step
-        if step % report_every == 0 or step == steps - 1:
+        if step % report_every == 0 or step == args.steps - 1:
             print(f"step {step:4d}  loss {losses[-1]:.6f}", flush=True)
+        if checkpoints.due(len(losses)):
+            checkpoints.save(len(losses), model={"w": w, "b": b}, extra={"losses": losses})
+    checkpoints.save(len(losses), model={"w": w, "b": b}, extra={"losses": losses})
     return losses, w.numpy(), float(b[0])
 
 
@@ -97,16 +115,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lr", type=float, default=0.1)
     p.add_argument("--quick", action="store_true", help="a few steps on little data (for tests)")
     p.add_argument("--plot", type=Path, default=None, help="write the loss curve to this PNG")
+    checkpointing.add_flags(p)
     args = p.parse_args(argv)
+    checkpointing.check_flags(p, args)
     if args.quick:
         args.steps, args.samples, args.features = 60, 256, 4
+    if (unusable := checkpointing.make_directory(args)) is not None:
+        print(f"train.py: {unusable}", file=sys.stderr)
+        return 2
     x, w_true, y = make_data(np.random.default_rng(0), args.samples, args.features)
     try:
         with client.RemoteDevice(args.url, token=_token(args)) as dev:
             print(f"training on {dev.url} (server {dev.server_id})", flush=True)
             xp = client.namespace(dev)
-            losses, w, b = train(xp, x, y, args.steps, args.lr, max(1, args.steps // 10))
-    except (client.TensorwireError, ConnectionError, OSError) as exc:
+            losses, w, b = train(xp, x, y, args)
+    except (client.TensorwireError, ConnectionError, OSError, ValueError) as exc:
         print(f"train.py: {args.url}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
     error = float(np.max(np.abs(w - w_true)))

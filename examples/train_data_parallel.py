@@ -35,11 +35,14 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import checkpointing
 import numpy as np
+from checkpointing import Checkpoints
 from train_mlp import (
     GOAL,
     TOKEN_FILE_ENV,
     Curves,
+    Saving,
     _progress,
     _token,
     accuracy,
@@ -62,7 +65,9 @@ def train(
 ) -> tuple[DataParallel, Curves, float]:
     """train_mlp.py's training (the same model, seed, batches, Adam and cosine schedule) on
     ``len(spaces)`` replicas; also the seconds it took, held-out evaluations left out (each
-    epoch's ends with a read from every replica, which waits for all of its steps)."""
+    epoch's ends with a read from every replica, which waits for all of its steps) and
+    checkpoints too. With --checkpoint, the first replica's state is saved (the replicas are
+    identical) and --resume loads it into every replica (train_mlp.py's ``Saving``)."""
     x_train, y_train, x_test, y_test = data
     model = mlp(spaces[0], args.hidden, args.seed)
     dp = DataParallel(
@@ -78,6 +83,9 @@ def train(
     order = np.random.default_rng(args.seed)
     curves, seconds = Curves(), 0.0
     stats: list[list[Any]] = [[] for _ in spaces]  # per replica, per step: loss, accuracy
+    replicas = [(r.model, r.optimizer, s) for r, s in zip(dp.replicas, schedules, strict=True)]
+    saving = Saving(Checkpoints.of(args), replicas)
+    first_epoch, first_batch = saving.resume(order, curves) if args.resume else (0, 0)
 
     def shard_loss(replica: Replica, rows: np.ndarray, *, total: int) -> Any:
         ad, (x, y) = replica.namespace, shared[replica.index]
@@ -89,13 +97,21 @@ def train(
             stats[replica.index].append(both * (len(rows) / total))
         return loss
 
-    with _progress(args.epochs * per_epoch) as advance:
-        for epoch in range(args.epochs):
+    with _progress(args.epochs * per_epoch, len(curves.loss)) as advance:
+        for epoch in range(first_epoch, args.epochs):
             start = time.perf_counter()
-            for batch in np.array_split(order.permutation(len(x_train)), per_epoch):
+            at_start = order.bit_generator.state  # the epoch's order, for a checkpoint
+            batches = np.array_split(order.permutation(len(x_train)), per_epoch)
+            skipped = first_batch if epoch == first_epoch else 0
+            for number, batch in enumerate(batches[skipped:], start=skipped + 1):
                 dp.step(partial(shard_loss, total=len(batch)), batch)
                 for schedule in schedules:
                     schedule.step()
+                if saving.checkpoints.due(len(curves.loss) + len(stats[0])):
+                    _record(curves, stats, advance)  # the curves so far go in the checkpoint
+                    seconds += time.perf_counter() - start
+                    saving.save(curves, {"order": at_start, "epoch": epoch, "batch": number})
+                    start = time.perf_counter()
             _record(curves, stats, advance)
             seconds += time.perf_counter() - start
             curves.held_out.append((len(curves.loss), evaluate(spaces[0], model, x_held, y_held)))
@@ -105,12 +121,15 @@ def train(
                 f"accuracy {curves.held_out[-1][1]:.4f}",
                 flush=True,
             )
+    saving.save(curves, {"order": order.bit_generator.state, "epoch": args.epochs, "batch": 0})
     return dp, curves, seconds
 
 
 def _record(curves: Curves, stats: list[list[Any]], advance: Any) -> None:
     """An epoch's per-step loss and accuracy: one read per replica, the shards' shares summed
-    (``stats`` emptied for the next epoch)."""
+    (``stats`` emptied for the next epoch; nothing when a checkpoint took them all)."""
+    if not stats[0]:
+        return
     shares = [np.asarray(r[0].__array_namespace__().stack(r), dtype=np.float64) for r in stats]
     for kept in stats:
         kept.clear()
@@ -155,7 +174,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--plot", type=Path, default=Path("train_data_parallel.png"))
+    checkpointing.add_flags(p)
     args = p.parse_args(argv)
+    checkpointing.check_flags(p, args)
     if args.url is None:
         args.url = [os.environ.get("TENSOR_SERVER_URL", "ws://127.0.0.1:8765")]
     if min(args.devices_per_server, args.replicas) < 1:
@@ -167,6 +188,8 @@ def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     if not args.plot.absolute().parent.is_dir():  # before training, not after it
         return _fail(f"{args.plot}: no such directory")
+    if (unusable := checkpointing.make_directory(args)) is not None:
+        return _fail(unusable)
     data = digits(args.seed)
     where = "locally on numpy" if args.local else ", ".join(args.url)
     try:
