@@ -20,7 +20,7 @@ from client import checkpoint, nn, optim
 from client.autodiff import Autodiff
 from client.capture import jit
 
-from .servers import ROOT, run_server
+from .servers import ROOT, ServerProcess, run_server
 
 KINDS = ["sgd-momentum-steplr", "adam-cosine", "adamw-cosine"]
 
@@ -315,52 +315,117 @@ def test_missing_corrupt_and_mismatched_checkpoints_raise_typed_errors(
     assert not (tmp_path / "x.safetensors").exists()
 
 
-# --- (c) the example, killed with its server and resumed ----------------------------------------
+# --- (c) the examples, killed with their server and resumed ------------------------------------
+def _example(name: str, *args: str) -> list[str]:
+    return [sys.executable, str(ROOT / "examples" / name), *args]
+
+
+def _run(command: list[str]) -> subprocess.CompletedProcess[str]:
+    """``command`` to its end: exit status 0 or 1 (the goal reached or not), not 2 (failed)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode in (0, 1), done.stdout + done.stderr
+    return done
+
+
+def _kill_server_after_checkpoint(command: list[str], server: ServerProcess, step: int) -> None:
+    """Run ``command`` until it says it wrote step ``step``'s checkpoint, then SIGKILL its
+    server: the example fails with exit status 2."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    written = f"checkpoint {checkpoint.numbered('.', step).name} written"
+    with subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    ) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if line.startswith(written):
+                os.kill(server.pid, signal.SIGKILL)
+                break
+        assert proc.wait(timeout=60) == 2  # the server is gone
+
+
+def _assert_resumed(out: str, step: int) -> None:
+    assert "resuming from" in out and f"(step {step})" in out, out
+
+
+def _assert_same_checkpoints(a: Path | None, b: Path | None) -> None:
+    """The two runs' last checkpoints hold the same arrays, bit for bit, and the same extra."""
+    assert a is not None and b is not None and a.name == b.name
+    first, second = checkpoint.load(a), checkpoint.load(b)
+    assert list(first.arrays) == list(second.arrays)
+    _assert_same(list(first.arrays.values()), list(second.arrays.values()))
+    assert first.extra == second.extra
+
+
+def _lines(out: str, *starts: str) -> list[str]:
+    return [line for line in out.splitlines() if line.startswith(starts)]
+
+
 @pytest.mark.e2e
 def test_train_mlp_resumes_after_its_server_is_killed(tmp_path: Path) -> None:
     flags = ["--epochs", "2", "--hidden", "32", "--plot", str(tmp_path / "p.png")]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    script = [sys.executable, str(ROOT / "examples" / "train_mlp.py")]
     ckpt = tmp_path / "ckpt"
     with run_server() as first:
-        with subprocess.Popen(
-            [*script, "--url", first.url, *flags, "--checkpoint", str(ckpt)]
-            + ["--checkpoint-every", "10"],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-        ) as proc:
-            assert proc.stdout is not None
-            for line in proc.stdout:
-                if line.startswith("checkpoint step-000000010.safetensors written"):
-                    os.kill(first.pid, signal.SIGKILL)
-                    break
-            assert proc.wait(timeout=60) == 2  # the server is gone: exit status 2
+        command = _example("train_mlp.py", "--url", first.url, *flags, "--checkpoint", str(ckpt))
+        _kill_server_after_checkpoint([*command, "--checkpoint-every", "10"], first, 10)
     with run_server() as second:
-        resume = [*script, "--url", second.url, *flags, "--checkpoint", str(ckpt), "--resume"]
-        resumed = subprocess.run(
-            [*resume, "--save", str(tmp_path / "resumed.safetensors")],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=120,
+        resume = ["--url", second.url, *flags, "--checkpoint", str(ckpt), "--resume"]
+        resumed = _run(_example("train_mlp.py", *resume, "--save", str(tmp_path / "r.safetensors")))
+        _assert_resumed(resumed.stdout, 10)
+        whole = _run(
+            _example("train_mlp.py", "--url", second.url, *flags, "--save", str(tmp_path / "w"))
         )
-        assert resumed.returncode in (0, 1), resumed.stderr
-        assert "resuming from" in resumed.stdout and "(step 10)" in resumed.stdout
-        whole = subprocess.run(
-            [*script, "--url", second.url, *flags, "--save", str(tmp_path / "whole.safetensors")],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=120,
-        )
-        assert whole.returncode in (0, 1), whole.stderr
-    a, b = nn.load(tmp_path / "resumed.safetensors"), nn.load(tmp_path / "whole.safetensors")
+    a, b = nn.load(tmp_path / "r.safetensors"), nn.load(tmp_path / "w")
     assert list(a) == list(b)
     _assert_same(list(a.values()), list(b.values()))
+    summary = _lines(whole.stdout, "epoch", "held-out")
+    assert _lines(resumed.stdout, "epoch", "held-out") == summary and len(summary) == 3
 
-    def summary(out: str) -> list[str]:
-        return [line for line in out.splitlines() if line.startswith(("epoch", "held-out"))]
 
-    assert summary(resumed.stdout) == summary(whole.stdout) and len(summary(whole.stdout)) == 3
+@pytest.mark.e2e
+def test_train_resumes_after_its_server_is_killed(tmp_path: Path) -> None:
+    """examples/train.py: its weights and losses in the checkpoint, full-batch steps."""
+    flags = ["--steps", "300", "--samples", "256", "--features", "4", "--checkpoint-every", "100"]
+    ckpt, whole_ckpt = tmp_path / "ckpt", tmp_path / "whole"
+    with run_server() as first:
+        command = _example("train.py", "--url", first.url, *flags, "--checkpoint", str(ckpt))
+        _kill_server_after_checkpoint(command, first, 100)
+    with run_server() as second:
+        resumed = _run(
+            _example("train.py", "--url", second.url, *flags, "--checkpoint", str(ckpt), "--resume")
+        )
+        _assert_resumed(resumed.stdout, 100)
+        whole = _run(
+            _example("train.py", "--url", second.url, *flags, "--checkpoint", str(whole_ckpt))
+        )
+    _assert_same_checkpoints(checkpoint.latest(ckpt), checkpoint.latest(whole_ckpt))
+    assert _lines(resumed.stdout, "final loss") == _lines(whole.stdout, "final loss")
+    assert len(checkpoint.load(checkpoint.numbered(ckpt, 300)).extra["losses"]) == 300
+
+
+@pytest.mark.e2e
+def test_train_data_parallel_resumes_into_every_replica_after_its_server_is_killed(
+    tmp_path: Path,
+) -> None:
+    """Two replicas on the two devices of one server: a checkpoint holds one copy of the
+    state, the resume loads it into both, and they end bit-identical, as the run never
+    interrupted ends."""
+    flags = ["--epochs", "2", "--hidden", "32", "--devices-per-server", "2", "--plot"]
+    flags += [str(tmp_path / "p.png"), "--checkpoint-every", "10"]
+    ckpt, whole_ckpt = tmp_path / "ckpt", tmp_path / "whole"
+    name = "train_data_parallel.py"
+    with run_server("--device", "ndarray:2") as first:
+        command = _example(name, "--url", first.url, *flags, "--checkpoint", str(ckpt))
+        _kill_server_after_checkpoint(command, first, 10)
+    saved = checkpoint.load(checkpoint.numbered(ckpt, 10))
+    assert len(saved.arrays) == 6  # one copy of the model's parameters
+    with run_server("--device", "ndarray:2") as second:
+        resumed = _run(
+            _example(name, "--url", second.url, *flags, "--checkpoint", str(ckpt), "--resume")
+        )
+        _assert_resumed(resumed.stdout, 10)
+        whole = _run(_example(name, "--url", second.url, *flags, "--checkpoint", str(whole_ckpt)))
+    _assert_same_checkpoints(checkpoint.latest(ckpt), checkpoint.latest(whole_ckpt))
+    assert "replicas bit-identical: yes, all 6 parameters" in resumed.stdout.splitlines()
+    summary = _lines(whole.stdout, "epoch", "held-out")
+    assert _lines(resumed.stdout, "epoch", "held-out") == summary and len(summary) == 3
