@@ -229,6 +229,17 @@ class CuttingProxy:
         if self.claim_cut(link):
             link.stop()
 
+    def cut_all(self) -> int:
+        """Cut every connection now (if the proxy is cutting); how many were cut."""
+        with self._lock:
+            links = list(self._links)
+        cut = 0
+        for link in links:
+            if self.claim_cut(link):
+                link.stop()
+                cut += 1
+        return cut
+
     def forget(self, link: _Link) -> None:
         with self._lock:
             self._links.discard(link)

@@ -26,6 +26,7 @@ from .errors import ServerBusyError as ServerBusyError
 from .errors import ServerNotResponding as ServerNotResponding
 from .errors import ServerProtocolError as ServerProtocolError
 from .errors import ServerShuttingDownError as ServerShuttingDownError
+from .errors import SessionLost as SessionLost
 from .errors import TensorwireError as TensorwireError
 from .errors import TransferError as TransferError
 from .errors import VersionMismatchError as VersionMismatchError

@@ -22,19 +22,24 @@ that outruns the socket blocks in its flush (backpressure: the kernel's socket b
 bound, not an unbounded queue).
 
 Requests (read, sync, stats) register a :class:`Reply` (a ``concurrent.futures.Future``) under a
-request id before their batch is sent. Replies are read by whichever thread waits for one
-(leader/follower): :meth:`Reply.result` makes the waiting thread the reader if none is, and it
-dispatches every reply it receives, its own and other threads', until its own has come; other
-waiters sleep until theirs is resolved or the reader steps down. When the connection closes or
-breaks, every pending reply fails with :class:`ConnectionLost`, and so does every later call:
-nothing hangs (a reader or sender blocked on the socket wakes when it is cut: by the keeper
-when the server stopped answering, by :meth:`Connection.close` after :data:`CLOSE_TIMEOUT`).
-
-Large replies are received into buffers of a :class:`~client._buffers.BufferPool`, reused
-once the caller has dropped them; the keeper lets go of the ones left idle.
+request id before their batch is sent; whichever thread waits for one reads
+(``client._receiving``). Nothing hangs: a reader or sender blocked on the socket wakes when it
+is cut (by the keeper when the server stopped answering, by :meth:`Connection.close` after
+:data:`CLOSE_TIMEOUT`). Large replies are received into pooled buffers, which the keeper lets go
+of once idle.
 
 Frees and graph drops are recorded without a lock (they come from ``__del__``, in any thread,
 at any time); a batch's apply after its ops, so a free never overtakes an op that reads the id.
+
+Sessions outlive their connection (``client._resuming``; protocol/README.md, "Resuming a
+session"). Each message sent is numbered and kept until the server acknowledges it; a large
+upload returns once it is acknowledged (it is kept as the caller's memory until then). When the
+transport breaks (a send or a read fails, or the keeper gives up on a silent server), the first
+thread to see it reconnects (:meth:`Connection._lost`, with backoff), resumes the session with
+its secret, sends again what the server had not received and, holding ``_lock`` meanwhile,
+swaps in the new transport; every other thread that saw the old one break waits for it and goes
+on. The server sends again the replies this client had not received. Only when the session
+cannot be resumed does every pending and later call fail, with :class:`SessionLost`.
 """
 
 from __future__ import annotations
@@ -47,31 +52,42 @@ from concurrent.futures import Future
 from functools import partial
 from typing import Any
 
-from protocol import SERVER_ADAPTER, DecodeError, Dropped, SessionError, Welcome, encode
-from protocol.codec import Buffer, requests_only, to_frames
+from protocol import (
+    FEATURES,
+    Welcome,
+    encode,
+)
+from protocol.codec import requests_only, to_frames
 from protocol.graphs import GraphDef
 from protocol.messages import Request
 from protocol.ops import AnyOp
 
-from ._buffers import BufferPool, PooledDecoder
 from ._liveness import Traffic, Watch
 from ._opening import close_code, handshake, open_transport
 from ._options import DEFAULT_OPTIONS, ConnectionOptions
 from ._pending import COPY_BELOW as COPY_BELOW
 from ._pending import Pending
-from ._replies import Reply, fail, resolve, take_batch
-from ._transport import Closed
-from .errors import ConnectionLost, ServerNotResponding, ServerProtocolError
+from ._recovery import Recovering
+from ._replies import Reply
+from ._resuming import Retained
+from ._transport import Closed, Transport
+from .errors import (
+    ConnectionLost,
+    ServerNotResponding,
+    SessionLost,
+)
 
 FLUSH_OPS = 2048
 FLUSH_BYTES = 1 << 20
 CLOSE_TIMEOUT = 10.0
 KEEPALIVE_POLL = 1.0  # seconds between the keeper's looks at an idle socket (server pings)
+RETAINED_MOST = 64  # messages kept unacknowledged before a sender waits for the server
 
 Frames = list[bytes | list[bytes | memoryview]]  # messages, each one frame or its fragments
+Sending = tuple[Transport, int, Frames]  # a flush: the transport, its generation, the messages
 
 
-class Connection:
+class Connection(Recovering):
     """A session with device ``index`` of the server at ``url``, opened and watched as
     ``options`` say.
 
@@ -87,150 +103,99 @@ class Connection:
         options: ConnectionOptions = DEFAULT_OPTIONS,
     ) -> None:
         self.url = url
+        self._index = index
+        self._options = options
         self._liveness = options.liveness
+        super().__init__(url, options.pool_bytes)  # reading, and resuming, state
         self._lock = threading.Lock()  # the pending batch, ids, state
-        self._reading = threading.Condition(threading.Lock())  # leader/follower of replies
-        self._reader: threading.Thread | None = None  # the thread reading replies now
         self._batch = Pending()  # under _lock, but its frees and drops
         self._tensor_ids = itertools.count(1)
         self.new_graph_id: Callable[[], int] = itertools.count(1).__next__  # graph ids
         self._request_ids = itertools.count(1)
-        self._waiters: dict[int, Reply] = {}
-        self._waiters_lock = threading.Lock()  # alone, so a reader never waits for a flush
-        self._error: ConnectionLost | None = None
         self._batches = 0  # messages made (flushes)
-        self._answered = 0  # the last of them known to have run (its request was answered)
-        self._server_error: ServerProtocolError | None = None
         self._closing = False
-        self._closed: Future[None] = Future()  # fails when the connection ends
         self._stop = threading.Event()
-        self._pool = BufferPool(keep=options.pool_bytes)
+        self._acked_to_server = 0  # the ack the last flush carried
         self._ws = open_transport(url, options)
         try:  # the socket keeps open_timeout until opened(): the handshake is bounded too
-            self.welcome: Welcome = handshake(self._ws, url, index, self._receive)
+            receive = partial(self._receive, self._ws)
+            features = FEATURES if options.backoff.attempts else ()  # not resuming: say so
+            self.welcome: Welcome = handshake(self._ws, url, index, receive, features=features)
         except BaseException:
             self._ws.close()
             raise
         self._ws.opened()
+        self._current = (self._ws, self._generation)
+        resumable = self.welcome.resume_secret is not None and options.backoff.attempts > 0
+        self._sent = Retained(keep=resumable)  # the messages the server may not have yet
         self._keeper = threading.Thread(target=self._keep, name=f"tensorwire {url}", daemon=True)
         self._keeper.start()
 
     def _keep(self) -> None:
         """The keeper thread: watch the server (:meth:`_look`) and, while no thread reads,
-        process what the socket holds (pongs, the server's pings)."""
+        process what the socket holds (pongs, the server's pings, acknowledgements)."""
         watch = Watch(self._liveness, time.monotonic())
         while not self._stop.wait(self._liveness.tick(KEEPALIVE_POLL)):
             self._pool.release_idle()
             if not self._look(watch):
                 return
-            with self._reading:
-                if self._reader is not None:
-                    continue
-                self._reader = threading.current_thread()
-            try:
-                self._ws.poll()
-            except Closed as exc:
-                self._broken(exc)
+            self._acknowledge()
+            self._poll()
+            if self._error is not None:
                 return
-            finally:
-                with self._reading:
-                    self._reader = None
-                    self._reading.notify_all()
 
     def _look(self, watch: Watch) -> bool:
-        """Ping the server when due; give up on it (False) once it stopped answering."""
-        ws, now = self._ws, time.monotonic()
+        """Ping the server when due; give up on it (False) once it stopped answering and the
+        session could not be resumed."""
+        (ws, generation), now = self._current, time.monotonic()
         unanswered = self._batches - self._answered
         traffic = Traffic(ws.received_bytes, ws.sent_bytes, ws.send_lock.locked(), unanswered)
-        with self._waiters_lock:
-            waits = [r.waiting_since for r in self._waiters.values() if r.waiting_since is not None]
+        with self._waiters_lock:  # replies, and acknowledgements a sender waits for
+            waiting = [*self._waiters.values(), *self._ack_waits]
+        waits = [r.waiting_since for r in waiting if r.waiting_since is not None]
         reason = watch.look(now, traffic, min(waits, default=None))
-        if reason is not None:  # fail everything, then cut: blocked readers and senders wake
+        if reason is not None and not watch.unanswered_ping:  # a call waited past timeout:
             self._fail(ServerNotResponding(f"connection to {self.url} lost: {reason}"))
-            self._ws.abort()
+            ws.abort()  # blocked readers and senders wake
             return False
+        if reason is not None:  # a silent connection (a stopped server, or a dead path): cut
+            # it (blocked readers and senders wake, after _lost took its lock, so this cause
+            # is the one that bounds the resumption) and resume, or fail
+            self._lost(generation, ServerNotResponding(f"connection to {self.url} lost: {reason}"))
+            if self._error is not None:
+                return False
+            watch.__init__(self._liveness, time.monotonic())  # type: ignore[misc]
+            return True
         if watch.ping_due(now) and ws.ping():
             watch.pinged(now)
         return True
 
-    # --- receiving: whichever thread waits reads ---------------------------------------------
-
-    def _receive(self) -> tuple[Any, list[Buffer]]:
-        decoder = PooledDecoder(SERVER_ADAPTER, self._pool)
-        self._ws.receive(decoder)  # large payloads land straight in the decoder's arrays
-        return decoder.finish()
-
-    def wait(self, reply: Future[Any]) -> None:
-        """Return once ``reply`` is resolved, reading and dispatching replies meanwhile if no
-        other thread is. Never raises; a broken connection resolves ``reply`` with its error.
-        """
-        reading = self._reading
-        while True:
-            with reading:
-                while self._reader is not None and not reply.done():
-                    reading.wait()
-                if reply.done():
-                    return
-                self._reader = threading.current_thread()
-            try:
-                self._read_until(reply)
-            finally:
-                with reading:
-                    self._reader = None
-                    reading.notify_all()
-
-    def _read_until(self, reply: Future[Any]) -> None:
-        while not reply.done():
-            try:
-                message, buffers = self._receive()
-            except Closed as exc:
-                self._broken(exc, reply)
-            except DecodeError as exc:
-                self._broken(exc, reply)
-                self._abandon(1002, "undecodable message")
-            else:
-                resolved = self._dispatch(message, buffers)
-                if resolved is not None and resolved is not reply:
-                    with self._reading:
-                        self._reading.notify_all()
-
-    def _dispatch(self, message: Any, buffers: list[Buffer]) -> Future[Any] | None:
-        """Resolve the future that ``message`` answers, and return it (None if none); for a
-        :class:`Dropped` message, fail the requests of the message it names, and return one."""
-        if isinstance(message, SessionError):
-            self._server_error = ServerProtocolError(message.error)
-            return None
-        if isinstance(message, Dropped):  # our message number .message ran no op at all
-            error = ServerProtocolError(message.error)
-            with self._waiters_lock:
-                lost = take_batch(self._waiters, message.message)
-            fail(lost, error)  # its requests will never be answered
-            if not lost:
-                self._server_error = error  # for the next check, as a SessionError's
-            return lost[0] if lost else None  # so that the threads waiting for them look
-        with self._waiters_lock:
-            future = self._waiters.pop(message.request_id, None)
-        if future is not None:  # the server ran its message, and every one before
-            resolve(future, message, buffers)
-            self._answered = max(self._answered, future.batch)
-        return future
+    def _acknowledge(self) -> None:
+        """Tell the server which of its messages arrived, if no batch said so since: it
+        forgets those (a kept read reply holds memory)."""
+        if not (self._sent.keep and self._received > self._acked_to_server):
+            return
+        if not self._lock.acquire(blocking=False):
+            return  # a flush is under way: it carries the ack
+        frames: Sending | None = None
+        try:  # never wait for a send here: the keeper would stop watching the server
+            if self._error is None and not self._closing and not self._ws.send_lock.locked():
+                frames = self._flush_locked(())
+        finally:
+            self._lock.release()
+        if frames is not None:
+            self._send(frames)
 
     def _broken(self, exc: BaseException, *also: Future[Any]) -> None:
-        """Fail every pending reply (and ``also``) and every later call with ConnectionLost."""
+        """Fail every pending reply (and ``also``) and every later call with ConnectionLost
+        (a session the server ended: SessionLost)."""
         reason = "closed" if self._closing else f"lost ({exc})"
         code = None if self._closing else close_code(self._ws)
-        self._fail(ConnectionLost(f"connection to {self.url} {reason}", code=code), *also)
-
-    def _fail(self, error: ConnectionLost, *also: Future[Any]) -> None:
-        """Fail every pending reply (and ``also``) and every later call with the connection's
-        first error: ``error``, unless it failed before."""
-        with self._waiters_lock:  # not _lock: a flush may hold it, waiting on the socket
-            if self._error is None:
-                self._error = error
-            waiters, self._waiters = self._waiters, {}
-        fail((*waiters.values(), *also, self._closed), self._error)
-        with self._reading:
-            self._reading.notify_all()
+        message = f"connection to {self.url} {reason}"
+        if code is not None and not self._closing:
+            self._fail(SessionLost(message, "dropped", code), *also)
+        else:
+            self._fail(ConnectionLost(message, code=code), *also)
 
     # --- caller threads ---------------------------------------------------------------------
 
@@ -243,7 +208,7 @@ class Connection:
         Raises:
             ConnectionLost: the connection is closed or broken.
         """
-        frames: Frames | None = None
+        frames: Sending | None = None
         with self._lock:
             self._check_open()
             batch = self._batch
@@ -252,12 +217,14 @@ class Connection:
                 frames = self._flush_locked(())
         if frames is not None:
             self._send(frames)
+            self._bound_unacknowledged()
 
     def submit_upload(self, make_op: Callable[[int], AnyOp], data: memoryview) -> None:
         """Queue the op ``make_op(buffer_index)`` whose bytes are ``data``.
 
-        Small uploads are copied at once; a large one is sent before this returns, so the
-        caller may change its array afterwards either way.
+        Small uploads are copied at once; a large one is sent before this returns (and, for a
+        session that can resume, received by the server: it may be sent again until then), so
+        the caller may change its array afterwards either way.
 
         Raises:
             ConnectionLost: the connection is closed or broke before a large upload was sent.
@@ -273,16 +240,26 @@ class Connection:
 
     def _queue(self, add: Callable[[], bool]) -> None:
         """Call ``add`` (True: a large buffer, sent before returning) and flush if need be."""
-        frames: Frames | None = None
+        frames: Sending | None = None
         with self._lock:
             self._check_open()
             large = add()
+            number = self._batches + 1  # the message that carries the buffers (the first)
             if large or self._batch.buffered >= FLUSH_BYTES:
                 frames = self._flush_locked(())
         if frames is not None:
             self._send(frames)
+            if large and self._sent.keep:
+                self._wait_acked(number)  # the caller's memory is kept until then
             if large and self._error is not None:
                 raise self._error
+            self._bound_unacknowledged()
+
+    def _bound_unacknowledged(self) -> None:
+        """Wait, past :data:`RETAINED_MOST` messages kept, until the server has half of them:
+        a sender that never reads keeps no more than that."""
+        if len(self._sent) > RETAINED_MOST:
+            self._wait_acked(self._batches - RETAINED_MOST // 2)
 
     def release(self, tensor_id: int) -> None:
         """Free ``tensor_id`` on the server at the next flush. Safe from ``__del__``."""
@@ -311,16 +288,13 @@ class Connection:
         return future
 
     def flush(self) -> None:
-        frames: Frames | None = None
+        frames: Sending | None = None
         with self._lock:
             if self._error is None and self._batch:
                 frames = self._flush_locked(())
         if frames is not None:
             self._send(frames)
-
-    def take_server_error(self) -> ServerProtocolError | None:
-        error, self._server_error = self._server_error, None
-        return error
+            self._bound_unacknowledged()
 
     def _check_open(self) -> None:
         if self._error is not None:
@@ -328,35 +302,45 @@ class Connection:
         if self._closing:
             raise ConnectionLost(f"connection to {self.url} is closed")
 
-    def _flush_locked(self, requests: tuple[Request, ...]) -> Frames:
-        """Encode the pending batch and take the send lock, which the caller must release by
-        passing the frames to :meth:`_send` once it has let go of ``_lock``.
+    def _flush_locked(self, requests: tuple[Request, ...]) -> Sending:
+        """Encode the pending batch, number and keep its messages, and take the send lock,
+        which the caller must release by passing the result to :meth:`_send` once it has let
+        go of ``_lock``.
         """
-        self._batches += 1
+        ack = self._acked_to_server = self._received
         if not self._batch:
-            self._ws.send_lock.acquire()  # under _lock: batches go out in the order made
-            return [requests_only(requests)]
-        messages = self._batch.messages(requests)  # more than one: many ids freed at once
-        self._batches += len(messages) - 1
-        frames = [to_frames(encode(*message)) for message in messages]
-        self._ws.send_lock.acquire()  # under _lock: batches go out in the order they were made
-        return frames
+            frames: Frames = [requests_only(requests, ack)]
+        else:  # more than one message: many ids freed at once
+            frames = [
+                to_frames(encode(*message)) for message in self._batch.messages(requests, ack)
+            ]
+        for message in frames:
+            self._batches += 1
+            self._sent.add(self._batches, message)
+        ws = self._ws
+        ws.send_lock.acquire()  # under _lock: batches go out in the order they were made
+        return ws, self._generation, frames
 
-    def _send(self, frames: Frames) -> None:
-        """Write a flush's batches and release the send lock taken by :meth:`_flush_locked`."""
+    def _send(self, sending: Sending) -> None:
+        """Write a flush's batches and release the send lock taken by :meth:`_flush_locked`;
+        resume the session if the transport broke (it sends them again)."""
+        ws, generation, frames = sending
+        broke: Closed | None = None
         try:
             for message in frames:
                 if self._error is None:
-                    self._ws.send(message)
+                    ws.send(message)
         except Closed as exc:
-            self._broken(exc)
+            broke = exc
         finally:
-            self._ws.release_send_lock()
+            ws.release_send_lock()
+        if broke is not None:
+            self._lost(generation, broke)
 
     def close(self) -> None:
         """Flush what is pending and close the websocket (waiting at most
         :data:`CLOSE_TIMEOUT` for the server). Idempotent."""
-        frames: Frames | None = None
+        frames: Sending | None = None
         with self._lock:
             if self._closing:
                 return
@@ -392,7 +376,3 @@ class Connection:
             timer.cancel()
             self._ws.abort()
             self._broken(Closed("closed"))
-
-    def _leading(self) -> bool:
-        """Whether the calling thread is the reader now (it cannot wait for itself)."""
-        return self._reader is threading.current_thread()

@@ -88,6 +88,8 @@ class Watch:
         self._heard_at = now  # the last answer, or the end of the last send of ours
         self._pinged_at: float | None = None  # an unanswered ping's
         self._stuck_since: float | None = None  # a send's, while it makes no progress
+        self.unanswered_ping = False  # the last verdict was a ping left unanswered (not a
+        # call waiting past ``timeout``, which a resumed connection would not shorten)
 
     def look(self, now: float, traffic: Traffic, waiting_since: float | None) -> str | None:
         """Take in ``traffic`` and ``waiting_since`` (when the longest wait of a thread for a
@@ -113,6 +115,7 @@ class Watch:
                 return f"the server took none of a message's bytes for {timeout:g} s (timeout)"
         if ping_timeout is not None and self._pinged_at is not None:
             if now - self._pinged_at >= ping_timeout:
+                self.unanswered_ping = True
                 return f"the server did not answer a ping within {ping_timeout:g} s (ping_timeout)"
         return None
 

@@ -14,6 +14,7 @@ from typing import TypedDict
 
 from ._buffers import POOL_BYTES
 from ._liveness import PING_INTERVAL, PING_TIMEOUT, Liveness
+from ._resuming import BACKOFF_FIRST, BACKOFF_MAX, RECONNECT_ATTEMPTS, RECONNECT_TIMEOUT, Backoff
 
 OPEN_TIMEOUT = 10.0  # seconds to connect, upgrade and be welcomed
 
@@ -27,6 +28,10 @@ class ConnectionKeywords(TypedDict, total=False):
     timeout: float | None
     ping_interval: float | None
     ping_timeout: float | None
+    reconnect_attempts: int
+    reconnect_timeout: float
+    reconnect_backoff: float
+    reconnect_backoff_max: float
 
 
 @dataclass(frozen=True)
@@ -34,7 +39,9 @@ class ConnectionOptions:
     """How a client connects to a server and watches it: ``token`` (sent as
     ``Authorization: Bearer TOKEN``; None sends none), ``open_timeout``, ``ca_file`` and the
     liveness bounds ``timeout``, ``ping_interval`` and ``ping_timeout`` are ``RemoteDevice``'s
-    parameters of the same names. ``pool_bytes`` bounds the received buffers kept for reuse
+    parameters of the same names, as are the reconnection bounds (``reconnect_attempts``,
+    ``reconnect_timeout``, ``reconnect_backoff`` and ``reconnect_backoff_max``: see
+    :class:`~client._resuming.Backoff`). ``pool_bytes`` bounds the received buffers kept for reuse
     (``client._buffers``); a server's pulls keep none (0).
 
     Raises:
@@ -48,9 +55,24 @@ class ConnectionOptions:
     ping_interval: float | None = PING_INTERVAL
     ping_timeout: float | None = PING_TIMEOUT
     pool_bytes: int = POOL_BYTES
+    reconnect_attempts: int = RECONNECT_ATTEMPTS
+    reconnect_timeout: float = RECONNECT_TIMEOUT
+    reconnect_backoff: float = BACKOFF_FIRST
+    reconnect_backoff_max: float = BACKOFF_MAX
 
     def __post_init__(self) -> None:
         self.liveness  # noqa: B018 - checks the bounds before anything connects
+        self.backoff  # noqa: B018 - likewise the reconnection bounds
+
+    @property
+    def backoff(self) -> Backoff:
+        """When the connection tries again after losing the server (attempts and their delays)."""
+        return Backoff(
+            self.reconnect_attempts,
+            self.reconnect_timeout,
+            self.reconnect_backoff,
+            self.reconnect_backoff_max,
+        )
 
     @property
     def liveness(self) -> Liveness:

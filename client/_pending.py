@@ -67,17 +67,20 @@ class Pending:
             self.buffered += view.nbytes
         return large
 
-    def messages(self, requests: Sequence[Request]) -> list[tuple[Batch, list[memoryview]]]:
+    def messages(
+        self, requests: Sequence[Request], ack: int = 0
+    ) -> list[tuple[Batch, list[memoryview]]]:
         """The batches to send with ``requests``, and their buffers: one, unless more than
         :data:`MAX_FREES` ids were freed; then the first carries the ops and as many frees,
         the next ones the following frees, the last the requests (so a free never overtakes
-        an op sent before it, and the requests are answered after every free)."""
-        taken = [self.take((), MAX_FREES) for _ in range(len(self.frees) // MAX_FREES)]
-        taken.append(self.take(requests, MAX_FREES))
+        an op sent before it, and the requests are answered after every free). Each carries
+        ``ack`` (``Batch.ack``)."""
+        taken = [self.take((), MAX_FREES, ack) for _ in range(len(self.frees) // MAX_FREES)]
+        taken.append(self.take(requests, MAX_FREES, ack))
         return taken
 
     def take(
-        self, requests: Sequence[Request], max_frees: int | None = None
+        self, requests: Sequence[Request], max_frees: int | None = None, ack: int = 0
     ) -> tuple[Batch, list[memoryview]]:
         """The batch to send with ``requests``, and its buffers; this is empty again after,
         but for the frees past ``max_frees``."""
@@ -91,6 +94,7 @@ class Pending:
             drop_graphs=drops,
             requests=list(requests),
             buffers=[b.nbytes for b in self.buffers],
+            ack=ack,
         )
         buffers = self.buffers
         self.ops, self.graphs, self.buffers, self.buffered = [], [], [], 0

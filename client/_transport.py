@@ -23,7 +23,8 @@ import select
 import socket
 import ssl
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from websockets.exceptions import InvalidHandshake, InvalidURI
 from websockets.frames import Frame
@@ -31,6 +32,7 @@ from websockets.frames import Opcode as EventOpcode
 
 from protocol.framing import (
     MAX_HEADER,
+    FrameHeader,
     Opcode,
     apply_mask,
     close_payload,
@@ -243,26 +245,41 @@ class Transport:
                 return
             inside = True
 
-    def poll(self) -> None:
-        """If the socket holds something, read it once and answer the control frames at the
-        front (pings) without blocking; data frames wait for :meth:`receive`.
+    def poll(self) -> list[bytearray]:
+        """If the socket holds something, read it once, without blocking: answer the control
+        frames at the front (pings) and take the whole one-frame data messages there (small
+        ones, such as acknowledgements), whose payloads are returned; a message still arriving,
+        or fragmented, waits for :meth:`receive`.
 
         Raises:
             Closed: the connection closed or broke.
         """
-        decrypted = isinstance(self.socket, ssl.SSLSocket) and self.socket.pending() > 0
-        if decrypted or select.select([self.socket], [], [], 0)[0]:
+        try:
+            decrypted = isinstance(self.socket, ssl.SSLSocket) and self.socket.pending() > 0
+            readable = decrypted or select.select([self.socket], [], [], 0)[0]
+        except (OSError, ValueError) as exc:  # ValueError: closed by another thread (fd -1)
+            raise Closed(f"poll failed: {exc}") from exc
+        if readable:
             self._recv_more(RECV_SIZE)  # TLS: select cannot see bytes already decrypted
-        while (frame := self._whole_control_frame()) is not None:
-            self._control(frame)
+        messages: list[bytearray] = []
+        while not self._events and (whole := self._whole_frame()) is not None:
+            frame, size = whole
+            if frame.control:
+                self._control(self._take(size, 0))
+            else:
+                messages.append(self._take(size, 0)[frame.size :])
+        return messages
 
-    def _whole_control_frame(self) -> bytearray | None:
-        """The control frame at the front of the read buffer, taken off it, if it is whole."""
+    def _whole_frame(self) -> tuple[FrameHeader, int] | None:
+        """The frame at the front of the read buffer and its size, if it is whole and either a
+        control frame or a whole one-frame data message."""
         buf, pos = self._rbuf, self._rpos
         frame = parsed(bytes(buf[pos : pos + MAX_HEADER]))
-        if frame is None or not frame.control or len(buf) - pos < frame.size + frame.length:
+        if frame is None or len(buf) - pos < frame.size + frame.length:
             return None
-        return self._take(frame.size + frame.length, 0)
+        if not frame.control and not (frame.fin and frame.opcode == Opcode.BINARY):
+            return None
+        return frame, frame.size + frame.length
 
     def _control(self, frame: bytearray) -> None:
         with self._lock:
@@ -318,28 +335,33 @@ class Transport:
         self._rbuf += scratch[: self._recv_into(scratch)]
 
     def _recv(self, size: int) -> bytes:
-        try:
-            data = self.socket.recv(size)
-        except OSError as exc:
-            raise self._ended(exc) from exc
-        if not data:
-            raise self._ended(None)
-        self.received_bytes += len(data)
+        data: bytes = self._read(self.socket.recv, size)
         return data
 
     def _recv_into(self, target: memoryview) -> int:
-        try:
-            got = self.socket.recv_into(target)
-        except OSError as exc:
-            raise self._ended(exc) from exc
-        if not got:
-            raise self._ended(None)
-        self.received_bytes += got
+        got: int = self._read(self.socket.recv_into, target)
         return got
+
+    def _read(self, call: Callable[[Any], Any], arg: Any) -> Any:
+        """``call(arg)`` (a receive), counted; :meth:`_ended` when the socket ended."""
+        error: OSError | None = None
+        try:
+            got = call(arg)
+        except OSError as exc:
+            error = exc
+        else:
+            if got:
+                self.received_bytes += got if isinstance(got, int) else len(got)
+                return got
+        raise self._ended(error) from error
 
     def _ended(self, error: OSError | None) -> Closed:
         """The socket ended (end of stream or an error): the protocol learns it, the socket
-        is cut, and this is the exception to raise."""
+        is cut, and this is the exception to raise. Called outside the ``except`` block of
+        ``error``, whose traceback is dropped: what the protocol keeps of the end must not
+        hold the reading thread's frames (and the arrays in them) in a reference cycle."""
+        if error is not None:
+            error.__traceback__ = None
         with self._lock:
             self.protocol.receive_eof()
             self._out.extend(self.protocol.data_to_send())

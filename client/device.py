@@ -315,8 +315,18 @@ class RemoteDevice(SyncDevice):
     without a byte from it, a ping, which the server answers even while it runs a long op; one
     unanswered for ``ping_timeout`` means it stopped (found within about 26 s). ``timeout`` (off
     by default) bounds how long one call (a read, sync, stats, describe or expose, or a send
-    the server does not take) waits, long ops included. Either ends the session: every pending
-    and later call raises :class:`~client.ServerNotResponding`, a ``ConnectionLost``.
+    the server does not take) waits, long ops included, and ends the session when it passes:
+    every call raises :class:`~client.ServerNotResponding`, a ``SessionLost``.
+
+    The session outlives its connection (README, "When the connection drops"). When the
+    connection breaks, or a ping goes unanswered (a dead path looks so too), the client
+    reconnects by itself and resumes the session, with what the server had not received sent
+    again and the replies it had not sent repeated: every op runs once. It tries up to
+    ``reconnect_attempts`` times (10; 0: off) within ``reconnect_timeout`` seconds (20; never
+    past the server's resume window, nor, after an unanswered ping, ``ping_timeout``), the
+    first at once, then after ``reconnect_backoff`` seconds (0.05), each wait 1.6 times longer
+    up to ``reconnect_backoff_max`` (2), with +-20% jitter.
+    Then a session that cannot be resumed fails every call with :class:`~client.SessionLost`.
 
     ``token`` and these keyword arguments (``client._options.ConnectionKeywords``) are the
     connection's settings wherever a device is opened, documented here for all: the same in
@@ -328,7 +338,8 @@ class RemoteDevice(SyncDevice):
             ServerShuttingDownError) the server is shutting down.
         HandshakeError: (another subclass of) the server refused the session.
         ConnectionLost: the server cannot be reached, or TLS verification failed.
-        ValueError: ``timeout``, ``ping_interval`` or ``ping_timeout`` is not positive.
+        ValueError: ``timeout``, ``ping_interval`` or ``ping_timeout`` is not positive, or a
+            reconnection bound is out of range.
     """
 
     _conn: Connection  # made by __init__: a connection to a server

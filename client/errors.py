@@ -17,14 +17,19 @@ Exception tree::
     │                                       format version; nothing of it runs
     └── ConnectionLost (ConnectionError)    the connection closed or broke; pending work fails;
         │                                   ``code`` says why when the server said so
-        └── ServerNotResponding             the server stopped answering (a ping, a reply or
-            (TimeoutError)                  a message's bytes not taken in time)
+        └── SessionLost                     the session cannot be resumed (``reason``: the
+            │                               window passed, the server restarted or ended it,
+            │                               or it could not be reached again)
+            └── ServerNotResponding         the server stopped answering (a ping, a reply or
+                (TimeoutError)              a message's bytes not taken in time)
 
 Shape and dtype errors of ops are raised locally, before anything is sent, as the protocol's
 ``OpShapeError`` (a ``ValueError``) and ``OpDTypeError`` (a ``TypeError``).
 """
 
 from __future__ import annotations
+
+from typing import Literal
 
 from protocol import ErrorCode, ErrorInfo
 
@@ -120,11 +125,38 @@ class ConnectionLost(TensorwireError, ConnectionError):
         self.code = code
 
 
-class ServerNotResponding(ConnectionLost, TimeoutError):
+SessionLostReason = Literal["expired", "dropped", "server_restarted", "unreachable", "unknown"]
+
+
+class SessionLost(ConnectionLost):
+    """The session is gone and cannot be resumed: its tensors, graphs and optimizer state on
+    the server are lost. Every pending and later call raises it; resume the run from a
+    checkpoint (``client.checkpoint``) on a new device.
+
+    ``reason`` says which: ``"expired"`` (the client reconnected after the server's resume
+    window), ``"dropped"`` (the server ended it: a limit, a timeout, a drain; ``code`` says
+    which), ``"server_restarted"`` (the server has a new ``server_id``), ``"unreachable"`` (no
+    reconnection within the client's ``reconnect_attempts`` and ``reconnect_timeout``),
+    ``"unknown"`` (the server does not know it).
+    """
+
+    def __init__(
+        self, message: str, reason: SessionLostReason, code: ErrorCode | None = None
+    ) -> None:
+        super().__init__(f"{message}; the session is lost: resume from a checkpoint", code)
+        self.reason = reason
+        self.detail = message  # what happened, without the advice
+
+
+class ServerNotResponding(SessionLost, TimeoutError):
     """The server stopped answering within the client's bounds (``RemoteDevice``'s
-    ``ping_timeout`` and ``timeout``): the message says what was waited for and how long. The
-    client cut the connection; every pending and later call raises this error. The server may
-    be stopped, hung, unreachable, or (``timeout``) still running a long op."""
+    ``ping_timeout`` and ``timeout``), and no reconnection brought it back: the message says
+    what was waited for and how long. The client cut the connection; every pending and later
+    call raises this error. The server may be stopped, hung, unreachable, or (``timeout``)
+    still running a long op."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, "unreachable")
 
 
 def handshake_error(error: ErrorInfo) -> HandshakeError:

@@ -1,4 +1,4 @@
-"""Tensorwire protocol v1: messages, op catalogue, shape/dtype rules and the binary codec.
+"""Tensorwire protocol v2: messages, op catalogue, shape/dtype rules and the binary codec.
 
 A pure library: no sockets, no event loop, no global state. Client and server both import it;
 it imports neither (ARCHITECTURE.md, invariant 1; the import contracts in ``pyproject.toml``
@@ -31,8 +31,11 @@ from .errors import OpIndexError as OpIndexError
 from .errors import OpShapeError as OpShapeError
 from .errors import ProtocolError as ProtocolError
 from .messages import CLIENT_ADAPTER as CLIENT_ADAPTER
+from .messages import FEATURE_RESUME as FEATURE_RESUME
+from .messages import FEATURES as FEATURES
 from .messages import PROTOCOL_VERSION as PROTOCOL_VERSION
 from .messages import SERVER_ADAPTER as SERVER_ADAPTER
+from .messages import Ack as Ack
 from .messages import Batch as Batch
 from .messages import Claim as Claim
 from .messages import Describe as Describe
@@ -45,6 +48,7 @@ from .messages import Read as Read
 from .messages import ReadReply as ReadReply
 from .messages import Refused as Refused
 from .messages import RequestFailed as RequestFailed
+from .messages import Resume as Resume
 from .messages import SessionError as SessionError
 from .messages import Stats as Stats
 from .messages import StatsReply as StatsReply

@@ -1,6 +1,6 @@
 """The binary codec: one websocket message is a typed header followed by raw buffers.
 
-Layout of one binary websocket message (protocol v1)::
+Layout of one binary websocket message (protocol v2)::
 
     u32 little-endian  N, the header's length in bytes (1 <= N <= MAX_HEADER)
     N bytes            the header: one message as JSON (``protocol.messages``)
@@ -276,21 +276,23 @@ def to_frames(
     return frames
 
 
-def _around_requests() -> tuple[bytes, bytes]:
-    """The header of a batch that holds only requests, cut where the requests go: taken once
-    from pydantic's own encoding of such a batch, so it follows the Batch model."""
-    marker = Sync(request_id=0)
-    header = encode_header(Batch(requests=[marker]))[4:]
+def _around_requests() -> tuple[bytes, bytes, bytes]:
+    """The header of a batch that holds only requests and an ack, cut where the requests and
+    the ack go: taken once from pydantic's own encoding of such a batch, so it follows the
+    Batch model."""
+    marker, ack = Sync(request_id=0), 987654321
+    header = encode_header(Batch(requests=[marker], ack=ack))[4:]
     before, after = header.split(marker.__pydantic_serializer__.to_json(marker))
-    return before, after
+    between, end = after.split(str(ack).encode())
+    return before, between, end
 
 
-_BEFORE_REQUESTS, _AFTER_REQUESTS = _around_requests()
+_BEFORE_REQUESTS, _BEFORE_ACK, _AFTER_ACK = _around_requests()
 
 
-def requests_only(requests: Sequence[Request]) -> bytes:
-    """The encoding of ``Batch(requests=requests)``, without building the batch (a read's
-    hot path: about half the cost of ``to_frames(encode(Batch(...)))``)."""
+def requests_only(requests: Sequence[Request], ack: int = 0) -> bytes:
+    """The encoding of ``Batch(requests=requests, ack=ack)``, without building the batch (a
+    read's hot path: about half the cost of ``to_frames(encode(Batch(...)))``)."""
     body = b",".join(r.__pydantic_serializer__.to_json(r) for r in requests)
-    header = _BEFORE_REQUESTS + body + _AFTER_REQUESTS
+    header = b"%b%b%b%d%b" % (_BEFORE_REQUESTS, body, _BEFORE_ACK, ack, _AFTER_ACK)
     return _LEN.pack(len(header)) + header

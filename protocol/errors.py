@@ -2,7 +2,7 @@
 
 Exception tree::
 
-    ProtocolError (ValueError)          bytes or a message that breaks protocol v1
+    ProtocolError (ValueError)          bytes or a message that breaks the protocol
     ├── DecodeError                     malformed bytes, truncated buffers, unknown message
     │   └── MessageLimitError           a message declares more buffer bytes than allowed
     InvalidOpError                      an op its inference rule refuses; it never reaches numpy
@@ -52,6 +52,9 @@ class ErrorCode(StrEnum):
     SHUTTING_DOWN = "shutting_down"  # the server drains: no new session; past its grace, cut off
     CAPABILITY_REFUSED = "capability_refused"  # a transfer capability unknown, used, expired...
     TRANSFER_FAILED = "transfer_failed"  # a pull's source refused, unreachable or lost midway
+    SESSION_UNKNOWN = "session_unknown"  # resume: no such session here (or the wrong secret)
+    SESSION_EXPIRED = "session_expired"  # resume: its resume window passed
+    SESSION_DROPPED = "session_dropped"  # resume: the server ended it (a limit, a timeout, a drain)
 
 
 class ErrorInfo(BaseModel):
@@ -64,7 +67,7 @@ class ErrorInfo(BaseModel):
 
 
 class ProtocolError(ValueError):
-    """A message or byte string that breaks protocol v1."""
+    """A message or byte string that breaks the protocol."""
 
     code = ErrorCode.BAD_MESSAGE
 

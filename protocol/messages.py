@@ -1,10 +1,17 @@
-"""Protocol v1 messages. See ``protocol/README.md`` for the message flow.
+"""Protocol v2 messages. See ``protocol/README.md`` for the message flow and the compatibility
+policy (what may change within a version).
 
 Client to server: :class:`Hello` first, then any number of :class:`Batch`.
 Server to client: :class:`Welcome` or :class:`Refused` first, then replies to the requests in
 batches (:class:`ReadReply`, :class:`SyncReply`, :class:`StatsReply`, :class:`RequestFailed`) in
 request order; :class:`SessionError` for a failure that no request reports, and
-:class:`Dropped` for a message the server could not use at all.
+:class:`Dropped` for a message the server could not use at all; :class:`Ack` now and then.
+
+Sessions outlive their connection (protocol/README.md, "Resuming a session"): both sides
+number the messages they send after the handshake, from 1, across connections; each keeps what
+it sent until the other acknowledges it (the client's ``Batch.ack``, the server's :class:`Ack`
+and replies), and a client that reconnects presents :class:`Resume` in its hello to take up the
+session where its messages and the server's replies stopped arriving.
 """
 
 from __future__ import annotations
@@ -19,18 +26,37 @@ from .graphs import RegisterGraph
 from .model import Message as Message
 from .ops import Capability, Dim, GraphId, Op, TensorId
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
+FEATURE_RESUME = "resume"  # sessions resume after a lost connection (Welcome.resume_secret)
+FEATURES = (FEATURE_RESUME,)  # what this package speaks, beyond its version's baseline
 
 RequestId = Annotated[int, Field(ge=0, lt=2**63)]
 ServerId = Annotated[str, Field(pattern=r"^[0-9a-f]{1,64}$")]  # Welcome.server_id
 NBytes = Annotated[int, Field(ge=0, lt=2**63)]
+Count = Annotated[int, Field(ge=0, lt=2**63)]  # messages so far
+Feature = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,31}$")]
+Features = Annotated[list[Feature], Field(max_length=64)]
+SessionId = Annotated[str, Field(pattern=r"^[0-9a-f]{16}$")]
+Secret = Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{43}$")]  # secrets.token_urlsafe(32)
 
 
 # --- client to server -------------------------------------------------------------------------
 
 
+class Resume(BaseModel):
+    """A hello's claim on a session that lost its connection: its id, the secret its welcome
+    gave, and how many of the server's messages the client received whole (the server sends
+    the rest again)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+    session_id: SessionId
+    secret: Secret = Field(repr=False)  # never in a repr, a log or a metric
+    received: Count
+
+
 class Hello(Message):
-    """The first client message: protocol version and device index.
+    """The first client message: protocol version, the optional features the client speaks,
+    the device index, and, on a reconnection, the session to resume.
 
     The token is not here: it travels as ``Authorization: Bearer TOKEN`` in the websocket
     upgrade request and is checked before any message is read (protocol/README.md, "Upgrade").
@@ -39,6 +65,8 @@ class Hello(Message):
     type: Literal["hello"] = "hello"
     protocol: int
     device_index: Annotated[int, Field(ge=0)] = 0
+    features: Features = []
+    resume: Resume | None = None
 
 
 class Read(BaseModel):
@@ -113,7 +141,8 @@ class Batch(Message):
 
     ``buffers`` lists the byte lengths of the raw buffers after the header; a
     :class:`~protocol.ops.FromBuffer` op names one by its position, a registered graph's
-    constants start at its ``first_buffer``.
+    constants start at its ``first_buffer``. ``ack`` is how many of the server's numbered
+    messages the client has received whole: the server forgets those (a resumable session).
     """
 
     type: Literal["batch"] = "batch"
@@ -123,6 +152,7 @@ class Batch(Message):
     drop_graphs: list[GraphId] = []
     requests: list[Request] = []
     buffers: list[NBytes] = []
+    ack: Count = 0
 
     def buffer_sizes(self) -> tuple[int, ...]:
         return tuple(self.buffers)
@@ -134,7 +164,13 @@ ClientMessage = Annotated[Hello | Batch, Field(discriminator="type")]
 
 
 class Welcome(Message):
-    """The handshake succeeded. ``server_id`` is random per server start."""
+    """The handshake succeeded. ``server_id`` is random per server start.
+
+    ``resume_secret`` (None: the session cannot resume) is what a reconnecting client presents
+    to take the session up again within ``resume_window`` seconds of losing its connection.
+    On a resumed session ``resumed`` is true and ``received`` is how many of the client's
+    messages the server has received whole: the client sends the ones after them again.
+    """
 
     type: Literal["welcome"] = "welcome"
     protocol: int
@@ -142,14 +178,22 @@ class Welcome(Message):
     device_count: int
     server_id: str
     session_id: str
+    features: Features = []
+    resume_secret: Secret | None = Field(default=None, repr=False)
+    resume_window: float = 0.0
+    resumed: bool = False
+    received: Count = 0
 
 
 class Refused(Message):
-    """The handshake failed; the server closes the connection after sending this."""
+    """The handshake failed; the server closes the connection after sending this.
+    ``server_id`` tells a client whose session could not be resumed whether the server
+    restarted since."""
 
     type: Literal["refused"] = "refused"
     protocol: int
     error: ErrorInfo
+    server_id: str | None = None
 
 
 class ReadReply(Message):
@@ -223,6 +267,15 @@ class Dropped(Message):
     error: ErrorInfo
 
 
+class Ack(Message):
+    """The server has received the client's first ``received`` messages whole: the client
+    may forget them. Sent, for a resumable session, after a message with large buffers and
+    after every few messages that no reply acknowledged; not numbered, never sent again."""
+
+    type: Literal["ack"] = "ack"
+    received: Count
+
+
 AnyServerMessage = (
     Welcome
     | Refused
@@ -234,6 +287,7 @@ AnyServerMessage = (
     | RequestFailed
     | SessionError
     | Dropped
+    | Ack
 )
 ServerMessage = Annotated[AnyServerMessage, Field(discriminator="type")]
 

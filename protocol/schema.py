@@ -1,4 +1,4 @@
-"""Export protocol v1 as JSON Schema: ``python -m protocol.schema [PATH]``."""
+"""Export protocol v2 as JSON Schema: ``python -m protocol.schema [PATH]``."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from .messages import CLIENT_ADAPTER, PROTOCOL_VERSION, SERVER_ADAPTER
 
 
 def protocol_schema() -> dict[str, Any]:
-    """One JSON Schema document with both directions of protocol v1."""
+    """One JSON Schema document with both directions of protocol v2."""
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "title": f"Tensorwire protocol v{PROTOCOL_VERSION}",

@@ -23,11 +23,11 @@ import time
 from collections.abc import Callable
 from functools import partial
 
-from protocol import Batch, Read, encode
+from protocol import Ack, Batch, Read, encode
 
 from .incoming import Received
+from .live import Live
 from .metrics import Metrics
-from .session import Session
 from .wire import WireConnection
 
 MOST_REPLY_BYTES = 1 << 16  # tensor bytes of the replies sent at once, at most
@@ -41,26 +41,27 @@ class Answering:
         self._metrics = metrics
         self._draining = draining
 
-    def attach(self, session: Session, ws: WireConnection) -> None:
-        """Start ``session``'s messages on ``ws`` as they arrive, while its task waits."""
-        ws.answer_now = partial(self._on_arrival, session, ws)
+    def attach(self, live: Live) -> None:
+        """Start ``live``'s messages on its connection as they arrive, while its task waits."""
+        live.ws.answer_now = partial(self._on_arrival, live)
 
     @staticmethod
     def detach(ws: WireConnection) -> None:
         ws.answer_now = None
 
-    def _on_arrival(self, session: Session, ws: WireConnection, item: Received) -> bool:
+    def _on_arrival(self, live: Live, item: Received) -> bool:
         """Start ``item`` in the callback that delivered it; True when nothing of it is left
         for the task (it need not even see it)."""
+        ws = live.ws
         if self._draining() or not ws.can_send_now():
             return False  # the task starts it, in order after what it is sending
-        self.start(session, ws, item)
+        self.start(live, item)
         done = item.answered and not ws.write_paused  # else the task waits until it is taken
         if done:
             self._metrics.messages.answered_on_arrival += 1
         return done
 
-    def start(self, session: Session, ws: WireConnection, item: Received) -> None:
+    def start(self, live: Live, item: Received) -> None:
         """Run ``item`` as far as it goes now: ``item.job`` is left for the task to go on
         with, or ``item.answered`` is set (its replies are sent); an exception becomes
         ``item.failure``."""
@@ -69,12 +70,15 @@ class Answering:
         batch = item.message
         if not isinstance(batch, Batch):
             return  # the task answers it: nothing of it runs
+        live.outbox.forget(batch.ack)
+        item.ack_due = live.took(item.nbytes, len(batch.requests))
         try:
-            self._run(session, ws, item, batch)
+            self._run(live, item, batch)
         except Exception as exc:  # noqa: BLE001 - the task raises it (see the module docstring)
             item.failure = exc
 
-    def _run(self, session: Session, ws: WireConnection, item: Received, batch: Batch) -> None:
+    def _run(self, live: Live, item: Received, batch: Batch) -> None:
+        session, ws = live.session, live.ws
         job = item.job = session.start(batch, item.buffers, rejected=item.error)
         if (
             not session.step(job, inline=True)
@@ -87,7 +91,12 @@ class Answering:
             return
         sent = 0
         for reply, buffers in session.finish(job):
-            sent += ws.send_message_now(encode(reply, tuple(buffers)))
+            chunks = encode(reply, tuple(buffers))
+            live.outbox.add(chunks)
+            sent += ws.send_message_now(chunks)
+        if item.ack_due:
+            sent += ws.send_message_now(encode(Ack(received=ws.delivered)))
+            item.ack_due = False
         self._metrics.messages.sent_bytes += sent
         self.answered(item, batch)
         item.job, item.answered = None, True

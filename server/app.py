@@ -41,7 +41,7 @@ from .config import ServerConfig, validate_host_device, validate_security
 from .connection import Connections
 from .errors import GOING_AWAY
 from .exposures import Exposures
-from .guard import Gate, refusal, tls_context
+from .guard import Gate, client_of, refusal, tls_context
 from .listener import Listener
 from .logs import fields
 from .metrics import Metrics
@@ -211,6 +211,7 @@ class Server:
             limit, response = refused
             self._connections.refused(limit, ws, response.body.decode(errors="replace"))
             return response
+        ws.client = client_of(request)
         return answer
 
     def _http_metrics(self, ws: WebSocket, request: Request) -> Response:

@@ -156,6 +156,20 @@ class ServerConfig(BaseSettings):
     ping_timeout: Annotated[float, Field(gt=0)] = Field(
         default=20.0, description="seconds a ping's pong may take before the connection drops"
     )
+    resume_window: Annotated[float, Field(ge=0, le=86400)] = Field(
+        default=60.0,
+        description="seconds a session whose connection was lost waits, its tensors kept, for "
+        "its client to reconnect and resume it; 0: sessions end with their connection",
+    )
+    max_detached: Annotated[int, Field(ge=0)] = Field(
+        default=64,
+        description="sessions waiting to be resumed, in all; past it the oldest is ended",
+    )
+    max_detached_per_token: Annotated[int, Field(ge=0)] = Field(
+        default=16,
+        description="sessions waiting to be resumed per bearer token presented (or none); "
+        "past it that token's oldest is ended",
+    )
     send_timeout: Annotated[float, Field(gt=0)] = Field(
         default=300.0, description="seconds a client may take to receive one reply"
     )

@@ -1,4 +1,5 @@
-"""One websocket connection of the server, from its hello to its session's end.
+"""The server's connections, from each one's hello to its session's end, which may come several
+connections later: a session outlives a lost connection (``server/resuming.py``).
 
 With ``server.app``, the listener, the wire (``wire``, ``receiving``, ``sending``,
 ``websocket``) and ``server.peers`` (pulls from peer servers), the only server modules that
@@ -9,22 +10,30 @@ Per connection: the handshake (the client's :class:`~protocol.Hello`, answered w
 wire decodes messages as their bytes arrive and stops reading the socket while ``max_queued``
 of them wait (so TCP pushes back on a client that sends faster than the server runs); one task
 takes them in order, runs each (cheap ops on the loop, heavy ones in a bounded worker-thread
-pool, given up if the connection is lost meanwhile) and sends its replies before it takes the
-next: one task, not a receiving task handing batches to a working one, whose hand-over would
-cost a turn of the event loop on every message. Each message is started by
+pool) and sends its replies (``server/replying.py``) before it takes the next: one task, not a
+receiving task handing batches to a working one, whose hand-over would cost a turn of the
+event loop on every message. Each message is started by
 ``server/answering.py``: in the wire's callback that delivers it while the task waits with
 nothing queued, else by the task; what cannot be finished there goes on in the task, in order.
 
-Each live session is one :class:`Live` record: its session, its connection and its count of
-messages not yet answered, read by the drain (``Server.drain``) to close it (1001) at once.
+Each session is one :class:`Live` record (``server/live.py``): its session, the connection it
+serves, its count of messages not yet answered (read by the drain, ``Server.drain``, to close
+it with 1001 at once) and, for a session that can resume, the numbered messages it keeps. When
+its connection is lost without a close frame, its task answers every message that arrived
+whole, then waits, detached, for its client to resume it on another connection (the client's
+hello names it and proves it with the secret its welcome gave), and serves that one; the
+session ends when its resume window passes, when it is ended for a limit or a drain, or with
+its connection if it cannot resume (then a batch in a worker thread is given up on when the
+connection is lost).
 
 Guards (docs/security.md): the Origin, the token and the connection count were checked on
 the HTTP upgrade (``server.guard``), before a session exists. Each decoder refuses declared
 buffers over the message size or the session's quota before allocating them. A batch that
 leaves the event loop is watched against the per-op deadline (``server.workers``); past it the
 session is closed (close code 1008, reason ``deadline_exceeded: ...``). A reply the client does
-not take within the send timeout drops the connection; so does a client that sends nothing for
-the idle timeout while owed nothing. Close reasons start with the :class:`~protocol.ErrorCode`.
+not take within the send timeout drops the connection (a resumable session waits for the
+client's next); a client that sends nothing for the idle timeout while owed nothing ends it.
+Close reasons start with the :class:`~protocol.ErrorCode`.
 """
 
 from __future__ import annotations
@@ -32,37 +41,37 @@ from __future__ import annotations
 import logging
 import secrets
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import anyio
 from websockets.exceptions import ConnectionClosed
 
 from protocol import (
-    CLIENT_ADAPTER,
+    FEATURE_RESUME,
     PROTOCOL_VERSION,
     Batch,
     Dropped,
     ErrorCode,
     ErrorInfo,
     Hello,
-    MessageDecoder,
     Refused,
     Welcome,
-    encode,
 )
-from protocol.messages import Message
 
 from .answering import Answering
 from .budget import MemoryBudget
 from .config import ServerConfig
+from .detached import Detached
 from .errors import GOING_AWAY, Drop
+from .handshake import check_hello, decode_for, read_hello, welcome
 from .limits import Limits
+from .live import Attachment, Live
 from .logs import fields
 from .metrics import REFUSAL_LIMIT, Metrics
 from .outcome import Job
 from .pulls import Transfers
-from .receiving import STEPWISE_HEADER
+from .replying import Replies
+from .resuming import Resumptions, closed_reason
 from .session import Session
 from .store import TensorStore
 from .websocket import WebSocket, when_lost
@@ -83,25 +92,12 @@ _DROP_LIMIT = {  # refusals_total label of each reason a session is dropped
 }
 
 
-@dataclass(eq=False)
-class Live:
-    """One live session: its :class:`Session`, its connection, and how many messages it sent
-    that are received but not answered yet."""
-
-    session: Session
-    ws: WireConnection
-    in_flight: int = 0
-
-    def idle(self) -> bool:
-        """Whether the session owes nothing: no message being answered, none waiting whole."""
-        return self.in_flight == 0 and not self.ws.waiting
-
-
 class Connections:
-    """Runs every upgraded connection of one server; :attr:`live` holds its sessions.
+    """Runs every upgraded connection of one server; :attr:`live` holds its sessions (live or
+    waiting to be resumed), :attr:`detached` those waiting.
 
     ``draining`` returns True once the server drains: a session is then closed (1001) as soon
-    as it owes nothing.
+    as it owes nothing, and a detached one ends.
     """
 
     def __init__(
@@ -115,6 +111,7 @@ class Connections:
         draining: Callable[[], bool],
     ) -> None:
         self.live: dict[str, Live] = {}  # by session id
+        self.detached = Detached(config.max_detached, config.max_detached_per_token)
         self.open = 0  # upgraded connections being handled
         self._config = config
         self._device_count = device_count
@@ -122,8 +119,11 @@ class Connections:
         self._budget = budget
         self._workers = workers
         self._metrics = metrics
+        metrics.detached_now = self.detached.__len__
         self._draining = draining
         self._answering = Answering(metrics, draining)
+        self._out = Replies(config.send_timeout, metrics)
+        self._resumptions = Resumptions(self.detached, config.resume_window, metrics, self._out)
         self._limits = Limits(
             max_op_bytes=config.max_op_bytes,
             max_ndim=config.max_ndim,
@@ -135,6 +135,7 @@ class Connections:
 
     async def all_closed(self) -> None:
         """Return once no session is left (while draining, no new one comes)."""
+        self.detached.end_all(ErrorInfo(code=ErrorCode.SESSION_DROPPED, message=GOING_AWAY))
         if self.live:
             self._all_closed = anyio.Event()
             await self._all_closed.wait()
@@ -157,143 +158,144 @@ class Connections:
         timeout = self._config.handshake_timeout
         try:
             with anyio.fail_after(timeout):
-                session = await self._handshake(ws)
+                opened = await self._handshake(ws)
         except TimeoutError:
             self.refused("handshake_timeout", ws, "no hello in time")
             await ws.close_silent(1008, f"{ErrorCode.IDLE_TIMEOUT}: no hello within {timeout} s")
             return
         except ConnectionClosed:
             return  # the peer left before its hello
-        if session is None:
-            return
+        if isinstance(opened, Live):
+            await self._serve(opened)
+        elif isinstance(opened, Attachment):
+            await opened.released.wait()  # the session's task serves it meanwhile
+
+    async def _handshake(self, ws: WireConnection) -> Live | Attachment | None:
+        """Read the hello; open a session (its :class:`Live`), or queue ``ws`` on the session
+        it resumes (an :class:`Attachment`), after the welcome; None when refused."""
+        hello, error = await read_hello(ws, self._config.max_header_size)
+        if hello is not None:
+            error = check_hello(hello, self._device_count)
+        if hello is not None and error is None and hello.resume is not None:
+            return await self._take_up(ws, hello)
+        if hello is None or error is not None:
+            assert error is not None
+            await self._refuse(ws, error)
+            return None
+        window = self._config.resume_window
+        resumable = window > 0 and FEATURE_RESUME in hello.features
+        secret = secrets.token_urlsafe(32) if resumable else None
+        session = Session(
+            secrets.token_hex(8),
+            hello.device_index,
+            TensorStore(self._config.effective_session_quota, self._budget),
+            self._limits,
+            self._transfers,
+        )
+        decode_for(ws, session, self._config)  # before the welcome: the client may send at once
+        await self._out.unnumbered(ws, self._welcome(hello, session.session_id, secret))
+        return Live(session, ws, secret, ws.client, self._config.effective_session_quota)
+
+    async def _take_up(self, ws: WireConnection, hello: Hello) -> Attachment | None:
+        """Resume the session ``hello`` names on ``ws``, if the client proves it owns it."""
+        resume = hello.resume
+        assert resume is not None
+        live = self.live.get(resume.session_id)
+        error = self._resumptions.claim(ws, hello, live)
+        if error is not None or live is None:
+            await self._refuse(ws, error or ErrorInfo(code=ErrorCode.INTERNAL, message="none"))
+            return None
+        decode_for(ws, live.session, self._config)  # before the welcome, as for a new one
+        attachment, received = live.take_over(ws, resume.received)
+        try:
+            welcome = self._welcome(hello, live.session.session_id, live.secret, received)
+            await self._out.unnumbered(ws, welcome)
+        finally:
+            attachment.welcomed.set()  # served from now on, in order, whatever happened
+        return attachment
+
+    def _welcome(self, hello: Hello, sid: str, secret: str | None, received: int = 0) -> Welcome:
+        return welcome(
+            hello,
+            device_count=self._device_count,
+            server_id=self._transfers.server_id,
+            session_id=sid,
+            secret=secret,
+            window=self._config.resume_window,
+            received=received,
+        )
+
+    async def _refuse(self, ws: WireConnection, error: ErrorInfo) -> None:
+        self.refused(REFUSAL_LIMIT.get(error.code, error.code.value), ws, error.message)
+        server_id = self._transfers.server_id
+        await self._out.unnumbered(
+            ws, Refused(protocol=PROTOCOL_VERSION, error=error, server_id=server_id)
+        )
+        await ws.close(1000, "handshake refused")
+
+    async def _serve(self, live: Live) -> None:
+        """Serve ``live``'s session, on one connection after another while it resumes, until
+        it ends; then free it."""
+        session = live.session
         sid = session.session_id
-        live = self.live[sid] = Live(session, ws)
+        self.live[sid] = live
         self._metrics.sessions_opened.inc()
-        address = peer(ws)
+        address = peer(live.ws)
         log.info(
             "session opened", extra=fields(session=sid, peer=address, device=session.device_index)
         )
         try:
             if self._draining():
-                await ws.close(1001, GOING_AWAY)
-            await self._run(live)
-        except ConnectionClosed:
-            pass  # the peer went away, or was cut off, while a reply was being sent
+                await live.ws.close(1001, GOING_AWAY)
+            while await self._run(live) and live.resumable and not self._draining():
+                attachment = await self._resumptions.wait(live)
+                if attachment is None:
+                    break
+                await self._resumptions.switch(live, attachment, peer(attachment.ws))
         finally:
+            live.release_all()
             del self.live[sid]
+            self.detached.record_end(sid, live.secret, live.ended or closed_reason(live.ws))
             self._metrics.retire(session)
             session.close()
+            if live.connections_lost:  # the last one, unless it was resumed on another
+                self._resumptions.lost.let_go()
             log.info(
                 "session closed",
-                extra=fields(session=sid, peer=address, ops=session.ops_run, code=ws.close_code),
+                extra=fields(
+                    session=sid, peer=address, ops=session.ops_run, code=live.ws.close_code
+                ),
             )
             if self._all_closed is not None and not self.live:
                 self._all_closed.set()
 
-    async def _handshake(self, ws: WireConnection) -> Session | None:
-        max_header = self._config.max_header_size
-        ws.decode_one(lambda: MessageDecoder(CLIENT_ADAPTER, max_header, max_buffer_bytes=0))
-        ws.max_header = max_header
-        received = await ws.receive()
-        assert received is not None  # no timeout given
-        hello = received.message
-        error: ErrorInfo | None = received.error
-        if error is None and not isinstance(hello, Hello):
-            error = ErrorInfo(code=ErrorCode.BAD_MESSAGE, message="the first message must be hello")
-        elif isinstance(hello, Hello):
-            error = self._check_hello(hello)
-        if error is not None or not isinstance(hello, Hello):
-            assert error is not None
-            self.refused(REFUSAL_LIMIT.get(error.code, error.code.value), ws, error.message)
-            await self._send(ws, Refused(protocol=PROTOCOL_VERSION, error=error))
-            await ws.close(1000, "handshake refused")
-            return None
-        store = TensorStore(self._config.effective_session_quota, self._budget)
-        session = Session(
-            secrets.token_hex(8), hello.device_index, store, self._limits, self._transfers
-        )
-        self._decode_for(ws, session)  # before the welcome: the client may send at once
-        await self._send(
-            ws,
-            Welcome(
-                protocol=PROTOCOL_VERSION,
-                device_index=hello.device_index,
-                device_count=self._device_count,
-                server_id=self._transfers.server_id,
-                session_id=session.session_id,
-            ),
-        )
-        return session
-
-    def _decode_for(self, ws: WireConnection, session: Session) -> None:
-        """Decode what ``ws`` receives from now on as ``session``'s batches: limits checked,
-        uploads refused by its quota before they are allocated."""
-        config = self._config
-        ws.max_waiting = config.max_queued  # first: setting decoders parses what waited
-        ws.decoders = lambda: MessageDecoder(
-            CLIENT_ADAPTER,
-            config.max_header_size,
-            max_buffer_bytes=config.max_message_size,
-            check=lambda m: session.check_upload(m) if isinstance(m, Batch) else None,
-            max_buffers=config.max_buffers,
-            allocate=session.store.hold_upload,  # counted from allocation (server/budget.py)
-            stepwise_over=STEPWISE_HEADER,  # a longer header: validated in slices of the loop
-        )
-
-    def _check_hello(self, hello: Hello) -> ErrorInfo | None:
-        count = self._device_count
-        if hello.protocol != PROTOCOL_VERSION:
-            return ErrorInfo(
-                code=ErrorCode.VERSION_MISMATCH,
-                message=(
-                    f"client speaks protocol v{hello.protocol}, this server speaks "
-                    f"v{PROTOCOL_VERSION}; upgrade the older side"
-                ),
-            )
-        if hello.device_index >= count:
-            return ErrorInfo(
-                code=ErrorCode.BAD_DEVICE_INDEX,
-                message=(
-                    f"device index {hello.device_index} does not exist: this server hosts "
-                    f"{count} device(s), indices 0..{count - 1}"
-                ),
-            )
-        return None  # the token was checked on the upgrade request (server.guard)
-
-    async def _send(
-        self, ws: WireConnection, message: Message, buffers: tuple[memoryview, ...] = ()
-    ) -> None:
-        """Send one message and count its bytes.
-
-        Raises:
-            Drop: ``send_timeout``, the client did not take it within ``send_timeout``.
-        """
-        try:
-            sent = await ws.send_message(encode(message, buffers), self._config.send_timeout)
-            self._metrics.messages.sent_bytes += sent
-        except TimeoutError:
-            raise self._not_taken() from None
-
-    async def _run(self, live: Live) -> None:
-        """Answer the session's messages one by one, in order, until it ends (those that
-        arrive while this waits, where they can be, in the wire's callback: ``answering``)."""
+    async def _run(self, live: Live) -> bool:
+        """Answer the session's messages on its connection one by one, in order, until it
+        ends (those that arrive while this waits, where they can be, in the wire's callback:
+        ``answering``). True when the connection was lost (no close frame from the client)
+        and every message it delivered was answered: the session may be resumed."""
         ws = live.ws
-        self._answering.attach(live.session, ws)
+        self._answering.attach(live)
         try:
             while True:
                 try:
                     item = await self._receive_idle(ws)
                 except ConnectionClosed:
-                    return
+                    return ws.close_received is None
                 live.in_flight += 1
-                await self._answer(live, item)
+                try:
+                    await self._answer(live, item)
+                except ConnectionClosed:
+                    return False  # a session that cannot resume: it ends with its connection
                 await self._settled(live)
         except Drop as drop:
             self.refused(_DROP_LIMIT.get(drop.code, drop.code.value), ws, drop.reason)
+            live.end(ErrorInfo(code=ErrorCode.SESSION_DROPPED, message=drop.reason))
             if drop.code is ErrorCode.SEND_TIMEOUT or ws.write_paused:
                 ws.abort()  # the client does not read: a close frame would not pass
             else:
                 await ws.close(drop.close_code, drop.reason)
+            return False
         finally:
             self._answering.detach(ws)
 
@@ -301,7 +303,7 @@ class Connections:
         """The next message. Raises :class:`Drop` after the idle timeout (it runs only while
         the server owes nothing: messages are answered before the next is taken)."""
         idle = self._config.idle_timeout
-        item = await ws.receive(idle)
+        item = await ws.receive(None if ws.is_closed else idle)
         if item is None:
             raise Drop(ErrorCode.IDLE_TIMEOUT, f"nothing received for {idle} s")
         return item
@@ -313,13 +315,13 @@ class Connections:
         Raises:
             Drop: the op deadline passed, a worker step failed, or a reply was not taken.
         """
-        ws, session = live.ws, live.session
+        session = live.session
         if not item.started:
-            self._answering.start(session, ws, item)
+            self._answering.start(live, item)
         if item.failure is not None:
             raise item.failure
         if item.answered:  # its replies were sent: wait until they are taken
-            await self._taken(ws)
+            await self._out.taken(live)
             return
         if not isinstance(item.message, Batch):
             error = item.error or ErrorInfo(
@@ -328,7 +330,7 @@ class Connections:
             log.warning(
                 "bad message", extra=fields(session=session.session_id, error=error.message)
             )
-            await self._send(ws, Dropped(message=item.number, error=error))  # none of it ran
+            await self._out.send(live, Dropped(message=item.number, error=error))  # none of it ran
             return
         job = item.job
         assert job is not None  # a batch's job is started with it
@@ -337,36 +339,25 @@ class Connections:
         if session.closed:
             raise Drop(ErrorCode.INTERNAL, "a worker step failed; see the server log")
         for n, (reply, buffers) in enumerate(session.replies(job), 1):
-            await self._send(ws, reply, tuple(buffers))
+            await self._out.send(live, reply, tuple(buffers))
             if not n % REPLIES_PER_TURN:  # a turn of the loop for the other sessions
                 await anyio.lowlevel.checkpoint()
+        if item.ack_due:
+            await self._out.acknowledge(live)
         self._answering.answered(item, item.message)
-
-    async def _taken(self, ws: WireConnection) -> None:
-        """Wait until the transport is under its write limit again, as a send does.
-
-        Raises:
-            Drop: ``send_timeout``, the client did not take the replies in time.
-        """
-        if not ws.write_paused:
-            return
-        try:
-            await ws.wait_writable(ws.loop.time() + self._config.send_timeout)
-        except TimeoutError:
-            raise self._not_taken() from None
-
-    def _not_taken(self) -> Drop:
-        timeout = self._config.send_timeout
-        return Drop(ErrorCode.SEND_TIMEOUT, f"the client took no reply for {timeout} s")
 
     async def _off_loop(self, live: Live, job: Job) -> None:
         """Run the rest of ``job`` in a worker thread (:meth:`Workers.run`); stop waiting for
-        it if the connection is lost meanwhile (the session ends; the thread finishes alone).
+        it if the connection is lost meanwhile, unless the session can be resumed (the session
+        ends; the thread finishes alone).
 
         Raises:
             ConnectionClosed: the connection was lost.
             Drop: from :meth:`Workers.run`.
         """
+        if live.resumable:
+            await self._workers.run(live.session, job)
+            return
         with anyio.CancelScope() as scope:
             forget = when_lost(live.ws, scope.cancel)
             try:

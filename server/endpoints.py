@@ -6,8 +6,8 @@ request instead of upgrading it (``server/listener.py``).
 ``/healthz`` needs no token (container health checks and load balancers call it) and says only
 whether the server takes new sessions::
 
-    200 {"status": "serving", "protocol": 1, "device": "ndarray"}
-    503 {"status": "draining", "protocol": 1, "device": "ndarray"}
+    200 {"status": "serving", "protocol": 2, "device": "ndarray"}
+    503 {"status": "draining", "protocol": 2, "device": "ndarray"}
 
 ``/metrics`` is the Prometheus text format of :mod:`server.metrics`. With ``--metrics-auth
 token`` (the default) and a server token, it needs ``Authorization: Bearer TOKEN`` (401

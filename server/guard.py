@@ -18,6 +18,7 @@ proxy in front checked is unknown.
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import http
 import ssl
@@ -49,6 +50,14 @@ def token_matches(request: Request, expected: str) -> bool:
     scheme, _, presented = (values[0] if len(values) == 1 else "").partition(" ")
     matches = hmac.compare_digest(presented.strip().encode(), expected.encode())
     return scheme.lower() == "bearer" and matches and bool(expected)
+
+
+def client_of(request: Request) -> str:
+    """Who an accepted upgrade is, for the limits on detached sessions: a digest of the bearer
+    token it presented (its headers, joined; empty without one). Not a secret (a digest of
+    one): it may be compared, but is never logged."""
+    values = request.headers.get_all("Authorization")
+    return hashlib.sha256("\n".join(values).encode()).hexdigest() if values else ""
 
 
 class Gate:

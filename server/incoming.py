@@ -41,6 +41,7 @@ class Received:
     job: Job | None = None
     answered: bool = False
     failure: Exception | None = None
+    ack_due: bool = False  # acknowledge it once it ran (server/live.py, Live.took)
 
 
 @dataclass(slots=True)

@@ -73,11 +73,16 @@ REFUSAL_LIMITS = (
     "send_timeout",
     "deadline",
     "shutdown",
+    "resume",
+    "detached",
 )
 REFUSAL_LIMIT = {  # handshake refusals: the limit label of each error code
     ErrorCode.AUTH_FAILED: "auth",
     ErrorCode.VERSION_MISMATCH: "version",
     ErrorCode.BAD_DEVICE_INDEX: "device_index",
+    ErrorCode.SESSION_UNKNOWN: "resume",
+    ErrorCode.SESSION_EXPIRED: "resume",
+    ErrorCode.SESSION_DROPPED: "resume",
 }
 
 
@@ -96,7 +101,10 @@ class _SessionCollector(Collector):
             errors.update(dict(session.error_counts))
         yield _counter("ops", "Ops executed successfully, by op name.", "kind", ops)
         yield _counter("op_errors", "Ops that failed, by error code.", "code", errors)
-        yield _gauge("sessions_open", "Sessions now open.", len(sessions))
+        yield _gauge("sessions_open", "Sessions now open (detached ones included).", len(sessions))
+        yield _gauge(
+            "sessions_waiting", "Sessions waiting to be resumed (detached).", m.detached_now()
+        )
         yield _gauge(
             "tensors_held", "Tensors stored, all sessions.", sum(len(s.store) for s in sessions)
         )
@@ -212,6 +220,15 @@ class Metrics:
         self.sessions_opened = Counter(
             f"{PREFIX}_sessions_opened", "Handshakes that made a session.", registry=r
         )
+        self.sessions_detached = Counter(
+            f"{PREFIX}_sessions_detached",
+            "Sessions that lost their connection and waited to be resumed.",
+            registry=r,
+        )
+        self.sessions_resumed = Counter(
+            f"{PREFIX}_sessions_resumed", "Sessions taken up again on a new connection.", registry=r
+        )
+        self.detached_now: Callable[[], int] = lambda: 0  # set by the connections
         self.messages = MessageCounts()
         r.register(_MessageCollector(self.messages))
         self.refusals = Counter(

@@ -48,6 +48,7 @@ class ReceivingConnection(WebSocket):
         self.holding = False  # a header is validated in slices (see hold)
         self._messages: collections.deque[Received] = collections.deque()
         self._delivered = 0  # whole messages so far: the next one's Received.number
+        self._sealed = False  # taken over by a resuming connection: nothing more is delivered
         self._items = 0  # parsed items of the messages waiting (QUEUED_ITEMS)
         self._waiter: asyncio.Future[None] | None = None
         self._idle_at = 0.0  # when the wait in progress times out (see receive)
@@ -73,6 +74,21 @@ class ReceivingConnection(WebSocket):
     # --- the parser's side --------------------------------------------------------------------
 
     @property
+    def delivered(self) -> int:
+        """The number of the last whole message delivered (the hello's is 0)."""
+        return self._delivered - 1
+
+    def seal(self) -> None:
+        """Deliver nothing more (a resuming connection took the session over: what this one
+        delivered so far is the session's, and the client sends the rest again there)."""
+        self._sealed = True
+
+    def number_from(self, first: int) -> None:
+        """Number the messages delivered from now on ``first``, ``first + 1``, ...: a resumed
+        session's, which go on from its earlier connections'."""
+        self._delivered = first
+
+    @property
     def waiting(self) -> int:
         """Whole messages received and not taken by :meth:`receive` yet."""
         return len(self._messages)
@@ -82,6 +98,8 @@ class ReceivingConnection(WebSocket):
         once ``max_waiting`` messages wait). While the owner waits in :meth:`receive` with
         nothing queued, :attr:`answer_now` may answer it here instead, which saves the owner's
         task a turn of the event loop; the wait's idle timeout then starts again."""
+        if self._sealed:
+            return
         message.number, self._delivered = self._delivered, self._delivered + 1
         waiter, answer = self._waiter, self.answer_now
         if (
@@ -108,7 +126,7 @@ class ReceivingConnection(WebSocket):
         self.loop.call_soon(self._hold_turn, message, then)
 
     def _hold_turn(self, message: MessageBeingRead, then: Callable[[], None]) -> None:
-        if self.is_closed:
+        if self.is_closed or self._sealed:
             return
         try:
             done = step_header(message, time.monotonic() + HEADER_SLICE)

@@ -74,6 +74,7 @@ class WebSocket(asyncio.BufferedProtocol):
         self.transport: asyncio.Transport = None  # type: ignore[assignment]  # connection_made
         self.raw_socket: socket.socket | None = None  # plain TCP only: gathered sendmsg calls
         self.close_received: int | None = None  # the code of the peer's close frame
+        self.client = ""  # who the upgrade says it is (server.guard.client_of): set on accept
         self.lost: asyncio.Future[None] = self.loop.create_future()  # the TCP connection ended
         self._upgrades = upgrades
         self._write_paused = False

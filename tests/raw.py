@@ -26,7 +26,7 @@ TOKEN = "s3cret-token"  # noqa: S105 - a test token
 
 
 class Raw:
-    """A websocket session that speaks protocol v1 by hand (and breaks it on purpose)."""
+    """A websocket session that speaks the protocol by hand (and breaks it on purpose)."""
 
     def __init__(self, url: str, token: str | None = TOKEN, hello: bool = True, **kw: Any) -> None:
         headers = {"Authorization": f"Bearer {token}"} if token is not None else None

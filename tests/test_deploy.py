@@ -262,7 +262,7 @@ def test_image_command_serves_checks_health_runs_a_client_and_drains(tmp_path: P
     workdir.mkdir()
     with start_server(command=argv, cwd=workdir, env=env, timeout=30) as proc:
         url, port = proc.url, proc.port
-        assert health(port) == (200, {"status": "serving", "protocol": 1, "device": "ndarray"})
+        assert health(port) == (200, {"status": "serving", "protocol": 2, "device": "ndarray"})
 
         checker = subprocess.run(  # the HEALTHCHECK, with the port the server really took
             [sys.executable, "-m", "server.healthcheck"],

@@ -322,9 +322,10 @@ def test_client_dying_mid_upload(secured: ServerProcess, witness: Witness) -> No
 
 def test_slow_op_does_not_block_other_sessions(secured: ServerProcess, witness: Witness) -> None:
     """While one session's long matmul chain runs, another session's reads and the server's
-    pings are served; then its client dies mid-op and the accounting returns to baseline."""
+    pings are served; then its client dies mid-op and the accounting returns to baseline (a
+    client that does not resume: a resumable session would wait for it, its tensors kept)."""
     n = 1500
-    busy = client.RemoteDevice(secured.url, token=TOKEN)
+    busy = client.RemoteDevice(secured.url, token=TOKEN, reconnect_attempts=0)
     xp = client.namespace(busy)
     a = xp.ones((n, n))
     m = a

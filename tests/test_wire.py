@@ -78,9 +78,13 @@ def test_version_mismatch_is_refused_and_closed_cleanly(url: str) -> None:
 def test_client_raises_version_mismatch(url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     import client._opening
 
-    monkeypatch.setattr(client._opening, "PROTOCOL_VERSION", 2)
-    with pytest.raises(client.VersionMismatchError, match="client speaks protocol v2"):
+    newer = PROTOCOL_VERSION + 1
+    monkeypatch.setattr(client._opening, "PROTOCOL_VERSION", newer)
+    with pytest.raises(client.VersionMismatchError) as refused:
         client.RemoteDevice(url)
+    message = str(refused.value)
+    assert f"speaks protocol v{PROTOCOL_VERSION}" in message and f"speaks v{newer}" in message
+    assert "upgrade the server" in message
 
 
 def test_first_message_must_be_hello(url: str) -> None:
