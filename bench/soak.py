@@ -128,7 +128,8 @@ ATTACKS: dict[str, Callable[[str], None]] = {
 }
 
 
-def _attacker(name: str, url: str, deadline: float) -> None:
+def attack_until(name: str, url: str, deadline: float) -> None:
+    """Run the attack ``name`` against ``url`` until ``deadline`` (a process of its own)."""
     _until(deadline, lambda: ATTACKS[name](url))
 
 
@@ -200,7 +201,7 @@ def soak(seconds: float, sessions: int = 3, attacks: list[str] | None = None) ->
         seen = Observed()
         spawn = multiprocessing.get_context("spawn")
         attackers = [
-            spawn.Process(target=_attacker, args=(name, url, deadline), daemon=True)
+            spawn.Process(target=attack_until, args=(name, url, deadline), daemon=True)
             for name in attacks or ATTACKS
         ]
         threads = [
@@ -261,13 +262,21 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     figures = soak(args.seconds, attacks=args.attack or list(ATTACKS))
-    met = verdict(figures)
+    return report(figures, verdict(figures), args.json)
+
+
+def report(
+    figures: dict[str, Any], met: dict[str, bool], path: Path | None, unprinted: str = ""
+) -> int:
+    """Print the figures (all but ``unprinted``) and the goals, write both to ``path`` as
+    JSON; the exit status: 0 if every goal is met."""
     for key, value in figures.items():
-        print(f"{key:22} {value}")
+        if key != unprinted:
+            print(f"{key:22} {value}")
     for goal, ok in met.items():
         print(f"{'met' if ok else 'MISSED':7} {goal}")
-    if args.json is not None:
-        args.json.write_text(json.dumps({"figures": figures, "goals": met}, indent=2) + "\n")
+    if path is not None:
+        path.write_text(json.dumps({"figures": figures, "goals": met}, indent=2) + "\n")
     return 0 if all(met.values()) else 1
 
 
