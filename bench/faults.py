@@ -147,6 +147,36 @@ def _collect(results: Any, count: int, clients: list[Any]) -> list[dict[str, Any
     return sorted(collected, key=lambda r: int(r["index"]))
 
 
+def _curve(samples: list[tuple[float, int]], every: float = 5.0) -> list[list[float]]:
+    """The server's RSS over the run, in MiB, one sample per ``every`` seconds."""
+    curve: list[list[float]] = []
+    for at, rss in samples:
+        t = at - samples[0][0]
+        if not curve or t - curve[-1][0] >= every:
+            curve.append([round(t, 1), round(rss / MIB, 1)])
+    return curve
+
+
+def plot(figures: dict[str, Any], path: Path) -> None:
+    """Draw the server's RSS over the run, the windows the drift compares shaded, as a PNG
+    (matplotlib, of the examples' extra)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    seconds = figures["seconds"]
+    t, rss = zip(*figures["rss_mib"], strict=True)
+    fig, ax = plt.subplots(figsize=(8, 3.5))
+    ax.plot(t, rss, lw=1)
+    ax.axvspan(WARM_UP * seconds, 2 * WARM_UP * seconds, alpha=0.15, label="after warm-up")
+    ax.axvspan((1 - WARM_UP) * seconds, seconds, alpha=0.15, color="C1", label="end")
+    ax.set(xlabel="seconds", ylabel="server RSS (MiB)", title="fault soak: server RSS")
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
 def _p99_ms(reads: list[float]) -> float:
     return float(np.percentile(reads, 99) * 1e3) if reads else float("nan")
 
@@ -195,6 +225,7 @@ def faults(seconds: float, clients: int = 8, attacks: list[str] | None = None) -
         "rss_after_warm_up_mib": reference,
         "rss_end_mib": final,
         "rss_drift": drift,
+        "rss_mib": _curve(samples),
         "proxy": cost,
         "per_client": per_client,
     }
@@ -221,13 +252,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="20 s, 2 clients (a smoke run)")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument(
+        "--plot", type=Path, default=None, help="draw the server's RSS over the run (PNG)"
+    )
+    parser.add_argument(
         "--attack", action="append", choices=list(soak.ATTACKS), help="only these (default: all)"
     )
     args = parser.parse_args(argv)
     if args.quick:
         args.seconds, args.clients = 20.0, 2
     figures = faults(args.seconds, args.clients, args.attack)
-    return soak.report(figures, verdict(figures), args.json, unprinted="per_client")
+    if args.plot is not None:
+        plot(figures, args.plot)
+    return soak.report(figures, verdict(figures), args.json, unprinted=("per_client", "rss_mib"))
 
 
 if __name__ == "__main__":

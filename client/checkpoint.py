@@ -30,14 +30,14 @@ import json
 import os
 import re
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from client.nn import Module, StateDictError, WeightsFileError
+from client.nn import Module, WeightsFileError
 from client.nn import weights as weights_file
 from client.optim import LRScheduler, Optimizer
 
@@ -161,19 +161,9 @@ def load(
     if model is not None:
         if "model" not in meta:
             raise CheckpointMismatchError(f"{os.fspath(where)!r} holds no model")
-        try:
-            model.load_state_dict(model_arrays)
-        except StateDictError as exc:
-            raise CheckpointMismatchError(
-                f"{os.fspath(where)!r} does not fit the model: {exc}"
-            ) from exc
+        _fit(where, "model", lambda: model.load_state_dict(model_arrays))
     if optimizer is not None and opt_state is not None:
-        try:
-            optimizer.load_state_dict(opt_state)
-        except ValueError as exc:
-            raise CheckpointMismatchError(
-                f"{os.fspath(where)!r} does not fit the optimizer: {exc}"
-            ) from exc
+        _fit(where, "optimizer", lambda: optimizer.load_state_dict(opt_state))
     if scheduler is not None and sched_state is not None:
         scheduler.load_state_dict(sched_state)
     return Checkpoint(where, meta.get("step"), meta.get("extra"), model_arrays)
@@ -196,6 +186,17 @@ def write_atomically(path: Path, data: bytes) -> None:
             os.unlink(temporary)
         raise
     _fsync_directory(path.parent)
+
+
+def _fit(where: PathLike, part: str, load: Callable[[], object]) -> None:
+    """Run ``load`` (a ``load_state_dict``); its refusal (a ``StateDictError`` is a
+    ``ValueError``) as a :class:`CheckpointMismatchError` naming the file and ``part``."""
+    try:
+        load()
+    except ValueError as exc:
+        raise CheckpointMismatchError(
+            f"{os.fspath(where)!r} does not fit the {part}: {exc}"
+        ) from exc
 
 
 def numbered(directory: PathLike, step: int) -> Path:

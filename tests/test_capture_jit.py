@@ -19,6 +19,8 @@ from client.autodiff import Autodiff, Tensor
 from client.capture import Capture, Graph, jit
 from client.errors import CaptureError
 
+from .classifying import classifier_step
+
 STEPS = 8
 
 
@@ -41,12 +43,7 @@ class Classifier:
         self.order = np.random.default_rng(3)
 
     def step(self, index: Tensor) -> Tensor:
-        ad = self.ad
-        loss = nn.cross_entropy(self.net(ad.take(self.x, index, axis=0)), ad.take(self.y, index))
-        self.opt.zero_grad()
-        loss.backward()
-        self.opt.step()
-        return loss
+        return classifier_step(self.ad, self.net, self.opt, self.x, self.y, index)
 
     def batches(self, n: int, size: int = 16) -> list[Tensor]:
         return [self.ad.asarray(self.order.integers(0, 64, size)) for _ in range(n)]

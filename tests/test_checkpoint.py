@@ -20,6 +20,7 @@ from client import checkpoint, nn, optim
 from client.autodiff import Autodiff
 from client.capture import jit
 
+from .classifying import classifier_step
 from .servers import ROOT, ServerProcess, run_server
 
 KINDS = ["sgd-momentum-steplr", "adam-cosine", "adamw-cosine"]
@@ -53,12 +54,7 @@ class Run:
         self.done = 0
 
     def step(self, index: Any) -> Any:
-        ad = self.ad
-        loss = nn.cross_entropy(self.net(ad.take(self.x, index, axis=0)), ad.take(self.y, index))
-        self.opt.zero_grad()
-        loss.backward()
-        self.opt.step()
-        return loss
+        return classifier_step(self.ad, self.net, self.opt, self.x, self.y, index)
 
     def train(self, steps: int, step: Any = None) -> None:
         for _ in range(steps):

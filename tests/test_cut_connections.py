@@ -22,7 +22,10 @@ from client import nn, optim
 from client.autodiff import Autodiff, Tensor
 from client.capture import Capture, jit
 
+from .classifying import classifier_step
 from .servers import ServerProcess, run_server
+
+pytestmark = pytest.mark.wire  # the client's websocket, resumed, on both ends of the range
 
 MIB = 1 << 20
 STEPS = 30
@@ -56,12 +59,7 @@ class Classifier:
         self.order = np.random.default_rng(3)
 
     def step(self, index: Tensor) -> Tensor:
-        ad = self.ad
-        loss = nn.cross_entropy(self.net(ad.take(self.x, index, axis=0)), ad.take(self.y, index))
-        self.opt.zero_grad()
-        loss.backward()
-        self.opt.step()
-        return loss
+        return classifier_step(self.ad, self.net, self.opt, self.x, self.y, index)
 
     def train(self, step: Callable[[Tensor], Tensor]) -> tuple[list[float], list[np.ndarray]]:
         """``STEPS`` steps: each step's loss, then the parameters."""
@@ -191,3 +189,20 @@ def test_server_to_server_transfers_survive_cuts(
     assert to_source.cuts > 0 and to_target.cuts > 0
     base = np.arange(n, dtype=np.float64)
     assert all(np.array_equal(y, base * k + 1.0) for k, y in enumerate(got))
+
+
+@pytest.mark.asyncio
+async def test_an_async_device_survives_cuts(server: ServerProcess) -> None:
+    """Reads awaited from asyncio, the ops between them pipelined, through cuts."""
+    policy: dict[str, Any] = {"after_bytes": (4_000, 40_000), "max_cuts": 30}
+    with CuttingProxy(address(server.url), seed=8, **policy) as proxy:
+        async with await client.AsyncRemoteDevice.connect(proxy.url()) as dev:
+            xp = client.namespace(dev)
+            x = xp.zeros(64)
+            got = []
+            for _ in range(200):
+                for _ in range(10):
+                    x += 1.0
+                got.append(float((await dev.read(x))[0]))
+    assert proxy.cuts > 0
+    assert got == [10.0 * (i + 1) for i in range(200)]

@@ -16,6 +16,8 @@ from client import nn, optim
 from client.autodiff import Autodiff, Tensor
 from client.capture import jit
 
+from .classifying import classifier_step
+
 STEPS = 12
 
 
@@ -53,12 +55,7 @@ class Run:
         self.opt.set_lr(5e-3 * (step % 3), group_index=1)
 
     def step(self, index: Tensor) -> Tensor:
-        ad = self.ad
-        loss = nn.cross_entropy(self.net(ad.take(self.x, index, axis=0)), ad.take(self.y, index))
-        self.opt.zero_grad()
-        loss.backward()
-        self.opt.step()
-        return loss
+        return classifier_step(self.ad, self.net, self.opt, self.x, self.y, index)
 
     def train(self, step: Callable[[Tensor], Tensor]) -> tuple[list[float], list[list[float]]]:
         """``STEPS`` steps, the rate changed after each, outside ``step``; the losses and
