@@ -55,9 +55,11 @@ class Session:
         assert self.welcome.type == "welcome" and self.welcome.resume_secret is not None
 
     def cut(self) -> None:
-        """Lose the connection: a reset, no close frame."""
+        """Lose the connection: no close frame, then a reset. Shut down first: the websockets
+        client's own thread, blocked reading the socket, would keep it open past a close."""
         sock = self.raw.ws.socket
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+        sock.shutdown(socket.SHUT_RDWR)
         sock.close()
 
     def resume(self, received: int = 0, secret: str | None = None, token: str | None = None) -> Any:
