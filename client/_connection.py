@@ -324,18 +324,7 @@ class Connection(Recovering):
     def _send(self, sending: Sending) -> None:
         """Write a flush's batches and release the send lock taken by :meth:`_flush_locked`;
         resume the session if the transport broke (it sends them again)."""
-        ws, generation, frames = sending
-        broke: Closed | None = None
-        try:
-            for message in frames:
-                if self._error is None:
-                    ws.send(message)
-        except Closed as exc:
-            broke = exc
-        finally:
-            ws.release_send_lock()
-        if broke is not None:
-            self._lost(generation, broke)
+        self._send_held(*sending)
 
     def close(self) -> None:
         """Flush what is pending and close the websocket (waiting at most

@@ -72,7 +72,7 @@ class Recovering(Receiving):
                 self._fail(SessionLost(str(error), "unknown"), *also)
                 return
             again = self._swap(ws, welcome)
-        self._send_again(ws, generation + 1, again)
+        self._send_held(ws, generation + 1, again)  # readers take replies meanwhile
         old.close()  # cut already: a thread that still holds it fails on it (Closed)
 
     def _swap(self, ws: Transport, welcome: Welcome) -> list[Any]:
@@ -89,14 +89,15 @@ class Recovering(Receiving):
             self._current = (ws, self._generation)
         return again
 
-    def _send_again(self, ws: Transport, generation: int, again: list[Any]) -> None:
-        """Send ``again`` on ``ws`` (transport ``generation``), whose send lock
-        :meth:`_swap` took, and let go of it. Other threads read meanwhile: the server may send
-        its missed replies at the same time."""
+    def _send_held(self, ws: Transport, generation: int, messages: list[Any]) -> None:
+        """Send ``messages`` on ``ws`` (transport ``generation``), whose send lock the caller
+        took, and let go of it; resume the session if the transport broke (the next one gets
+        them again). Other threads read meanwhile."""
         broke: Closed | None = None
         try:
-            for message in again:
-                ws.send(message)
+            for message in messages:
+                if self._error is None:
+                    ws.send(message)
         except Closed as exc:
             broke = exc
         finally:
