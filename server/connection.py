@@ -202,9 +202,10 @@ class Connections:
         assert resume is not None
         live = self.live.get(resume.session_id)
         error = self._resumptions.claim(ws, hello, live)
-        if error is not None or live is None:
-            await self._refuse(ws, error or ErrorInfo(code=ErrorCode.INTERNAL, message="none"))
+        if error is not None:
+            await self._refuse(ws, error)
             return None
+        assert live is not None  # claim refuses an unknown session
         decode_for(ws, live.session, self._config)  # before the welcome, as for a new one
         attachment, received = live.take_over(ws, resume.received)
         try:

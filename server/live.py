@@ -19,7 +19,6 @@ again).
 from __future__ import annotations
 
 import collections
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -111,7 +110,6 @@ class Live:
     latest: WireConnection = field(init=False)
     unacked: int = 0  # client messages taken since the client last learned of one
     unacked_bytes: int = 0
-    detached_at: float = math.inf  # loop time it lost its connection (inf: it has one)
     connections_lost: int = 0
     ended: ErrorInfo | None = None  # why it was ended while it waited to be resumed
     _queued: collections.deque[Attachment] = field(default_factory=collections.deque)
@@ -154,7 +152,6 @@ class Live:
 
     def detached(self) -> None:
         """The connection served was lost."""
-        self.detached_at = self.ws.loop.time()
         self.connections_lost += 1
         if self._serving is not None:
             self._serving.released.set()
@@ -164,7 +161,6 @@ class Live:
         """Serve ``attachment``'s connection from now on."""
         self.ws = attachment.ws
         self._serving = attachment
-        self.detached_at = math.inf
 
     def end(self, error: ErrorInfo) -> None:
         """End the session while it waits to be resumed (its task finishes it)."""

@@ -16,26 +16,14 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import client
+from protocol.dtypes import DTYPES
 
 from .servers import ServerProcess
 
 SETTINGS = settings(
     max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
-NUMERIC = [
-    "int8",
-    "int16",
-    "int32",
-    "int64",
-    "uint8",
-    "uint16",
-    "uint32",
-    "uint64",
-    "float32",
-    "float64",
-    "complex64",
-    "complex128",
-]
+NUMERIC = [d for d in DTYPES if d != "bool"]  # the standard's, as the protocol names them
 REAL = [d for d in NUMERIC if not d.startswith("complex")]
 FLOAT = ["float32", "float64"]
 

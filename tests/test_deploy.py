@@ -246,6 +246,18 @@ def _image_environment(stage: Stage, **overrides: str) -> dict[str, str]:
     return env
 
 
+def _healthcheck(workdir: Path, env: dict[str, str], port: int) -> subprocess.CompletedProcess[str]:
+    """``python -m server.healthcheck`` (the image's HEALTHCHECK) against ``port``."""
+    return subprocess.run(
+        [sys.executable, "-m", "server.healthcheck"],
+        cwd=workdir,
+        capture_output=True,
+        text=True,
+        env={**env, "TENSOR_SERVER_PORT": str(port)},
+        timeout=60,
+    )
+
+
 @pytest.mark.e2e
 def test_image_command_serves_checks_health_runs_a_client_and_drains(tmp_path: Path) -> None:
     """The Dockerfile's CMD with its ENV, changed only where a test must: the python of this
@@ -264,14 +276,7 @@ def test_image_command_serves_checks_health_runs_a_client_and_drains(tmp_path: P
         url, port = proc.url, proc.port
         assert health(port) == (200, {"status": "serving", "protocol": 2, "device": "ndarray"})
 
-        checker = subprocess.run(  # the HEALTHCHECK, with the port the server really took
-            [sys.executable, "-m", "server.healthcheck"],
-            cwd=workdir,
-            capture_output=True,
-            text=True,
-            env={**env, "TENSOR_SERVER_PORT": str(port)},
-            timeout=60,
-        )
+        checker = _healthcheck(workdir, env, port)  # the HEALTHCHECK, on the port it took
         assert checker.returncode == 0, checker.stdout + checker.stderr
         assert json.loads(checker.stdout)["status"] == "serving"
 
@@ -288,14 +293,7 @@ def test_image_command_serves_checks_health_runs_a_client_and_drains(tmp_path: P
         assert "converged" in ran.stdout
 
         assert proc.stop(timeout=60) == 0  # SIGTERM
-        unhealthy = subprocess.run(
-            [sys.executable, "-m", "server.healthcheck"],
-            cwd=workdir,
-            capture_output=True,
-            text=True,
-            env={**env, "TENSOR_SERVER_PORT": str(port)},
-            timeout=60,
-        )
+        unhealthy = _healthcheck(workdir, env, port)
         assert unhealthy.returncode == 1
         events = [json.loads(line) for line in proc.stderr.lines()]
         names = [e["event"] for e in events]
