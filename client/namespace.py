@@ -17,6 +17,7 @@ import numpy as np
 from ._info import Info
 from .array import register_namespace
 from .device import Device
+from .extension import RemoteExtension
 from .standard.creation import CreationFunctions
 from .standard.data_types import DataTypeFunctions
 from .standard.elementwise import ElementwiseFunctions
@@ -79,6 +80,8 @@ class Namespace(
         self.device = device
         self.linalg = LinalgNamespace(device)
         self.fft = FFTNamespace(device)
+        # Tensorwire's own ops for neural networks, outside the standard (client.nn's front)
+        self.__tensorwire_nn__ = RemoteExtension(device)
 
     def __array_namespace_info__(self) -> Info:
         return Info(self.device)

@@ -11,6 +11,8 @@ client's categories of the Array API standard:
 - ``indexing``: ``getitem``, ``setitem``, ``take``
 - ``data``: ``sort``, ``cumulative``, ``searchsorted``, ``nonzero``, ``unique``
 - ``linalg``, ``fft``: the standard's two extensions
+- ``nn``: Tensorwire's own extension for neural networks: ``conv`` (with its transpose and
+  weight gradient), ``pool``, ``pool_backward``, ``batch_norm``, ``softmax``, ``random``
 - ``graph``: ``run_graph``, a registered graph (``protocol.graphs``) run on new inputs
 - ``transfer``: ``pull``, a tensor fetched from another session's exposure (no executor runner:
   the server's transfers run it)
@@ -74,6 +76,12 @@ from .manipulation import Reshape as Reshape
 from .manipulation import Roll as Roll
 from .manipulation import Tile as Tile
 from .manipulation import Triangle as Triangle
+from .nn import BatchNorm as BatchNorm
+from .nn import Conv as Conv
+from .nn import Pool as Pool
+from .nn import PoolBackward as PoolBackward
+from .nn import Random as Random
+from .nn import Softmax as Softmax
 from .reduction import Reduce as Reduce
 from .reduction import ReduceName as ReduceName
 from .transfer import Capability as Capability
@@ -114,6 +122,12 @@ AnyOp = (
     | Unique  # data
     | Linalg  # linalg
     | FFT  # fft
+    | Conv
+    | Pool
+    | PoolBackward
+    | BatchNorm
+    | Softmax
+    | Random  # nn
     | RunGraph  # graph
     | Pull  # transfer
 )

@@ -28,7 +28,7 @@ from protocol.ops import (
     SetItem,
 )
 
-from . import creation, data, elementwise, fft, indexing, linalg, manipulation, reduction
+from . import creation, data, elementwise, fft, indexing, linalg, manipulation, nn, reduction
 from .base import Array, Runner
 from .costs import cost as cost
 from .creation import uploads_kept_apart as uploads_kept_apart
@@ -38,7 +38,7 @@ class InferenceMismatch(AssertionError):
     """numpy produced another shape or dtype than the protocol inferred: a bug in a rule."""
 
 
-_FAMILIES = (creation, elementwise, reduction, manipulation, indexing, data, linalg, fft)
+_FAMILIES = (creation, elementwise, reduction, manipulation, indexing, data, linalg, fft, nn)
 _RUNNERS: dict[type, Runner] = {t: r for family in _FAMILIES for t, r in family.RUNNERS.items()}
 
 

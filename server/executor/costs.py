@@ -38,8 +38,10 @@ from protocol import TensorMeta
 from protocol.ops import (
     FFT,
     AnyOp,
+    BatchNorm,
     Binary,
     BinaryScalar,
+    Conv,
     Cumulative,
     FromBuffer,
     GetItem,
@@ -48,10 +50,14 @@ from protocol.ops import (
     Linalg,
     Linspace,
     Nonzero,
+    Pool,
+    PoolBackward,
+    Random,
     Reduce,
     Repeat,
     SearchSorted,
     SetItem,
+    Softmax,
     Sort,
     Take,
     Tile,
@@ -284,6 +290,31 @@ def _reduce(op: Reduce, meta: TensorMeta, args: Sequence[Array], size: int) -> i
     return size * factor * (2 if args[0].dtype.kind == "c" else 1)
 
 
+def _conv(op: Conv, meta: TensorMeta, args: Sequence[Array], size: int) -> int:
+    """Multiply-adds at the dtype's BLAS rate, plus the windows copied into a matrix (each
+    input element once per kernel tap)."""
+    x, w = args
+    taps = math.prod(op.kernel if op.op == "conv_weight_grad" else w.shape[2:])
+    if op.op == "conv":
+        madds = max(0, math.prod(meta.shape)) * (int(x.shape[1]) // op.groups) * taps
+        windows = max(0, math.prod(meta.shape)) // max(1, meta.shape[1]) * int(x.shape[1]) * taps
+    elif op.op == "conv_transpose":
+        madds = x.size * (meta.shape[1] // op.groups) * taps
+        windows = madds // max(1, int(x.shape[1]) // op.groups) + size
+    else:
+        madds = w.size * (int(x.shape[1]) // op.groups) * taps
+        windows = w.size // max(1, int(w.shape[1])) * int(x.shape[1]) * taps
+    madd = _MADD_16THS.get(meta.dtype, LOOP_MADD_16THS)
+    return madds * madd // 16 + 2 * windows + 2 * size
+
+
+def _pool(op: Pool | PoolBackward, meta: TensorMeta, args: Sequence[Array], size: int) -> int:
+    """Each window's elements read once (twice, and scattered back, for the gradient)."""
+    pooled = max(0, math.prod(meta.shape)) if isinstance(op, Pool) else args[1].size
+    per_window = math.prod(op.kernel)
+    return pooled * per_window * (2 if isinstance(op, Pool) else 6) + 2 * size
+
+
 Family = Callable[[Any, TensorMeta, Sequence[Array], int], int]
 
 
@@ -312,4 +343,10 @@ _FAMILIES: dict[type, Family] = {
     Repeat: _times(2),
     Tile: _times(2),
     Linspace: _times(2),
+    Conv: _conv,
+    Pool: _pool,
+    PoolBackward: _pool,
+    BatchNorm: _times(4),
+    Softmax: _times(MEDIUM_ELEMENT + 4),
+    Random: _times(MEDIUM_ELEMENT),
 }
