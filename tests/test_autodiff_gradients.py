@@ -117,6 +117,9 @@ NOT_STRICT = ("remote", "numpy")
 # NotImplemented for a Tensor: numpy's and RemoteArray's do, array_api_strict's raises
 # TypeError ("Expected Array or Python scalar").
 PLAIN_LEFT = ("remote", "numpy")
+# The neural-network extension is Tensorwire's own (client.autodiff.extension): a Tensorwire
+# namespace and numpy have it, array_api_strict does not.
+NN = ("remote", "numpy")
 
 
 def _plain(ad: Autodiff, *shape: int) -> Any:
@@ -387,6 +390,59 @@ CASES: list[Case] = [
         eps=1e-2,
         tol=1e-3,
     ),
+    # Tensorwire's neural-network extension (array_api_strict has none: NN)
+    case(
+        "conv2d",
+        lambda ad, x, w, b: ad.conv(
+            x, w, b, stride=(2, 1), padding=((1, 0), (1, 1)), dilation=(1, 2), groups=2
+        ),
+        ANY(2, 4, 5, 6),
+        ANY(6, 2, 3, 2),
+        ANY(6),
+        namespaces=NN,
+    ),
+    case(
+        "conv_transpose2d",
+        lambda ad, x, w, b: ad.conv_transpose(
+            x, w, b, stride=(2, 3), padding=((1, 0), (0, 1)), output_padding=(1, 2), groups=2
+        ),
+        ANY(2, 4, 3, 2),
+        ANY(4, 3, 3, 2),
+        ANY(6),
+        namespaces=NN,
+    ),
+    case(
+        "max_pool2d",
+        lambda ad, x: ad.max_pool(x, kernel=(3, 2), stride=(2, 1), padding=(1, 1)),
+        GRID(2, 2, 5, 4),
+        namespaces=NN,
+    ),
+    case(
+        "avg_pool1d",
+        lambda ad, x: ad.avg_pool(
+            x, kernel=(3,), stride=(2,), padding=(1,), count_include_pad=False
+        ),
+        ANY(2, 3, 6),
+        namespaces=NN,
+    ),
+    case(
+        "batch_norm_training",  # the batch's statistics: their gradients flow back into x
+        lambda ad, x, w, b: ad.batch_norm(
+            x, ad.mean(x, axis=(0, 2)), ad.var(x, axis=(0, 2)), w, b, eps=1e-5
+        ),
+        ANY(4, 3, 5),
+        ANY(3),
+        ANY(3),
+        namespaces=NN,
+    ),
+    case(
+        "batch_norm_statistics",
+        lambda ad, x, m, v: ad.batch_norm(x, m, v, eps=1e-3),
+        ANY(2, 3, 2, 2),
+        ANY(3),
+        POS(3),
+        namespaces=NN,
+    ),
     # a small network: a layer, cross-entropy of its log-softmax at labels
     case(
         "network",
@@ -520,7 +576,8 @@ def test_the_cases_cover_every_differentiable_op_on_every_namespace() -> None:
     assert recorded == set(DIFFERENTIABLE) - set(NOT_RECORDED)
     assert len({c.id for c in CASES}) == len(CASES)
     # every case runs through the server and on numpy; on array_api_strict all but the five
-    # whose keys or operands the standard leaves unspecified (their twins run there)
+    # whose keys or operands the standard leaves unspecified (their twins run there) and the
+    # neural-network extension's
     assert all(c.namespaces[:2] == ("remote", "numpy") for c in CASES)
     assert {c.id for c in CASES if "array_api_strict" not in c.namespaces} == {
         "int",
@@ -528,6 +585,7 @@ def test_the_cases_cover_every_differentiable_op_on_every_namespace() -> None:
         "list",
         "lists",
         "plain_left",
+        *(c.id for c in CASES if c.namespaces == NN),
     }
 
 

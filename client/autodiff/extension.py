@@ -108,6 +108,15 @@ def register(xp: Any, extension: Extension) -> None:
     _REGISTERED[id(xp)] = (xp, extension)
 
 
+def find_extension(xp: Any) -> Extension | None:
+    """The extension of namespace ``xp``, or None where it has none."""
+    found: Extension | None = getattr(xp, "__tensorwire_nn__", None)
+    if found is not None:
+        return found
+    registered = _REGISTERED.get(id(xp))
+    return None if registered is None else registered[1]
+
+
 def extension_of(xp: Any) -> Extension:
     """The extension of namespace ``xp``.
 
@@ -115,12 +124,9 @@ def extension_of(xp: Any) -> Extension:
         TypeError: ``xp`` has none (array_api_strict, for example): these ops are Tensorwire's
             own, not the standard's.
     """
-    found: Extension | None = getattr(xp, "__tensorwire_nn__", None)
+    found = find_extension(xp)
     if found is not None:
         return found
-    registered = _REGISTERED.get(id(xp))
-    if registered is not None:
-        return registered[1]
     name = getattr(xp, "__name__", repr(xp))
     raise TypeError(
         f"{name} has no convolution, pooling or device random numbers: they are Tensorwire's "

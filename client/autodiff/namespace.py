@@ -8,9 +8,10 @@ Nothing here or below imports anything of ``client`` outside this package (pypro
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
-from . import elementwise, indexing, linalg, reductions, shaping
+from . import convolution, elementwise, indexing, linalg, normalization, reductions, shaping
+from .extension import extension_of
 from .tensor import Tensor, record
 
 DIFFERENTIABLE: dict[str, Callable[..., Tensor]] = {
@@ -19,9 +20,15 @@ DIFFERENTIABLE: dict[str, Callable[..., Tensor]] = {
     **shaping.FUNCTIONS,
     **indexing.FUNCTIONS,
     **linalg.FUNCTIONS,
+    **convolution.FUNCTIONS,  # these and the next: Tensorwire's extension, not the standard's
+    **normalization.FUNCTIONS,
 }
 
 _SUBNAMESPACES = ("linalg", "fft")
+_RANDOM_DTYPES: dict[str, Literal["float32", "float64"]] = {
+    "float32": "float32",
+    "float64": "float64",
+}
 
 
 class Autodiff:
@@ -102,6 +109,25 @@ class Autodiff:
             k: v for k, v in (("dtype", dtype), ("device", device), ("copy", copy)) if v is not None
         }
         return Tensor(self, self.xp.asarray(obj, **kwargs), requires_grad=requires_grad)
+
+    def random_uniform(self, state: Any, shape: tuple[int, ...], dtype: Any) -> Tensor:
+        """Numbers uniform on [0, 1) drawn on the device from the generator state ``state``
+        (a uint64 array ``[seed, offset]``, which the caller advances): a constant."""
+        return self._random("uniform", state, shape, dtype)
+
+    def random_normal(self, state: Any, shape: tuple[int, ...], dtype: Any) -> Tensor:
+        """Standard normal numbers drawn as :meth:`random_uniform` draws."""
+        return self._random("normal", state, shape, dtype)
+
+    def _random(self, op: Any, state: Any, shape: tuple[int, ...], dtype: Any) -> Tensor:
+        if isinstance(state, Tensor):
+            state = state.array
+        name = str(getattr(dtype, "name", dtype))
+        if name not in _RANDOM_DTYPES:
+            raise TypeError(f"random numbers are float32 or float64, not {name}")
+        ext = extension_of(self.xp)
+        drawn = ext.random(state, op=op, shape=tuple(shape), dtype=_RANDOM_DTYPES[name])
+        return Tensor(self, drawn)
 
     def tensor(self, array: Any, /, *, requires_grad: bool = False) -> Tensor:
         """An array of the wrapped namespace as a tensor, without a copy."""

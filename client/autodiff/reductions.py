@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ._common import as_tensor, kept_shape, normalized_axes
+from .extension import find_extension
 from .tensor import Tensor, record
 
 if TYPE_CHECKING:
@@ -138,24 +139,34 @@ def logsumexp(ad: Autodiff, x: Any, /, *, axis: Axis = None, keepdims: bool = Fa
 
 
 def log_softmax(ad: Autodiff, x: Any, /, *, axis: int = -1) -> Tensor:
-    """``x - logsumexp(x, axis, keepdims=True)``, stable for any magnitude."""
+    """``x - logsumexp(x, axis, keepdims=True)``, stable for any magnitude: one op of the
+    neural-network extension where the namespace has it, else the standard's ops."""
     t = as_tensor(ad, x)
     xp, xa = ad.xp, t.array
     axes = normalized_axes(axis, xa.ndim)
-    shifted, _ = _shifted(xp, xa, axes)
-    y = shifted - xp.log(xp.sum(xp.exp(shifted), axis=axes, keepdims=True))
+    ext = find_extension(xp) if isinstance(axis, int) else None
+    if ext is not None:
+        y = ext.softmax("log_softmax", xa, axis=axis)
+    else:
+        shifted, _ = _shifted(xp, xa, axes)
+        y = shifted - xp.log(xp.sum(xp.exp(shifted), axis=axes, keepdims=True))
     return record(
         ad, "log_softmax", y, (t,), lambda g: (g - xp.exp(y) * xp.sum(g, axis=axes, keepdims=True),)
     )
 
 
 def softmax(ad: Autodiff, x: Any, /, *, axis: int = -1) -> Tensor:
-    """``exp(x) / sum(exp(x), axis, keepdims=True)``, shifted by the maximum first."""
+    """``exp(x) / sum(exp(x), axis, keepdims=True)``, shifted by the maximum first: one op
+    of the neural-network extension where the namespace has it, else the standard's ops."""
     t = as_tensor(ad, x)
     xp, xa = ad.xp, t.array
     axes = normalized_axes(axis, xa.ndim)
-    e = xp.exp(_shifted(xp, xa, axes)[0])
-    y = e / xp.sum(e, axis=axes, keepdims=True)
+    ext = find_extension(xp) if isinstance(axis, int) else None
+    if ext is not None:
+        y = ext.softmax("softmax", xa, axis=axis)
+    else:
+        e = xp.exp(_shifted(xp, xa, axes)[0])
+        y = e / xp.sum(e, axis=axes, keepdims=True)
     return record(
         ad, "softmax", y, (t,), lambda g: (y * (g - xp.sum(g * y, axis=axes, keepdims=True)),)
     )
