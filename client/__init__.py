@@ -20,6 +20,7 @@ from .device import SessionStats as SessionStats
 from .errors import AuthenticationError as AuthenticationError
 from .errors import ConnectionLost as ConnectionLost
 from .errors import DeviceIndexError as DeviceIndexError
+from .errors import FeatureNotSupportedError as FeatureNotSupportedError
 from .errors import HandshakeError as HandshakeError
 from .errors import RemoteError as RemoteError
 from .errors import ServerBusyError as ServerBusyError

@@ -74,6 +74,11 @@ class GraphFileError(TensorwireError, ValueError):
     format version, or a graph that does not hold together. Nothing of it runs."""
 
 
+class FeatureNotSupportedError(TensorwireError, TypeError):
+    """The server does not speak an optional feature that a call needs (a protocol feature it
+    did not announce in its welcome, such as the neural-network ops): upgrade the server."""
+
+
 class HandshakeError(TensorwireError):
     """The server refused the session."""
 

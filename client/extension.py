@@ -15,12 +15,13 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from protocol import TensorMeta, from_numpy
+from protocol import FEATURE_NN, TensorMeta, from_numpy
 from protocol.ops import AnyOp, BatchNorm, Conv, Pool, PoolBackward, Random, Softmax
 
 from ._building import apply
 from .autodiff import extension
 from .device import Device
+from .errors import FeatureNotSupportedError
 
 if TYPE_CHECKING:
     from .array import RemoteArray
@@ -203,8 +204,16 @@ class RemoteExtension(_Ops):
 
     def __init__(self, device: Device) -> None:
         self.device = device
+        self._spoken = False  # the server announced the feature (checked once)
 
     def _run(self, make: Make, *arrays: Any) -> RemoteArray:
+        if not self._spoken:
+            if not self.device.speaks(FEATURE_NN):
+                raise FeatureNotSupportedError(
+                    f"the server at {self.device.url} does not speak Tensorwire's "
+                    f"neural-network ops (protocol feature {FEATURE_NN!r}): upgrade it"
+                )
+            self._spoken = True
         ids = [a.tensor_id for a in arrays]
         return apply(lambda out: make(out, ids), *arrays, device=self.device)
 

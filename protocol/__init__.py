@@ -31,6 +31,7 @@ from .errors import OpIndexError as OpIndexError
 from .errors import OpShapeError as OpShapeError
 from .errors import ProtocolError as ProtocolError
 from .messages import CLIENT_ADAPTER as CLIENT_ADAPTER
+from .messages import FEATURE_NN as FEATURE_NN
 from .messages import FEATURE_RESUME as FEATURE_RESUME
 from .messages import FEATURES as FEATURES
 from .messages import PROTOCOL_VERSION as PROTOCOL_VERSION

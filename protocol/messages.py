@@ -28,7 +28,8 @@ from .ops import Capability, Dim, GraphId, Op, TensorId
 
 PROTOCOL_VERSION = 2
 FEATURE_RESUME = "resume"  # sessions resume after a lost connection (Welcome.resume_secret)
-FEATURES = (FEATURE_RESUME,)  # what this package speaks, beyond its version's baseline
+FEATURE_NN = "nn"  # the neural-network extension's ops (protocol/ops/nn.py)
+FEATURES = (FEATURE_RESUME, FEATURE_NN)  # what this package speaks, beyond its version's baseline
 
 RequestId = Annotated[int, Field(ge=0, lt=2**63)]
 ServerId = Annotated[str, Field(pattern=r"^[0-9a-f]{1,64}$")]  # Welcome.server_id

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from protocol import (
     CLIENT_ADAPTER,
+    FEATURE_NN,
     FEATURE_RESUME,
     PROTOCOL_VERSION,
     Batch,
@@ -106,7 +107,7 @@ def welcome(
         device_count=device_count,
         server_id=server_id,
         session_id=session_id,
-        features=[FEATURE_RESUME] if secret is not None else [],
+        features=[FEATURE_NN, *([FEATURE_RESUME] if secret is not None else [])],
         resume_secret=secret,
         resume_window=window if secret is not None else 0.0,
         resumed=hello.resume is not None,

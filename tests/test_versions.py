@@ -101,3 +101,22 @@ def test_this_client_refuses_a_v1_server_at_once_naming_both_versions() -> None:
     assert "speaks protocol v1" in message and f"this client speaks v{PROTOCOL_VERSION}" in message
     assert "upgrade the server" in message and url in message
     assert took < 1.0, took
+
+
+def test_the_nn_ops_go_only_to_a_server_that_announced_them(url: str) -> None:
+    """The neural-network ops are a feature of v2 (``nn``): this server announces it, and a
+    client facing a v2 server without it (an older release) refuses them before sending,
+    naming the feature; everything else goes on."""
+    with client.RemoteDevice(url) as dev:
+        assert dev.speaks("nn") and dev.speaks("resume")
+        xp = client.namespace(dev)
+        x = xp.asarray([[1.0, 2.0, 3.0]])
+        assert xp.__tensorwire_nn__.softmax("softmax", x, axis=-1).numpy().sum() == pytest.approx(1)
+    with client.RemoteDevice(url) as dev:
+        conn = dev._conn
+        conn.welcome = conn.welcome.model_copy(update={"features": ["resume"]})
+        xp = client.namespace(dev)
+        x = xp.asarray([[1.0, 2.0, 3.0]])
+        with pytest.raises(client.FeatureNotSupportedError, match="'nn'.*upgrade"):
+            xp.__tensorwire_nn__.softmax("softmax", x, axis=-1)
+        assert (x + 1).numpy().tolist() == [[2.0, 3.0, 4.0]]
