@@ -155,12 +155,6 @@ class Device:
         self.new_id, self.submit, self.release = conn.new_id, conn.submit, conn.release
         self._close = weakref.finalize(self, conn.close)  # also runs at exit
 
-    def speaks(self, feature: str) -> bool:
-        """Whether the server announced the optional protocol ``feature`` (a device without a
-        connection, a record-only ``capture:`` one, speaks every feature)."""
-        conn = getattr(self, "_conn", None)
-        return conn is None or feature in conn.welcome.features
-
     @property
     def server_id(self) -> str:
         """Random per server start: a changed id means the server restarted."""

@@ -208,7 +208,8 @@ class RemoteExtension(_Ops):
 
     def _run(self, make: Make, *arrays: Any) -> RemoteArray:
         if not self._spoken:
-            if not self.device.speaks(FEATURE_NN):
+            conn = getattr(self.device, "_conn", None)  # none: a record-only capture: device
+            if conn is not None and FEATURE_NN not in conn.welcome.features:
                 raise FeatureNotSupportedError(
                     f"the server at {self.device.url} does not speak Tensorwire's "
                     f"neural-network ops (protocol feature {FEATURE_NN!r}): upgrade it"
