@@ -228,6 +228,7 @@ def _peak_bytes(graph: GraphDef, metas: dict[int, TensorMeta], last_use: dict[in
 # --- renumbering ------------------------------------------------------------------------------
 
 _ID_FIELDS = ("out", "x", "x1", "x2", "condition", "indices", "repeats_tensor")
+_ID_FIELDS_NN = ("w", "grad", "mean", "var", "weight", "bias", "state")  # the nn extension's
 _ID_TUPLES = ("more", "xs", "args")
 
 
@@ -237,7 +238,7 @@ def renumber(op: AnyOp, ids: Mapping[int, int]) -> AnyOp:
     update: dict[str, Any] = {}
     if op.kind == "setitem":  # elsewhere (``full``) a field named value is a scalar
         update["value"] = ids[op.value]
-    for name in _ID_FIELDS:
+    for name in (*_ID_FIELDS, *_ID_FIELDS_NN):
         value = getattr(op, name, None)
         if value is not None:
             update[name] = ids[value]

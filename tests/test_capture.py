@@ -373,6 +373,13 @@ def test_renumber_maps_every_id_of_every_op_kind_and_nothing_else() -> None:
         ops.Take(op="take", out=3, x=1, indices=2, axis=0),
         ops.Unique(op="unique_all", out=5, more=(6, 7, 8), x=1),
         ops.RunGraph(out=5, more=(6,), graph=3, args=(1, 2)),
+        ops.Conv(out=3, x=1, w=2, stride=(1,), padding=((0, 0),), dilation=(1,)),
+        ops.Pool(op="max", out=2, x=1, kernel=(2,), stride=(2,), padding=(0,)),
+        ops.PoolBackward(op="avg", out=3, x=1, grad=2, kernel=(2,), stride=(1,), padding=(1,)),
+        ops.BatchNorm(out=6, x=1, mean=2, var=3, weight=4, bias=5),
+        ops.BatchNorm(out=4, x=1, mean=2, var=3),
+        ops.Softmax(op="log_softmax", out=2, x=1, axis=0),
+        ops.Random(out=2, state=1, shape=(3,)),
     ]
     for op in made:
         ids = {i: 100 + i for i in (*op.inputs(), *op.outputs())}
