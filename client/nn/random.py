@@ -61,24 +61,13 @@ class DeviceGenerator:
     ) -> Tensor:
         """``shape`` numbers from ``distribution`` (uniform on [0, 1) or standard normal) in
         floating ``dtype``, as a constant tensor of ``ad``; advances the offset by one."""
-        name = float_name("random", dtype)
         sizes = tuple(int(n) for n in shape)
         if any(n < 0 for n in sizes):
             raise ValueError(f"random: sizes must be >= 0, got {sizes}")
         draw = ad.random_uniform if distribution == "uniform" else ad.random_normal
-        numbers: Tensor = draw(self.state, sizes, name)
+        numbers: Tensor = draw(self.state, sizes, np.dtype(dtype).name)  # a name or a dtype
         self.state += self._advance  # in place: a replayed step advances it too
         return numbers
-
-
-def float_name(owner: str, dtype: Any) -> Literal["float32", "float64"]:
-    """``dtype`` (a numpy or namespace dtype, or its name) as the name a draw takes."""
-    name = np.dtype(dtype).name
-    if name == "float32":
-        return "float32"
-    if name == "float64":
-        return "float64"
-    raise TypeError(f"{owner}: random numbers are float32 or float64, not {name}")
 
 
 def _checked(seed: int) -> int:
