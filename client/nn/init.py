@@ -22,9 +22,10 @@ _generator: np.random.Generator = np.random.default_rng()
 _local: Autodiff | None = None
 
 
-def manual_seed(seed: int) -> np.random.Generator:
+def reseed(seed: int) -> np.random.Generator:
     """Reset the default generator to ``numpy.random.default_rng(seed)`` (returned), so that
-    layers built after it without ``rng=`` start from the same weights every run."""
+    layers built after it without ``rng=`` start from the same weights every run
+    (:func:`client.nn.manual_seed` calls it, and seeds the device generators too)."""
     global _generator
     _generator = np.random.default_rng(seed)
     return _generator
@@ -32,7 +33,7 @@ def manual_seed(seed: int) -> np.random.Generator:
 
 def default_generator() -> np.random.Generator:
     """The generator layers draw from when given no ``rng=`` (fresh entropy until
-    :func:`manual_seed`, as numpy's own default)."""
+    :func:`client.nn.manual_seed`, as numpy's own default)."""
     return _generator
 
 
@@ -97,6 +98,17 @@ def constant(
 ) -> Tensor:
     """A parameter filled with ``value`` (LayerNorm's ones and zeros)."""
     return parameter(ad, np.full(tuple(shape), value, dtype=float_dtype(dtype)))
+
+
+def buffer(ad: Autodiff, values: np.ndarray[Any, Any]) -> Tensor:
+    """``values`` uploaded to ``ad``'s namespace as a tensor that does not require grad: the
+    one way layers make their buffers (batch norm's running statistics)."""
+    return ad.asarray(values)
+
+
+def xavier_bound(fan_in: int, fan_out: int) -> float:
+    """The bound of PyTorch's ``xavier_uniform_`` (gain 1): sqrt(6 / (fan_in + fan_out))."""
+    return math.sqrt(6.0 / (fan_in + fan_out)) if fan_in + fan_out > 0 else 0.0
 
 
 def fan_in_bound(fan_in: int) -> float:

@@ -1,5 +1,7 @@
-"""The layers: ``Linear``, ``Sequential``, the activations, ``LayerNorm`` and ``Embedding``,
-with PyTorch's names, shapes and default initialisations.
+"""The layers of dense models: ``Linear``, ``Sequential``, the activations, ``LayerNorm``,
+``Embedding``, ``Flatten`` and ``Dropout``, with PyTorch's names, shapes and default
+initialisations (the convolutional, normalization and attention layers have modules of their
+own).
 
 Every layer with parameters takes ``ad=`` (the autodiff namespace they live in; the local
 numpy one by default), ``rng=`` (the numpy generator that draws them on the client; the
@@ -20,6 +22,7 @@ from client.autodiff import Autodiff, Tensor
 
 from . import functional as F
 from .functional import ArrayLike
+from .functional.dropout import check_probability
 from .init import DTypeLike, constant, fan_in_bound, normal, resolve, uniform
 from .module import Module
 
@@ -194,3 +197,35 @@ class Embedding(Module):
 
     def extra_repr(self) -> str:
         return f"{self.num_embeddings}, {self.embedding_dim}"
+
+
+class Flatten(Module):
+    """Axes ``start_dim`` to ``end_dim`` merged into one: by default everything but the batch
+    axis, (N, C, H, W) -> (N, C*H*W), between a convolution and a ``Linear``."""
+
+    def __init__(self, start_dim: int = 1, end_dim: int = -1) -> None:
+        super().__init__()
+        self.start_dim, self.end_dim = start_dim, end_dim
+
+    def forward(self, x: ArrayLike) -> Tensor:
+        return F.flatten(x, self.start_dim, self.end_dim)
+
+    def extra_repr(self) -> str:
+        return f"start_dim={self.start_dim}, end_dim={self.end_dim}"
+
+
+class Dropout(Module):
+    """In training mode, each element zeroed with probability ``p`` and the others scaled by
+    ``1/(1-p)``, the mask drawn on the device (``F.dropout``); in evaluation mode (``eval()``)
+    the input as it is."""
+
+    def __init__(self, p: float = 0.5, inplace: bool = False) -> None:
+        super().__init__()
+        check_probability("Dropout", p, inplace)
+        self.p, self.inplace = float(p), inplace
+
+    def forward(self, x: ArrayLike) -> Tensor:
+        return F.dropout(x, self.p, self.training)
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}, inplace={self.inplace}"

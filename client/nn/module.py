@@ -1,11 +1,15 @@
 """``Module``: the container of parameters and submodules every layer and model derives from,
 with PyTorch's names (``parameters()``, ``named_parameters()``, ``train()``/``eval()``,
-``state_dict()``/``load_state_dict()``), over tensors of any autodiff namespace.
+``state_dict()``/``load_state_dict()``, ``register_buffer()``), over tensors of any autodiff
+namespace.
 
 Registration is by assignment, as in PyTorch: in ``__init__``, ``self.fc = Linear(...)``
 registers a submodule and ``self.scale = ad.asarray(..., requires_grad=True)`` a parameter,
-in the order assigned. A parameter is a leaf tensor that requires grad; any other value (a
-constant tensor, a number) is a plain attribute that no optimizer or weights file sees.
+in the order assigned. A parameter is a leaf tensor that requires grad. A buffer is a tensor
+that is part of the module's state without being trained (batch norm's running statistics):
+registered by ``register_buffer``, it is in ``state_dict()`` and weights files but not in
+``parameters()``. Any other value (a constant tensor, a number) is a plain attribute that no
+optimizer or weights file sees.
 """
 
 from __future__ import annotations
@@ -17,12 +21,8 @@ import numpy as np
 
 from client.autodiff import Autodiff, Tensor
 
-from . import weights
-
-
-class StateDictError(ValueError):
-    """A state dict does not fit a module: a name missing, a name the module lacks, or a
-    shape that differs. The message names the first such mismatch."""
+from . import loading, weights
+from .loading import StateDictError as StateDictError
 
 
 def _forward_unimplemented(self: Module, *args: Any, **kwargs: Any) -> Any:
@@ -49,6 +49,8 @@ class Module:
     """
 
     _parameters: dict[str, Tensor]
+    _buffers: dict[str, Tensor | None]
+    _non_persistent: set[str]
     _modules: dict[str, Module]
     training: bool
     # An attribute, not a method, as PyTorch's: subclasses define forward with their own
@@ -57,6 +59,8 @@ class Module:
 
     def __init__(self) -> None:
         object.__setattr__(self, "_parameters", {})
+        object.__setattr__(self, "_buffers", {})
+        object.__setattr__(self, "_non_persistent", set())
         object.__setattr__(self, "_modules", {})
         object.__setattr__(self, "training", True)
 
@@ -74,6 +78,15 @@ class Module:
                 f"{type(self).__name__}: assign a leaf tensor (requires_grad=True), or None, "
                 "or update it in place inside no_grad()"
             )
+        if name in self._buffers:  # a buffer stays one, in its place, as PyTorch's
+            if value is not None and not isinstance(value, Tensor):
+                raise TypeError(
+                    f"cannot assign a {type(value).__name__} to buffer {name!r} of "
+                    f"{type(self).__name__}: assign a tensor or None"
+                )
+            self._buffers[name] = value
+            object.__setattr__(self, name, value)
+            return
         # Assigning to a registered name keeps its place (dict order), as PyTorch's does; a
         # leaf that does not require grad stays a (frozen) parameter there.
         if isinstance(value, Tensor) and value.is_leaf and (value.requires_grad or name in params):
@@ -95,11 +108,46 @@ class Module:
 
     def __delattr__(self, name: str) -> None:
         self._parameters.pop(name, None)
+        self._buffers.pop(name, None)
+        self._non_persistent.discard(name)
         self._modules.pop(name, None)
         object.__delattr__(self, name)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.forward(*args, **kwargs)
+
+    def register_buffer(self, name: str, tensor: Tensor | None, persistent: bool = True) -> None:
+        """Register ``tensor`` as the buffer ``name``: state that is not trained (a running
+        statistic), read as ``self.name``, in ``state_dict()`` and weights files after the
+        module's parameters unless ``persistent=False``, never in ``parameters()``.
+
+        Raises:
+            TypeError: ``tensor`` is neither a tensor nor None, or requires grad (a parameter).
+            KeyError: ``name`` is empty, dotted, or already an attribute other than a buffer.
+        """
+        owner = type(self).__name__
+        if not isinstance(name, str) or not name or "." in name:
+            raise KeyError(f"register_buffer: {name!r} is not a buffer name (no dots, not empty)")
+        if name not in self._buffers and name in self.__dict__:
+            raise KeyError(f"register_buffer: {owner} already has an attribute {name!r}")
+        if tensor is not None and not isinstance(tensor, Tensor):
+            raise TypeError(
+                f"register_buffer: buffer {name!r} of {owner} must be a tensor or None, not a "
+                f"{type(tensor).__name__} (ad.asarray(...) makes one)"
+            )
+        if tensor is not None and tensor.requires_grad:
+            raise TypeError(
+                f"register_buffer: buffer {name!r} of {owner} requires grad: a trained tensor is "
+                "a parameter; register a detached one"
+            )
+        self._parameters.pop(name, None)
+        self._modules.pop(name, None)
+        self._buffers[name] = tensor
+        if persistent:
+            self._non_persistent.discard(name)
+        else:
+            self._non_persistent.add(name)
+        object.__setattr__(self, name, tensor)
 
     # --- what it holds ------------------------------------------------------------------------
     def named_modules(self, prefix: str = "") -> Iterator[tuple[str, Module]]:
@@ -155,6 +203,47 @@ class Module:
         for _, param in self.named_parameters(recurse=recurse):
             yield param
 
+    def named_buffers(self, prefix: str = "", recurse: bool = True) -> Iterator[tuple[str, Tensor]]:
+        """Every buffer once (None ones left out), with dotted names, module by module as
+        :meth:`named_parameters`."""
+        for name, buffer, _ in self._named_buffers(prefix, recurse):
+            yield name, buffer
+
+    def buffers(self, recurse: bool = True) -> Iterator[Tensor]:
+        for _, buffer in self.named_buffers(recurse=recurse):
+            yield buffer
+
+    def _named_buffers(
+        self, prefix: str = "", recurse: bool = True
+    ) -> Iterator[tuple[str, Tensor, bool]]:
+        """``(name, buffer, persistent)`` for every buffer once."""
+        seen: set[int] = set()
+        modules = self.named_modules(prefix) if recurse else iter([(prefix, self)])
+        for module_name, module in modules:
+            for name, buffer in module._buffers.items():
+                if buffer is not None and id(buffer) not in seen:
+                    seen.add(id(buffer))
+                    persistent = name not in module._non_persistent
+                    yield (f"{module_name}.{name}" if module_name else name), buffer, persistent
+
+    def _named_state(self) -> dict[str, Tensor]:
+        """What ``state_dict()`` holds, as tensors, in PyTorch's order: module by module
+        (parents first), each module's parameters and then its persistent buffers; each
+        tensor once, under its first name."""
+        state: dict[str, Tensor] = {}
+        seen: set[int] = set()
+        for module_name, module in self.named_modules():
+            buffers = [
+                (name, b)
+                for name, b in module._buffers.items()
+                if name not in module._non_persistent
+            ]
+            for name, tensor in [*module._parameters.items(), *buffers]:
+                if tensor is not None and id(tensor) not in seen:
+                    seen.add(id(tensor))
+                    state[f"{module_name}.{name}" if module_name else name] = tensor
+        return state
+
     @property
     def namespace(self) -> Autodiff:
         """The autodiff namespace the parameters live in (that of the first one)."""
@@ -182,13 +271,14 @@ class Module:
 
     # --- values -------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """The parameters' arrays by dotted name, in ``named_parameters()`` order: the wrapped
+        """The parameters' and persistent buffers' arrays by dotted name, in PyTorch's order
+        (each module's parameters, then its buffers, parents before children): the wrapped
         namespace's arrays themselves (no copy, nothing read from a remote device)."""
-        return {name: param.array for name, param in self.named_parameters()}
+        return {name: tensor.array for name, tensor in self._named_state().items()}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Copy ``state``'s values (numpy arrays, arrays of any namespace, tensors) into the
-        parameters, on the device each parameter is on, cast to its dtype.
+        parameters and persistent buffers, on the device each is on, cast to its dtype.
 
         The names must match exactly and every shape must fit; nothing is copied otherwise.
         As PyTorch's, the values are written into the parameters' own arrays in place, so an
@@ -200,26 +290,18 @@ class Module:
             StateDictError: naming the first mismatch: a missing name, then an unexpected
                 one, then a shape that differs.
         """
-        own = dict(self.named_parameters())
-        _check_fits(type(self).__name__, own, state)
-        ready = [(param, _on_device_of(param, state[name])) for name, param in own.items()]
-        for param, value in ready:  # only once every value is ready: all or nothing
-            if _writable(param.array):
-                param.array[...] = value
-            else:  # a copy: never the caller's array, which its owner may go on updating
-                param.array = param.namespace.xp.asarray(value, copy=True)
-            param._version += 1  # a graph recorded before the load would differentiate old values
+        loading.load_into(type(self).__name__, self._named_state(), state)
 
     def to(self, ad: Autodiff) -> Self:
-        """Move every parameter to the namespace of ``ad`` (through numpy on the client),
-        keeping the same tensor objects so optimizers built on them keep working; returns
-        the module.
+        """Move every parameter and buffer to the namespace of ``ad`` (through numpy on the
+        client), keeping the same tensor objects so optimizers built on them keep working;
+        returns the module.
 
         A moved parameter's gradient is dropped (it lives on the old device), and its version
         is bumped so a graph recorded before the move refuses backward() instead of sending a
         gradient from the old device into it. Optimizers move their state on their next step.
         """
-        for param in self.parameters():
+        for param in [*self.parameters(), *self.buffers()]:
             if param.namespace.xp is not ad.xp:
                 param.array = ad.xp.asarray(np.array(param.array, copy=True))
                 param.grad = None
@@ -250,49 +332,3 @@ class Module:
         ]
         head = f"{type(self).__name__}({self.extra_repr()}"
         return head + ")" if not lines else head + "\n  " + "\n  ".join(lines) + "\n)"
-
-
-def _shape_of(value: Any) -> tuple[int, ...]:
-    value = value.array if isinstance(value, Tensor) else value
-    return tuple(value.shape) if hasattr(value, "shape") else tuple(np.shape(value))
-
-
-def _check_fits(owner: str, own: Mapping[str, Tensor], state: Mapping[str, Any]) -> None:
-    """Raise StateDictError naming the first way ``state`` does not fit ``own``."""
-    missing = [name for name in own if name not in state]
-    unexpected = [name for name in state if name not in own]
-    tally = f"({len(missing)} missing, {len(unexpected)} unexpected in all)"
-    if missing:
-        raise StateDictError(
-            f"load_state_dict: missing name {missing[0]!r}: the state dict has no value for "
-            f"this parameter of {owner} {tally}"
-        )
-    if unexpected:
-        raise StateDictError(
-            f"load_state_dict: unexpected name {unexpected[0]!r}: {owner} has no parameter "
-            f"of that name {tally}"
-        )
-    for name, param in own.items():
-        shape = _shape_of(state[name])
-        if shape != param.shape:
-            raise StateDictError(
-                f"load_state_dict: shape mismatch for {name!r}: the parameter has shape "
-                f"{param.shape}, the state dict's value {shape}"
-            )
-
-
-def _on_device_of(param: Tensor, value: Any) -> Any:
-    """``value`` as an array of ``param``'s namespace and dtype: itself when it already is
-    one (a tensor's array), cast on the device when only its dtype differs, else through
-    numpy (one read, one upload)."""
-    value = value.array if isinstance(value, Tensor) else value
-    xp = param.namespace.xp
-    if not (hasattr(value, "__array_namespace__") and value.__array_namespace__() is xp):
-        value = xp.asarray(np.asarray(value))
-    return value if value.dtype == param.dtype else xp.astype(value, param.dtype)
-
-
-def _writable(array: Any) -> bool:
-    """Whether ``array`` takes values in place: any array but a read-only numpy one."""
-    flags = getattr(array, "flags", None)
-    return flags is None or bool(flags.writeable)
