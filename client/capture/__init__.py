@@ -9,7 +9,7 @@
     graph.save("step.twgraph"); graph = Graph.load("step.twgraph")
     graph.replay(other_device, {"x": x2})          # ops sent as ops, on any device
     step = graph.register(dev); step.run({"x": x3}) # registered once, one op per run
-    graph.to_onnx("step.onnx")                     # with the onnx extra
+    graph.to_onnx("step.onnx", dynamic_batch=True) # with the onnx extra; any batch size
 
 ``jit`` records a training step on its second call and replays it by id afterwards.
 """

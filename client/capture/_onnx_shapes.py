@@ -4,7 +4,9 @@ indexing, sorting and cumulative sums; and of the creation ops, which become con
 builder they share).
 
 Shapes are static in a graph (``check_graph`` refuses data-dependent ones), so every shape,
-axis and index these ops take is a constant here, computed the way numpy computes it.
+axis and index these ops take is a constant here, computed the way numpy computes it; except,
+in an export with a dynamic batch, a shape or an index that holds the batch, read at run time
+(``Export.shape``, and :mod:`._onnx_batch`, which says where the batch is).
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from protocol.ops import (
 from protocol.ops.indexing import expand_key, numpy_key
 from protocol.scalars import scalar_to_python
 
-from ._onnx_builder import INT64_MIN, Converter, Export, NoCounterpart
+from ._onnx_builder import INT64_MIN, Batch, Converter, Export, NoCounterpart, batch_bounds
 
 if TYPE_CHECKING:
     from onnx import TensorProto
@@ -55,7 +57,7 @@ def _shape_of(ex: Export, tensor_id: int) -> tuple[int, ...]:
 
 def reshape(ex: Export, op: Reshape) -> None:
     # the inferred shape, with -1 resolved; allowzero: a 0 is a 0, as in numpy, not "keep"
-    shape = ex.ints(_shape_of(ex, op.out))
+    shape = ex.shape_of(op.out)
     ex.names[op.out] = ex.node("Reshape", [ex.value(op.x), shape], allowzero=1)
 
 
@@ -66,12 +68,17 @@ def permute_dims(ex: Export, op: PermuteDims) -> None:
 
 
 def moveaxis(ex: Export, op: MoveAxis) -> None:
-    ndim = len(_shape_of(ex, op.x))
+    order = moveaxis_order(op, len(_shape_of(ex, op.x)))
+    ex.names[op.out] = ex.node("Transpose", [ex.value(op.x)], perm=order)
+
+
+def moveaxis_order(op: MoveAxis, ndim: int) -> list[int]:
+    """The input axis each output axis of ``op`` is."""
     source, destination = [a % ndim for a in op.source], [a % ndim for a in op.destination]
     order = [a for a in range(ndim) if a not in source]
     for d, s in sorted(zip(destination, source, strict=True)):
         order.insert(d, s)
-    ex.names[op.out] = ex.node("Transpose", [ex.value(op.x)], perm=order)
+    return order
 
 
 def join(ex: Export, op: Join) -> None:
@@ -132,11 +139,13 @@ def roll(ex: Export, op: Roll) -> None:
             head = ex.node("Slice", [x, ex.ints([0]), ex.ints([cut]), ex.ints([axis])])
             tail = ex.node("Slice", [x, ex.ints([cut]), ex.ints([n]), ex.ints([axis])])
             x = ex.node("Concat", [tail, head], axis=axis)
-    ex.names[op.out] = ex.node("Reshape", [x, ex.ints(shape)], allowzero=1)
+    if op.axis is None:
+        x = ex.node("Reshape", [x, ex.ints(shape)], allowzero=1)
+    ex.names[op.out] = x if x != ex.value(op.x) else ex.node("Identity", [x])
 
 
 def broadcast_to(ex: Export, op: BroadcastTo) -> None:
-    ex.names[op.out] = ex.node("Expand", [ex.value(op.x), ex.ints(op.shape)])
+    ex.names[op.out] = ex.node("Expand", [ex.value(op.x), ex.shape_of(op.out)])
 
 
 def tile(ex: Export, op: Tile) -> None:
@@ -144,7 +153,7 @@ def tile(ex: Export, op: Tile) -> None:
     ndim = max(len(shape), len(op.reps))
     x = ex.value(op.x)
     if len(shape) < ndim:  # numpy prepends 1s to the shorter of the shape and the reps
-        x = ex.node("Reshape", [x, ex.ints((1,) * (ndim - len(shape)) + shape)], allowzero=1)
+        x = ex.node("Unsqueeze", [x, ex.ints(range(ndim - len(shape)))])
     reps = (1,) * (ndim - len(op.reps)) + op.reps
     ex.names[op.out] = ex.node("Tile", [x, ex.ints(reps)])
 
@@ -158,9 +167,10 @@ def repeat(ex: Export, op: Repeat) -> None:
         x, shape = ex.node("Reshape", [x, ex.ints([-1])]), (int(np.prod(shape)),)
     axis = (op.axis or 0) % len(shape)
     wide = ex.node("Unsqueeze", [x, ex.ints([axis + 1])])
-    target = (*shape[: axis + 1], op.repeats, *shape[axis + 1 :])
+    # Expand broadcasts its input's dimensions against the 1s: only the new axis is a size
+    target = (1,) * (axis + 1) + (op.repeats,) + (1,) * (len(shape) - axis - 1)
     expanded = ex.node("Expand", [wide, ex.ints(target)])
-    ex.names[op.out] = ex.node("Reshape", [expanded, ex.ints(_shape_of(ex, op.out))], allowzero=1)
+    ex.names[op.out] = ex.node("Reshape", [expanded, ex.shape_of(op.out)], allowzero=1)
 
 
 def triangle(ex: Export, op: Triangle) -> None:
@@ -181,6 +191,7 @@ def getitem(ex: Export, op: GetItem) -> None:
 def _basic_index(ex: Export, x: str, shape: tuple[int, ...], op: GetItem) -> str:
     """Integers and slices as one Slice (an integer is a slice of one, squeezed after), then the
     new axes (``None``) inserted where they stand in the result."""
+    batch_axis = ex.batch[op.x].axis if op.x in ex.batch else -1
     starts: list[int] = []
     ends: list[int] = []
     steps: list[int] = []
@@ -193,7 +204,18 @@ def _basic_index(ex: Export, x: str, shape: tuple[int, ...], op: GetItem) -> str
             new_axes.append(kept)
             kept += 1
             continue
-        if isinstance(item, SliceSpec):
+        if dim == batch_axis:  # the batch rule (_onnx_batch) refused those with no bounds
+            assert isinstance(item, int | SliceSpec)
+            bounds = batch_bounds(item, shape[dim])
+            assert bounds is not None
+            start, stop, step = bounds
+            kept += isinstance(item, SliceSpec)
+            if isinstance(item, int):
+                squeezed.append(dim)
+            elif step == 1:
+                dim += 1
+                continue
+        elif isinstance(item, SliceSpec):
             start, stop, step = item.to_slice().indices(shape[dim])
             kept += 1
             if (start, stop, step) == (0, shape[dim], 1):
@@ -264,7 +286,11 @@ def take(ex: Export, op: Take) -> None:
     for name, shape in (("x", _shape_of(ex, op.x)), ("i", _shape_of(ex, op.indices))):
         target = tuple(shape[d] if d == axis else n for d, n in enumerate(out_shape))
         if target != shape:
-            expanded = ex.node("Expand", [x if name == "x" else indices, ex.ints(target)])
+            # Expand broadcasts against a 1: the axis keeps its own size, the others grow
+            spread = tuple(1 if d == axis else n for d, n in enumerate(target))
+            batch = ex.batch.get(op.out)
+            size = ex.shape(spread, batch if batch and batch.axis != axis else None)
+            expanded = ex.node("Expand", [x if name == "x" else indices, size])
             x, indices = (expanded, indices) if name == "x" else (x, expanded)
     ex.names[op.out] = ex.node("GatherElements", [x, indices], axis=axis)
 
@@ -317,7 +343,8 @@ def sort(ex: Export, op: Sort) -> None:
     unstable one may)."""
     shape = _shape_of(ex, op.x)
     axis = op.axis % len(shape)
-    k = ex.ints([shape[axis]])
+    batch = ex.batch.get(op.x)
+    k = ex.shape([shape[axis]], Batch(0, batch.factor) if batch and batch.axis == axis else None)
     values, indices = ex.node_outputs(
         "TopK", [ex.value(op.x), k], 2, axis=axis, largest=int(op.descending), sorted=1
     )
@@ -333,7 +360,9 @@ def cumulative(ex: Export, op: Cumulative) -> None:
     total = ex.node("CumSum", [x, _int64(ex, axis)])
     if op.include_initial:
         zeros_shape = tuple(1 if d == axis else n for d, n in enumerate(out.shape))
-        zeros = ex.constant(np.zeros(zeros_shape, dtype=to_numpy(out.dtype)))
+        zero = _tensor(np.zeros(1, dtype=to_numpy(out.dtype)))
+        shape = ex.shape(zeros_shape, ex.batch.get(op.out))
+        zeros = ex.node("ConstantOfShape", [shape], value=zero)
         total = ex.node("Concat", [zeros, total], axis=axis)
     ex.names[op.out] = total
 

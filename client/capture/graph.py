@@ -221,15 +221,23 @@ class Graph:
         its constants uploaded once); :meth:`RegisteredGraph.run` then runs it by id."""
         return RegisteredGraph(self, device)
 
-    def to_onnx(self, path: str | os.PathLike[str] | None = None) -> onnx.ModelProto:
+    def to_onnx(
+        self,
+        path: str | os.PathLike[str] | None = None,
+        *,
+        dynamic_batch: bool | str | Sequence[str] = False,
+    ) -> onnx.ModelProto:
         """The graph as an ONNX model (written to ``path`` if given). Needs the ``onnx`` extra.
+        ``dynamic_batch``: True makes dimension 0 of the first input a symbolic batch, or name
+        the inputs that hold it (:func:`client.capture.onnx.to_onnx`).
 
         Raises:
             OnnxExportError: an op has no ONNX counterpart; the error names it.
+            DynamicBatchError: an op bakes the batch size in; the error names it and why.
         """
         from .onnx import to_onnx
 
-        return to_onnx(self.definition, self.constants, path)
+        return to_onnx(self.definition, self.constants, path, dynamic_batch=dynamic_batch)
 
 
 class RegisteredGraph:

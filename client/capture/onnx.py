@@ -8,7 +8,13 @@ value once, so an in-place op gives its target a new value name; an in-place wri
 would make visible through a view (``v = x[0:2]; v += 1`` changes ``x``) or in an input or a
 constant cannot be expressed that way, and is refused. Ops with no exact counterpart (linalg,
 fft, searching, ``cumulative_prod``, ...) are refused too, by :class:`OnnxExportError` naming
-the op.
+the op, and so are the ops only training makes (gradients, random numbers drawn on the device:
+export a model in eval mode).
+
+A graph is recorded for one batch size. ``dynamic_batch`` makes dimension 0 of the batch
+inputs a symbolic ``batch`` (as ``dynamic_axes`` does in ``torch.onnx.export``): the shapes
+that hold the batch are then computed at run time, and what bakes its recorded size in is
+refused by :class:`DynamicBatchError` naming the op (:mod:`._onnx_batch` says what and why).
 
 The ``onnx`` package is optional (``pip install 'tensorwire[onnx]'``): it is imported when
 :func:`to_onnx` is called.
@@ -37,7 +43,9 @@ from protocol.ops import (
     Unary,
 )
 
-from ._onnx_builder import Converter, Export, NoCounterpart, onnx_dtype
+from ._onnx_batch import BATCH, BatchDependent, BatchTrace
+from ._onnx_builder import Batch, Converter, Export, NoCounterpart, onnx_dtype
+from ._onnx_nn import NN
 from ._onnx_ops import ELEMENTWISE
 from ._onnx_shapes import SHAPES
 
@@ -45,7 +53,8 @@ if TYPE_CHECKING:
     import onnx
 
 MIN_OPSET = 18  # every Reduce* takes its axes as an input from 18 on: one form to emit
-CONVERTERS: dict[type, Converter] = {**ELEMENTWISE, **SHAPES}
+CONVERTERS: dict[type, Converter] = {**ELEMENTWISE, **SHAPES, **NN}
+DynamicBatch = bool | str | Sequence[str]
 
 
 class OnnxExportError(ValueError):
@@ -53,22 +62,38 @@ class OnnxExportError(ValueError):
     in-place write through a view, constants that do not match the graph."""
 
 
+class DynamicBatchError(OnnxExportError):
+    """A graph whose batch cannot be made dynamic: an op bakes the recorded batch size in (a
+    reshape that splits the batch, an array made for one batch size, ...), or the batch inputs
+    do not fit (unknown, of different batch sizes, recorded with a batch of 1). The graph may
+    still export with its recorded batch (``dynamic_batch=False``)."""
+
+
 def to_onnx(
     graph: GraphDef,
     constants: Sequence[np.ndarray[Any, Any]],
     path: str | os.PathLike[str] | None = None,
     opset: int = 18,
+    *,
+    dynamic_batch: DynamicBatch = False,
 ) -> onnx.ModelProto:
     """The ONNX model of ``graph``, whose constants' values are ``constants`` (in the graph's
     order); written to ``path`` too, when given. The model passes ``onnx.checker`` (full check,
     with shape inference), at the default domain's ``opset``.
 
+    ``dynamic_batch``: False, every shape as recorded; True, dimension 0 of the graph's first
+    input is the batch, named ``batch`` in the model; or the names of the inputs whose
+    dimension 0 is the batch (all recorded with the same batch size, at least 2). The outputs
+    that hold the batch have it symbolic too.
+
     Raises:
         ImportError: the ``onnx`` package is not installed.
         GraphError: ``graph`` does not hold together (:func:`~protocol.graphs.check_graph`).
-        OnnxExportError: an op with no ONNX counterpart (named, with its index), an in-place
-            write ONNX cannot express, constants that do not match the graph's, or a model
-            ONNX's checker refuses.
+        OnnxExportError: an op with no ONNX counterpart (named, with its index), a training
+            op, an in-place write ONNX cannot express, constants that do not match the graph's,
+            or a model ONNX's checker refuses.
+        DynamicBatchError: (an OnnxExportError) with ``dynamic_batch``, an op that bakes the
+            batch size in (named, with its index and why), or batch inputs that do not fit.
         ValueError: an ``opset`` below 18 or above what the installed ``onnx`` knows.
     """
     onnx = _import_onnx()
@@ -79,8 +104,8 @@ def to_onnx(
         )
     check = check_graph(graph)
     arrays = _constant_arrays(graph, constants)
+    ex = _convert(graph, arrays, check, _batch_names(graph, dynamic_batch))
     _refuse_hidden_writes(graph, check)
-    ex = _convert(graph, arrays, check)
     model = _model(graph, ex, opset)
     try:
         onnx.checker.check_model(model, full_check=True)
@@ -138,10 +163,32 @@ def _constant_arrays(
     return arrays
 
 
-def _convert(graph: GraphDef, arrays: list[np.ndarray[Any, Any]], check: GraphCheck) -> Export:
-    """Every op as ONNX nodes, in order; the declared names reserved for inputs and outputs."""
+def _batch_names(graph: GraphDef, dynamic_batch: DynamicBatch) -> list[str] | None:
+    """The inputs whose dimension 0 is the batch; None for a static export."""
+    if dynamic_batch is False:
+        return None
+    if dynamic_batch is True:
+        return [t.name for t in graph.inputs[:1]]
+    return [dynamic_batch] if isinstance(dynamic_batch, str) else list(dynamic_batch)
+
+
+def _convert(
+    graph: GraphDef,
+    arrays: list[np.ndarray[Any, Any]],
+    check: GraphCheck,
+    batch_names: list[str] | None,
+) -> Export:
+    """Every op as ONNX nodes, in order; the declared names reserved for inputs and outputs.
+    With ``batch_names``, each op's batch rule (``_onnx_batch``) runs before its converter."""
     names = {t.name for t in [*graph.inputs, *graph.outputs]}
     ex = Export(dict(check.metas), names)
+    trace = None
+    if batch_names is not None:
+        try:
+            trace = BatchTrace(graph, ex.metas, batch_names)
+        except BatchDependent as exc:
+            raise DynamicBatchError(f"cannot export with a dynamic batch: {exc}") from None
+        ex.batch, ex.batch_source = trace.batch, trace.source
     for tensor in graph.inputs:
         ex.names[tensor.id] = tensor.name
     for declared, array in zip(graph.constants, arrays, strict=True):
@@ -153,10 +200,16 @@ def _convert(graph: GraphDef, arrays: list[np.ndarray[Any, Any]], check: GraphCh
         try:
             if convert is None:
                 raise NoCounterpart("no counterpart")
+            if trace is not None:
+                trace.step(index, op)
             convert(ex, op)
         except NoCounterpart as exc:
             raise OnnxExportError(
                 f"cannot export op {index} ({op.describe()}) to ONNX: {exc}"
+            ) from None
+        except BatchDependent as exc:
+            raise DynamicBatchError(
+                f"cannot export op {index} ({op.describe()}) with a dynamic batch: {exc}"
             ) from None
     for tensor in graph.outputs:
         ex.nodes.append(_identity(ex.value(tensor.id), tensor.name))
@@ -180,8 +233,8 @@ def _model(graph: GraphDef, ex: Export, opset: int) -> onnx.ModelProto:
     proto = helper.make_graph(
         ex.nodes,
         "tensorwire",
-        [_value_info(t) for t in graph.inputs],
-        [_value_info(t) for t in graph.outputs],
+        [_value_info(t, ex.batch.get(t.id)) for t in graph.inputs],
+        [_value_info(t, ex.batch.get(t.id)) for t in graph.outputs],
         initializer=ex.initializers,
     )
     opset_id = helper.make_opsetid("", opset)
@@ -191,10 +244,15 @@ def _model(graph: GraphDef, ex: Export, opset: int) -> onnx.ModelProto:
     return model
 
 
-def _value_info(tensor: GraphTensor) -> onnx.ValueInfoProto:
+def _value_info(tensor: GraphTensor, batch: Batch | None) -> onnx.ValueInfoProto:
+    """A declared input's or output's type; where it holds the batch, that dimension is
+    symbolic (``batch``, or ``3*batch`` where the batch was merged with an axis of 3)."""
     from onnx import helper
 
-    return helper.make_tensor_value_info(tensor.name, onnx_dtype(tensor.dtype), tensor.shape)
+    shape: list[int | str] = list(tensor.shape)
+    if batch is not None:
+        shape[batch.axis] = BATCH if batch.factor == 1 else f"{batch.factor}*{BATCH}"
+    return helper.make_tensor_value_info(tensor.name, onnx_dtype(tensor.dtype), shape)
 
 
 # --- in-place writes --------------------------------------------------------------------------
