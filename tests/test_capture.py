@@ -183,6 +183,17 @@ def test_an_output_the_graph_never_produced_is_refused(dev, xp) -> None:
     assert [t.name for t in cap.graph.outputs] == ["y"]
 
 
+def test_an_input_made_inside_the_capture_is_refused(dev, xp) -> None:
+    """An op's output, or an array uploaded inside the scope (the graph's constant)."""
+    with Capture(dev) as cap:
+        made, uploaded = xp.ones(3) + 1.0, xp.asarray(np.ones(3))
+        for array in (made, uploaded):
+            with pytest.raises(CaptureError, match="'x' was made inside the capture"):
+                cap.input("x", array)
+        cap.output("y", uploaded + made)
+    assert not cap.graph.inputs and len(cap.graph.constants) == 1
+
+
 def test_a_data_dependent_shape_is_refused(dev, xp) -> None:
     x = xp.asarray(np.array([0.0, 1.0, 0.0, 2.0]))
     with pytest.raises(CaptureError, match="depends on the data"), Capture(dev) as cap:

@@ -144,7 +144,7 @@ class Capture:
             array = new_handle(self.device, self.device.new_id(), meta)
         elif array.device is not self.device:
             raise CaptureError(f"input {name!r} is on {array.device!r}, not {self.device!r}")
-        if array.tensor_id in self._made:
+        if array.tensor_id in self._made or array.tensor_id in dict(self._constants):
             raise CaptureError(f"input {name!r} was made inside the capture: it is not an input")
         self._inputs.append((name, array.tensor_id, array.meta))
         self._known.add(array.tensor_id)
