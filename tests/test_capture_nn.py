@@ -21,6 +21,7 @@ from client import nn, optim
 from client.autodiff import Autodiff, Tensor
 from client.autodiff.extension import extension_of
 from client.capture import Capture, Graph, jit
+from client.capture.onnx import OnnxExportError
 
 from .onnx_graphs import run_onnx
 
@@ -242,3 +243,27 @@ def test_a_captured_cnn_exports_with_a_dynamic_batch(dev, xp) -> None:
         got = run_onnx(model, {"images": _images(n)})["log_probs"]
         want = forward(xp.asarray(_images(n)), params).numpy()
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+
+def test_a_model_in_training_mode_is_refused_for_export_with_the_reason(dev, xp) -> None:
+    """Its dropout draws on the device, from a state it advances: no ONNX op draws Philox's
+    numbers. In eval mode the same model exports (its parameters the graph's inputs, here)."""
+    ad = Autodiff(xp)
+    model = nn.Sequential(nn.Linear(6, 4, ad=ad), nn.Dropout(0.5), nn.Linear(4, 2, ad=ad))
+    x = ad.asarray(np.ones((3, 6), dtype=np.float32))
+    model(x)  # the first draw makes the device's generator, outside the capture
+    captures = []
+    for mode in ("train", "eval"):
+        getattr(model, mode)()
+        with Capture(dev, implicit=True) as cap:
+            cap.output("y", model(ad.tensor(cap.input("x", x.array))).array)
+        captures.append(cap)
+    with pytest.raises(OnnxExportError, match=r"cannot export op \d+ \(uniform.*eval mode"):
+        captures[0].graph.to_onnx(dynamic_batch=True)
+    graph, bound = captures[1].graph, captures[1].input_ids
+    values = {p.array.tensor_id: p.array.numpy() for p in model.parameters()}
+    feeds = {"x": np.ones((5, 6), dtype=np.float32)}
+    feeds |= {t.name: values[i] for t, i in zip(graph.inputs[1:], bound[1:], strict=True)}
+    got = run_onnx(graph.to_onnx(dynamic_batch=True), feeds)["y"]
+    want = model(ad.asarray(feeds["x"])).array.numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-6)

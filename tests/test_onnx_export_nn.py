@@ -1,7 +1,8 @@
 """The neural-network extension's ops exported to ONNX compute what the server computes
 (``tests/onnx_graphs.py`` builds, exports, runs and compares): convolutions and their
 transpose, pooling, batch normalization, softmax, and attention as matmuls and a softmax; the
-ops only training makes are refused with the reason.
+ops only training makes are refused with the reason. A CNN and a transformer block of
+client.nn's layers, exported with a dynamic batch, give what they give on numpy.
 
 onnxruntime's CPU kernels of Conv, ConvTranspose and AveragePool are float32 only: those run
 in float32 here (the exported model is the same for float64, and passes ONNX's checker)."""
@@ -15,6 +16,9 @@ import numpy as np
 import onnx
 import pytest
 
+import client
+from client import nn
+from client.autodiff import Autodiff, Tensor
 from client.capture.onnx import OnnxExportError, to_onnx
 from protocol.dtypes import DType
 from protocol.ops import (
@@ -30,7 +34,7 @@ from protocol.ops import (
 )
 from protocol.ops.base import BaseOp
 
-from .onnx_graphs import Builder, export_and_compare, floats
+from .onnx_graphs import Builder, export_and_compare, floats, run_onnx
 
 Pairs = tuple[tuple[int, int], ...]
 
@@ -243,3 +247,76 @@ def test_float64_convolutions_pass_the_checker() -> None:
     t = b.op(lambda o: Conv(op="conv_transpose", out=o, x=y, w=w, **window))
     p = b.op(lambda o: Pool(op="avg", out=o, x=t, kernel=(2, 2), stride=(2, 2), padding=(0, 0)))
     to_onnx(b.graph(p=p), b.arrays)  # onnx.checker's full check, with shape inference
+
+
+# --- models of client.nn's layers, in eval mode, with a dynamic batch -------------------------
+
+
+class Block(nn.Module):
+    """A decoder block: token and position embeddings, causal self-attention, a residual and a
+    layer norm, an MLP with dropout."""
+
+    def __init__(self, ad: Autodiff, vocab: int = 11, width: int = 8, length: int = 6) -> None:
+        super().__init__()
+        self.ad = ad
+        self.tokens, self.positions = (
+            nn.Embedding(vocab, width, ad=ad),
+            nn.Embedding(length, width, ad=ad),
+        )
+        self.attention = nn.MultiheadAttention(width, 2, dropout=0.1, batch_first=True, ad=ad)
+        self.norm = nn.LayerNorm(width, ad=ad)
+        self.mlp = nn.Sequential(
+            nn.Linear(width, 16, ad=ad), nn.GELU(), nn.Dropout(0.2), nn.Linear(16, vocab, ad=ad)
+        )
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        h = self.tokens(tokens) + self.positions(self.ad.arange(tokens.shape[1]))
+        attended, _ = self.attention(h, h, h, need_weights=False, is_causal=True)
+        return self.mlp(self.norm(h + attended))
+
+
+def _cnn(ad: Autodiff) -> nn.Module:
+    return nn.Sequential(
+        nn.Conv2d(1, 4, 3, padding=1, ad=ad),
+        nn.BatchNorm2d(4, ad=ad),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(4, 6, 3, padding="same", groups=2, ad=ad),
+        nn.ConvTranspose2d(6, 4, 2, stride=2, ad=ad),
+        nn.AvgPool2d(2, padding=1),
+        nn.Flatten(),
+        nn.Dropout(0.3),
+        nn.Linear(4 * 5 * 5, 5, ad=ad),
+    )
+
+
+@pytest.mark.parametrize(
+    ("build", "shape", "sample"),
+    [
+        (_cnn, (4, 1, 8, 8), lambda rng, n: rng.standard_normal((n, 1, 8, 8)).astype("float32")),
+        (Block, (3, 6), lambda rng, n: rng.integers(0, 11, (n, 6))),
+    ],
+)
+def test_a_model_of_layers_exports_and_runs_at_any_batch_size(
+    build: Callable[[Autodiff], nn.Module],
+    shape: tuple[int, ...],
+    sample: Callable[[np.random.Generator, int], np.ndarray],
+) -> None:
+    """Built on a record-only capture: device (its parameters the graph's constants) and on
+    numpy from the same seed; the export, run at three batch sizes, gives numpy's outputs."""
+    rng = np.random.default_rng(5)
+    nn.manual_seed(3)
+    local = build(nn.local_autodiff()).eval()
+    dev = client.open_device("capture:")
+    ad = Autodiff(client.namespace(dev))
+    with dev.capture() as cap:
+        nn.manual_seed(3)
+        model = build(ad).eval()
+        x = cap.input("x", shape=shape, dtype=sample(rng, 1).dtype)
+        cap.output("y", model(ad.tensor(x)).array)
+    exported = cap.graph.to_onnx(dynamic_batch=True)
+    for n in (shape[0], 9, 1):
+        x = sample(rng, n)
+        want = np.asarray(local(nn.local_autodiff().asarray(x)).array)
+        got = run_onnx(exported, {"x": x})["y"]
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
