@@ -22,6 +22,7 @@ from client.autodiff import Autodiff, Tensor
 from client.autodiff.extension import extension_of
 from client.capture import Capture, Graph, jit
 from client.capture.onnx import OnnxExportError
+from client.errors import CaptureError
 
 from .onnx_graphs import run_onnx
 
@@ -267,3 +268,41 @@ def test_a_model_in_training_mode_is_refused_for_export_with_the_reason(dev, xp)
     got = run_onnx(graph.to_onnx(dynamic_batch=True), feeds)["y"]
     want = model(ad.asarray(feeds["x"])).array.numpy()
     np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def _classifier(ad: Autodiff) -> nn.Module:
+    return nn.Sequential(
+        nn.Conv2d(1, 3, 3, padding=1, ad=ad),
+        nn.BatchNorm2d(3, ad=ad),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Dropout(0.25),
+        nn.Linear(3 * 4 * 4, 4, ad=ad),
+    )
+
+
+def test_a_trained_model_exports_with_its_weights_as_constants(dev, xp) -> None:
+    """``implicit="constants"``: the parameters and running statistics a forward pass reads
+    become the graph's constants (ONNX initializers), read from the server when the scope
+    closes; the model's only input is the batch. A training-mode forward, which updates the
+    running statistics in place, cannot freeze them."""
+    ad = Autodiff(xp)
+    nn.manual_seed(0)
+    model = _classifier(ad)
+    model(ad.asarray(_images(8)))  # training mode: the running statistics move from 0 and 1
+    images = xp.asarray(_images(4))
+    with pytest.raises(CaptureError, match="writes into constant"):
+        with Capture(dev, implicit="constants") as cap:
+            model(ad.tensor(cap.input("x", images)))
+    model.eval()
+    with Capture(dev, implicit="constants") as cap:
+        cap.output("logits", model(ad.tensor(cap.input("x", images))).array)
+    assert [t.name for t in cap.graph.inputs] == ["x"]
+    exported = cap.graph.to_onnx(dynamic_batch=True)
+    for n in (4, 7):
+        want = model(ad.asarray(_images(n))).array.numpy()
+        got = run_onnx(exported, {"x": _images(n)})["logits"]
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    with pytest.raises(CaptureError, match="record-only capture device"):
+        Capture(client.open_device("capture:"), implicit="constants")

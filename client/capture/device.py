@@ -25,7 +25,7 @@ from protocol.ops import AnyOp
 
 from ..device import Device, SessionStats
 from ..errors import CaptureError
-from .recorder import Capture
+from .recorder import Capture, Implicit
 
 
 class CaptureDevice(Device):
@@ -51,7 +51,7 @@ class CaptureDevice(Device):
     def __repr__(self) -> str:
         return f"CaptureDevice({self.url!r})"
 
-    def capture(self, *, implicit: bool = False) -> Capture:
+    def capture(self, *, implicit: Implicit = False) -> Capture:
         """A capture scope on this device (``client.capture`` does the same for any device)."""
         return Capture(self, implicit=implicit)
 

@@ -18,6 +18,9 @@ capture are recorded too. Capture on a device no other thread is using meanwhile
 ``implicit=True`` (used by :func:`client.capture.jit`) turns "an input used but not declared"
 into an input the graph binds by identity: the arrays a training step reads but is not given
 (parameters, optimizer state, a dataset) are the same arrays at every replay.
+``implicit="constants"`` makes them constants instead, their values read once when the scope
+closes: a model's forward pass with its weights in it, for a file or an ONNX export (a write
+into one of them is then refused, as into any constant).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
@@ -42,20 +45,28 @@ if TYPE_CHECKING:
     from ..array import RemoteArray
 
 _HOOKS = ("new_id", "submit", "submit_upload", "release", "submit_read", "describe")
+Implicit = bool | Literal["constants"]  # what an array read but not declared becomes
 
 
 class Capture:
     """A capture scope on ``device``: ``with client.capture(dev) as cap: ...``, then
     ``cap.graph``. Declare inputs with :meth:`input` before using them, and outputs with
-    :meth:`output`.
+    :meth:`output`; ``implicit`` says what an array read but not declared becomes (the
+    module docstring).
 
-    Raises (from ``with``): CaptureError when ``device`` is capturing already.
+    Raises: CaptureError, from ``with`` when ``device`` is capturing already, and at once for
+    ``implicit="constants"`` on a record-only device.
     """
 
-    def __init__(self, device: Device, *, implicit: bool = False) -> None:
+    def __init__(self, device: Device, *, implicit: Implicit = False) -> None:
         self.device = device
         self.implicit = implicit
         self._executes = bool(getattr(device, "executes", True))
+        if implicit == "constants" and not self._executes:
+            raise CaptureError(
+                'implicit="constants" reads the values of the arrays a capture reads: a '
+                "record-only capture device (capture:) has none"
+            )
         self._inputs: list[tuple[str, int, TensorMeta | None]] = []  # name, device id, meta
         self._implicit: list[int] = []
         self._known: set[int] = set()  # ids the graph may read: inputs, constants, op outputs
@@ -220,6 +231,10 @@ class Capture:
 
     def _build(self) -> Graph:
         """The graph: ids renumbered (inputs, then constants, then op outputs, in order)."""
+        if self.implicit == "constants":  # their values, read now, are the graph's constants
+            reads = [(i, self.device.submit_read(i)) for i in self._implicit]
+            self._constants += [(i, read.result()) for i, read in reads]
+            self._implicit = []
         metas = dict(zip(self._implicit, self._describe_implicit(), strict=True))
         inputs = [(n, i, m) for n, i, m in self._inputs if m is not None]
         inputs += [(f"captured_{k}", i, metas[i]) for k, i in enumerate(self._implicit)]
