@@ -25,7 +25,7 @@ from protocol import DecodeError, TensorMeta, to_numpy
 from protocol.codec import byte_view, decode, encode
 from protocol.errors import GraphError
 from protocol.graphs import GraphCheck, GraphDef, GraphTensor, check_graph, renumber
-from protocol.ops import AnyOp, RunGraph
+from protocol.ops import RunGraph
 from protocol.ops.graph import check_arguments
 
 from .._building import upload
@@ -71,15 +71,6 @@ class GraphSummary:
         return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
 
 
-def _label(op: AnyOp) -> str:
-    """An op's name in a summary: its own (``matmul``, ``conv``), qualified by its kind where
-    alone it would read as another op's (max pooling's ``max`` is not a reduction's)."""
-    name = op.name()
-    if op.kind in ("pool", "pool_backward"):
-        return f"{name}_{op.kind}"
-    return f"random_{name}" if op.kind == "random" else name
-
-
 def _signature(tensor: GraphTensor) -> str:
     return f"{tensor.dtype}[{', '.join(map(str, tensor.shape))}]"
 
@@ -123,7 +114,7 @@ class Graph:
     def summary(self) -> GraphSummary:
         return GraphSummary(
             ops=len(self.definition.ops),
-            op_counts=Counter(_label(op) for op in self.definition.ops),
+            op_counts=Counter(op.name() for op in self.definition.ops),
             constants=len(self.constants),
             constant_bytes=sum(c.nbytes for c in self.definition.constants),
             peak_bytes=self.check.peak_bytes,

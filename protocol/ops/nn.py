@@ -173,8 +173,11 @@ class Pool(BaseOp):
     def inputs(self) -> tuple[int, ...]:
         return (self.x,)
 
+    def name(self) -> str:
+        return f"{self.op}_pool"  # max alone would read as the reduction
+
     def infer(self, *args: TensorMeta) -> TensorMeta:
-        return TensorMeta(pooled_shape(self, args[0]), _float(f"{self.op}_pool", args[0].dtype))
+        return TensorMeta(pooled_shape(self, args[0]), _float(self.name(), args[0].dtype))
 
 
 def pooled_shape(op: Pool | PoolBackward, x: TensorMeta) -> tuple[int, ...]:
@@ -209,6 +212,9 @@ class PoolBackward(BaseOp):
 
     def inputs(self) -> tuple[int, ...]:
         return (self.x, self.grad)
+
+    def name(self) -> str:
+        return f"{self.op}_pool_backward"
 
     def infer(self, *args: TensorMeta) -> TensorMeta:
         x, grad = args
@@ -278,6 +284,9 @@ class Random(BaseOp):
 
     def inputs(self) -> tuple[int, ...]:
         return (self.state,)
+
+    def name(self) -> str:
+        return f"random_{self.op}"
 
     def infer(self, *args: TensorMeta) -> TensorMeta:
         (state,) = args
