@@ -4,6 +4,8 @@ draw is checked against numpy's Philox keyed by [seed, offset], computed here.""
 
 from __future__ import annotations
 
+import gc
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -199,3 +201,17 @@ def test_a_jitted_training_step_with_dropout_trains_as_the_direct_one(url: str) 
     assert replayed_losses == direct_losses
     for a, b in zip(direct_weights, replayed_weights, strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("target", ["ndarray", "server"])
+def test_a_generator_does_not_keep_its_namespace_or_device_alive(
+    target: str, request: pytest.FixtureRequest
+) -> None:
+    spec = "ndarray" if target == "ndarray" else request.getfixturevalue("url")
+    with client.open_device(spec) as device:
+        xp = client.namespace(device)
+        nn.rand(3, ad=Autodiff(xp))
+    namespace, device_ref = weakref.ref(xp), weakref.ref(device)
+    del xp, device
+    gc.collect()
+    assert namespace() is None and device_ref() is None  # its session closed, its state freed

@@ -44,13 +44,18 @@ class DeviceGenerator:
     offset]`` on its device, read by each draw and advanced in place after it."""
 
     def __init__(self, xp: Any, seed: int) -> None:
-        self.xp = xp
+        # Weakly: the registry's value must not keep its key, the namespace, alive (its arrays
+        # hold the device, not the namespace).
+        self._namespace = weakref.ref(xp)
         self.state = xp.asarray(_words(seed, 0))
         self._advance = xp.asarray(_words(0, 1))  # kept: one constant for every draw
 
     def manual_seed(self, seed: int) -> None:
         """Restart the stream at ``[seed, 0]``, in place, so a replayed step sees it."""
-        self.state[...] = self.xp.asarray(_words(_checked(seed), 0))
+        xp = self._namespace()
+        if xp is None:
+            raise ReferenceError("manual_seed: this generator's namespace is gone")
+        self.state[...] = xp.asarray(_words(_checked(seed), 0))
 
     def get_state(self) -> np.ndarray[Any, Any]:
         """``[seed, offset]`` as a numpy array (one read from the device)."""
