@@ -286,6 +286,50 @@ def test_scaled_dot_product_attention_matches_the_reference(ad: Autodiff) -> Non
         np.testing.assert_allclose(values(out), expected, rtol=1e-12, atol=1e-14)
 
 
+def test_a_row_with_nowhere_to_attend_gives_zeros_and_no_nan_gradient(ad: Autodiff) -> None:
+    """PyTorch's scaled_dot_product_attention (its safe softmax, since 2.5): a query row that
+    every mask entry excludes, by a boolean mask or an added -inf, gives zeros and sends no
+    gradient (NaN there would reach every parameter through a loss that ignores the row,
+    as it does with left padding under a causal mask)."""
+    q, k, v = normal(2, 3, 4, 5), normal(2, 3, 6, 5, seed=1), normal(2, 3, 6, 7, seed=2)
+    allowed = np.random.default_rng(3).random((4, 6)) < 0.6
+    allowed[:, 0], allowed[2] = True, False  # row 2 attends nowhere
+    added = np.where(allowed, normal(4, 6, seed=4), -np.inf)
+    r = normal(2, 3, 4, 7, seed=5)
+    for mask, reference in ((allowed, {"allowed": allowed}), (added, {"added": added})):
+        tensors = [ad.asarray(t, requires_grad=True) for t in (q, k, v)]
+        out = F.scaled_dot_product_attention(*tensors, attn_mask=mask)
+        ad.sum(out * ad.asarray(r)).backward()
+        with np.errstate(invalid="ignore"):  # the reference's NaN row, not compared
+            expected, _ = ref.attention(q, k, v, **reference)
+        got = values(out)
+        assert not np.any(got[..., 2, :]), mask.dtype
+        others = [0, 1, 3]
+        np.testing.assert_allclose(got[..., others, :], expected[..., others, :], rtol=1e-12)
+        grads = [values(t.grad) for t in tensors]
+        assert all(np.isfinite(g).all() for g in grads), mask.dtype
+        assert not np.any(grads[0][..., 2, :]), mask.dtype
+
+
+def test_multihead_attention_gives_nan_or_zeros_for_a_fully_masked_row_as_pytorch(
+    ad: Autodiff,
+) -> None:
+    """PyTorch's MultiheadAttention computes with the weights (NaN in a row with nowhere to
+    attend) when it returns them, and with scaled_dot_product_attention (zeros) when not."""
+    mha = nn.MultiheadAttention(8, 2, batch_first=True, ad=ad, dtype="float64")
+    with no_grad():
+        mha.out_proj.bias += ad.asarray(normal(8, seed=10))
+    x = ad.asarray(normal(2, 5, 8))
+    ignored = np.zeros((5, 5), bool)
+    ignored[3] = True  # PyTorch's MultiheadAttention: True ignores
+    out, weights = mha(x, x, x, attn_mask=ignored)
+    assert weights is not None and np.isnan(values(weights)[:, 3]).all()
+    assert np.isnan(values(out)[:, 3]).all() and np.isfinite(values(out)[:, [0, 1, 2, 4]]).all()
+    out, _ = mha(x, x, x, attn_mask=ignored, need_weights=False)
+    bias = values(mha.out_proj.bias)
+    np.testing.assert_array_equal(values(out)[:, 3], np.broadcast_to(bias, (2, 8)))
+
+
 @pytest.mark.parametrize("batch_first", [True, False])
 def test_multihead_attention_matches_the_reference(ad: Autodiff, batch_first: bool) -> None:
     mha = nn.MultiheadAttention(8, 2, batch_first=batch_first, ad=ad, dtype="float64")

@@ -114,7 +114,11 @@ class MultiheadAttention(Module):
             q, k, v = (self._project(t, i) for i, t in enumerate((q, k, v)))
         masks = self._masks(ad, n, length, source, key_padding_mask, attn_mask, is_causal)
         q, k, v = (self._heads(t) for t in (q, k, v))
-        out, weights = attend(q, k, v, masks, self.dropout if self.training else 0.0)
+        # PyTorch computes through scaled_dot_product_attention (a blocked row gives zeros)
+        # only when it does not return the weights (a blocked row gives NaN)
+        safe = not need_weights and (attn_mask is not None or key_padding_mask is not None)
+        dropout = self.dropout if self.training else 0.0
+        out, weights = attend(q, k, v, masks, dropout, safe=safe)
         out = ad.reshape(ad.permute_dims(out, (0, 2, 1, 3)), (n, length, self.embed_dim))
         out = self._restored(self.out_proj(out), unbatched)
         if not need_weights:

@@ -3,7 +3,11 @@ core it shares with ``nn.MultiheadAttention``.
 
 Masks follow ``F.scaled_dot_product_attention``: a boolean mask says where to attend
 (``True``: attend; elsewhere the score becomes -inf), a floating one is added to the scores.
-A row with nowhere to attend gives NaN, as PyTorch's.
+A query row that the masks leave nowhere to attend (every score -inf) gives zeros and sends
+no gradient, as PyTorch's (its "safe softmax", since 2.5): a NaN there would reach every
+parameter through the backward pass even when the loss ignores the row (left padding under a
+causal mask makes such rows). ``nn.MultiheadAttention`` returning its weights keeps PyTorch's
+NaN instead.
 """
 
 from __future__ import annotations
@@ -63,7 +67,8 @@ def scaled_dot_product_attention(
                 f"shape {scores} (..., L, S)"
             )
         masks.append(mask)
-    out, _ = attend(q, k, v, masks, dropout_p, scale)
+    # the causal mask alone leaves every row its first key: only a given mask can block one
+    out, _ = attend(q, k, v, masks, dropout_p, scale, safe=attn_mask is not None)
     return out
 
 
@@ -88,9 +93,12 @@ def attend(
     masks: Sequence[Tensor],
     dropout_p: float = 0.0,
     scale: float | None = None,
+    *,
+    safe: bool = False,
 ) -> tuple[Tensor, Tensor]:
     """The attention output and its weights (after dropout), each mask applied to the scores
-    in turn (boolean: True attends; floating: added)."""
+    in turn (boolean: True attends; floating: added). ``safe``: a row the masks block
+    entirely gets zero weights (and no gradient) rather than NaN."""
     ad = q.namespace
     factor = 1.0 / math.sqrt(sizes(q)[-1]) if scale is None else float(scale)
     scores = (q * factor) @ ad.matrix_transpose(k)  # scaled before: L*E products, not L*S
@@ -104,7 +112,12 @@ def attend(
                 f"attention: a mask is boolean or of the scores' dtype {scores.dtype}, not "
                 f"{mask.dtype}"
             )
+    if safe:  # each blocked row softmaxed as zeros, its result replaced: no NaN either way
+        blocked = ad.all(scores == -math.inf, axis=-1, keepdims=True)
+        scores = ad.where(blocked, 0.0, scores)
     weights = ad.softmax(scores, axis=-1)
+    if safe:
+        weights = ad.where(blocked, 0.0, weights)
     if dropout_p > 0.0:
         weights = dropout(weights, dropout_p, training=True)
     out: Tensor = weights @ v
