@@ -375,6 +375,25 @@ def test_multihead_attention_matches_the_reference(ad: Autodiff, batch_first: bo
     assert mha(ad.asarray(x), ad.asarray(x), ad.asarray(x), need_weights=False)[1] is None
 
 
+def test_multihead_attention_takes_one_samples_key_padding_mask_as_pytorch(
+    ad: Autodiff,
+) -> None:
+    """For an unbatched (L, E) query PyTorch takes key_padding_mask of shape (S,), and refuses
+    a 2-D one; the result is the batched one's for a batch of that one sample."""
+    mha = nn.MultiheadAttention(8, 2, ad=ad, dtype="float64")
+    x, memory = normal(5, 8), normal(6, 8, seed=1)
+    ignored = np.zeros(6, bool)
+    ignored[4:] = True
+    out, weights = mha(ad.asarray(x), ad.asarray(memory), ad.asarray(memory), ignored)
+    batched = [ad.asarray(t[:, None]) for t in (x, memory, memory)]  # (L, N=1, E)
+    want, want_weights = mha(*batched, key_padding_mask=ignored[None])
+    np.testing.assert_allclose(values(out), values(want)[:, 0], rtol=1e-12)
+    np.testing.assert_allclose(values(weights), values(want_weights)[0], rtol=1e-12)
+    assert not values(weights)[:, 4:].any()
+    with pytest.raises(ValueError, match=r"key_padding_mask must be \(S,\)"):
+        mha(ad.asarray(x), ad.asarray(memory), ad.asarray(memory), ignored[None])
+
+
 # --- gradients of the composed functions, by central differences in float64 --------------------
 
 

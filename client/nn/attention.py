@@ -112,7 +112,9 @@ class MultiheadAttention(Module):
             q, k, v = (qkv[..., i * self.embed_dim : (i + 1) * self.embed_dim] for i in range(3))
         else:
             q, k, v = (self._project(t, i) for i, t in enumerate((q, k, v)))
-        masks = self._masks(ad, n, length, source, key_padding_mask, attn_mask, is_causal)
+        masks = self._masks(
+            ad, (n, length, source), unbatched, key_padding_mask, attn_mask, is_causal
+        )
         q, k, v = (self._heads(t) for t in (q, k, v))
         # PyTorch computes through scaled_dot_product_attention (a blocked row gives zeros)
         # only when it does not return the weights (a blocked row gives NaN)
@@ -180,15 +182,16 @@ class MultiheadAttention(Module):
     def _masks(
         self,
         ad: Autodiff,
-        n: int,
-        length: int,
-        source: int,
+        scores: tuple[int, int, int],
+        unbatched: bool,
         key_padding_mask: Any,
         attn_mask: Any,
         is_causal: bool,
     ) -> list[Tensor]:
         """The masks in ``attend``'s convention (True attends), shaped to broadcast against
-        the scores (N, heads, L, S)."""
+        the scores (N, heads, L, S), whose N, L and S ``scores`` gives. One sample's
+        key_padding_mask is (S,), as PyTorch's."""
+        n, length, source = scores
         masks = []
         if attn_mask is not None:
             mask = as_tensor(ad, attn_mask)
@@ -204,9 +207,10 @@ class MultiheadAttention(Module):
             masks.append(causal_mask(ad, length, source))
         if key_padding_mask is not None:
             mask = as_tensor(ad, key_padding_mask)
-            if mask.shape != (n, source):
+            expected, layout = ((source,), "(S,)") if unbatched else ((n, source), "(N, S)")
+            if mask.shape != expected:
                 raise ValueError(
-                    f"MultiheadAttention: key_padding_mask must be (N, S) = {(n, source)}, got "
+                    f"MultiheadAttention: key_padding_mask must be {layout} = {expected}, got "
                     f"shape {mask.shape}"
                 )
             masks.append(_attending(ad.reshape(mask, (n, 1, 1, source))))
