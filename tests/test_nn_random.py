@@ -84,10 +84,24 @@ def test_manual_seed_reseeds_existing_generators_in_place_and_later_ones(
         ]
 
 
-@pytest.mark.parametrize("seed", [-1, 2**64, 1.5, True, "3"])
-def test_manual_seed_refuses_what_is_not_a_uint64(seed: Any) -> None:
+@pytest.mark.parametrize("seed", [-(2**63) - 1, 2**64, 1.5, True, "3"])
+def test_manual_seed_refuses_what_pytorchs_range_lacks(seed: Any) -> None:
     with pytest.raises((TypeError, ValueError), match="seed"):
         nn.manual_seed(seed)
+
+
+@pytest.mark.parametrize("seed", [-1, -(2**63)])
+def test_a_negative_seed_is_its_uint64_as_pytorchs(seed: int) -> None:
+    """torch.manual_seed takes seeds from -2**63 and keeps a negative one as its two's
+    complement: torch.manual_seed(-1).initial_seed() == 2**64 - 1."""
+    ad = nn.local_autodiff()
+    nn.manual_seed(seed)
+    assert nn.initial_seed() == seed + 2**64
+    drawn = values(nn.rand(4, ad=ad))
+    parameters = nn.Linear(3, 2).weight
+    nn.manual_seed(seed + 2**64)
+    np.testing.assert_array_equal(values(nn.rand(4, ad=ad)), drawn)
+    np.testing.assert_array_equal(values(nn.Linear(3, 2).weight), values(parameters))
 
 
 def test_random_numbers_are_tensorwires_extension_not_the_standards() -> None:

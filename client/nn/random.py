@@ -76,11 +76,13 @@ class DeviceGenerator:
 
 
 def _checked(seed: int) -> int:
+    """``seed`` as the uint64 it keys: PyTorch's range, [-2**63, 2**64), a negative seed
+    taken as its two's complement (``torch.manual_seed(-1).initial_seed() == 2**64 - 1``)."""
     if isinstance(seed, bool) or not isinstance(seed, int | np.integer):
         raise TypeError(f"manual_seed: the seed must be an int, not {type(seed).__name__}")
-    if not 0 <= int(seed) < _SEEDS:
-        raise ValueError(f"manual_seed: the seed must be in [0, 2**64), not {seed}")
-    return int(seed)
+    if not -(_SEEDS // 2) <= int(seed) < _SEEDS:
+        raise ValueError(f"manual_seed: the seed must be in [-2**63, 2**64), not {seed}")
+    return int(seed) % _SEEDS
 
 
 def _words(seed: int, offset: int) -> np.ndarray[Any, Any]:
