@@ -193,6 +193,25 @@ def test_conv2d_matches_the_reference(ad: Autodiff, options: dict[str, Any]) -> 
     np.testing.assert_allclose(out, expected, rtol=1e-12, atol=1e-12)
 
 
+def test_conv_transpose2d_picks_its_output_padding_from_output_size_as_pytorchs() -> None:
+    """PyTorch's ConvTranspose2d.forward(input, output_size): the sizes a strided Conv2d maps
+    to the input's size are min ... min + stride - 1 per dimension, min the size without
+    output_padding; output_size (N, C, H, W) or (H, W) picks one, overriding output_padding."""
+    up = nn.ConvTranspose2d(4, 6, 3, stride=(2, 3), padding=1, output_padding=1, dtype="float64")
+    x = normal(2, 4, 5, 4)
+    weight, bias = up.weight, up.bias
+    for size, extra in (((9, 10), (0, 0)), ((10, 12), (1, 2)), ((2, 6, 10, 11), (1, 1))):
+        want = F.conv_transpose2d(x, weight, bias, (2, 3), 1, extra)
+        got = up(x, output_size=size)
+        assert got.shape == (2, 6, *size[-2:])
+        np.testing.assert_array_equal(values(got), values(want))
+    unbatched = up(x[0], output_size=[10, 12])  # (C, H, W): one sample, as PyTorch's
+    np.testing.assert_array_equal(values(unbatched), values(up(x, output_size=(10, 12)))[0])
+    for size in ((8, 10), (9, 13), (9,), (1, 9, 10)):
+        with pytest.raises(ValueError, match=r"output_size"):
+            up(x, output_size=size)
+
+
 def test_conv1d_is_conv2d_over_one_row(ad: Autodiff) -> None:
     x, w = normal(2, 4, 11), normal(6, 2, 3, seed=1)
     out = values(F.conv1d(ad.asarray(x), ad.asarray(w), None, 2, 1, 2, 2))

@@ -21,6 +21,7 @@ from client.autodiff import Autodiff, Tensor
 from . import functional as F
 from .functional import ArrayLike
 from .functional.arguments import check_groups, per_dimension
+from .functional.convolution import transposed_sizes
 from .init import DTypeLike, fan_in_bound, resolve, uniform
 from .module import Module
 
@@ -199,16 +200,47 @@ class ConvTranspose2d(_ConvNd):
             init=(ad, rng, dtype),
         )
 
-    def forward(self, x: ArrayLike) -> Tensor:
-        padding = self.padding
-        assert not isinstance(padding, str)  # the constructor refuses strings
+    def forward(self, x: ArrayLike, output_size: Sequence[int] | None = None) -> Tensor:
+        """``x`` (N, C_in, H, W) or (C_in, H, W) upsampled; ``output_size`` ((H, W), or the
+        whole output shape) picks among the sizes a strided ``Conv2d`` maps to ``x``'s size
+        in place of ``output_padding``, as PyTorch's."""
+        extra = self.output_padding
+        if output_size is not None:
+            shape = tuple(x.shape) if hasattr(x, "shape") else np.shape(x)
+            extra = self._output_padding(shape, tuple(output_size))
         return F.conv_transpose2d(
             x,
             self.weight,
             self.bias,
             self.stride,
-            padding,
-            self.output_padding,
+            self._padding(),
+            extra,
             self.groups,
             self.dilation,
         )
+
+    def _output_padding(self, shape: tuple[int, ...], size: tuple[int, ...]) -> tuple[int, ...]:
+        """The ``output_padding`` that gives ``size``: from the smallest output (none) to
+        ``stride - 1`` more, PyTorch's range."""
+        if len(size) == len(shape):  # the whole output shape: its spatial part
+            size = size[-2:]
+        if len(size) != 2:
+            raise ValueError(
+                f"ConvTranspose2d: output_size must be (H, W) or the output's {len(shape)} "
+                f"sizes for an input of shape {shape}, not {size}"
+            )
+        smallest = transposed_sizes(
+            shape[-2:], self.stride, self._padding(), self.dilation, self.kernel_size, (0, 0)
+        )
+        largest = [m + s - 1 for m, s in zip(smallest, self.stride, strict=True)]
+        if any(not lo <= n <= hi for n, lo, hi in zip(size, smallest, largest, strict=True)):
+            raise ValueError(
+                f"ConvTranspose2d: output_size {size} is outside the sizes {smallest} to "
+                f"{largest} that an input of spatial size {shape[-2:]} can give"
+            )
+        return tuple(n - m for n, m in zip(size, smallest, strict=True))
+
+    def _padding(self) -> tuple[int, ...]:
+        padding = self.padding
+        assert not isinstance(padding, str)  # the constructor refuses strings
+        return padding

@@ -96,10 +96,7 @@ def conv_transpose2d(
                 f"{name}: output_padding {extra} must be smaller than the stride {strides} "
                 f"or the dilation {dilations}"
             )
-    out = [
-        (n - 1) * s - 2 * p + d * (k - 1) + o + 1
-        for n, s, p, d, k, o in zip(lengths, strides, pads, dilations, kernel, extra, strict=True)
-    ]
+    out = transposed_sizes(lengths, strides, pads, dilations, kernel, extra)
     if min(out) < 1:
         raise ValueError(
             f"{name}: padding {pads} leaves no output for input {lengths} and kernel {kernel}"
@@ -115,6 +112,22 @@ def conv_transpose2d(
         groups=g,
     )
     return unbatched(y, was_unbatched)
+
+
+def transposed_sizes(
+    lengths: Sequence[int],
+    strides: Sequence[int],
+    pads: Sequence[int],
+    dilations: Sequence[int],
+    kernel: Sequence[int],
+    extra: Sequence[int],
+) -> list[int]:
+    """The spatial sizes of a transposed convolution's output: each input position's window
+    scattered, cropped by ``pads`` on both sides and grown by ``extra`` (output_padding)."""
+    return [
+        (n - 1) * s - 2 * p + d * (k - 1) + o + 1
+        for n, s, p, d, k, o in zip(lengths, strides, pads, dilations, kernel, extra, strict=True)
+    ]
 
 
 def _conv(
