@@ -13,6 +13,7 @@ import pytest
 import client
 from client import nn
 from client.autodiff import Autodiff, Tensor, no_grad
+from client.capture import jit
 from client.nn import functional as F
 
 from . import nn_reference as ref
@@ -117,7 +118,6 @@ def test_multihead_attention_has_pytorchs_parameters_and_initialisation() -> Non
         (lambda: nn.Conv2d(2, 2, 3, padding="full"), "padding='full'"),
         (lambda: nn.Conv2d(2, 2, (3, 3, 3)), "kernel_size must be an int or 2 ints"),
         (lambda: nn.MaxPool2d(2, ceil_mode=True), "ceil_mode"),
-        (lambda: nn.BatchNorm2d(3, momentum=None), "momentum=None"),
         (lambda: nn.MultiheadAttention(10, 3), "divisible by num_heads"),
         (lambda: nn.MultiheadAttention(8, 2, kdim=4), "kdim"),
         (lambda: F.conv2d(np.ones((1, 3, 5, 5)), np.ones((2, 2, 3, 3))), "2 input channels"),
@@ -275,6 +275,30 @@ def test_batch_norm_updates_running_stats_on_the_device_and_evaluates_with_them(
     np.testing.assert_allclose(out, ref.batch_norm(batches[2], mean, var), **tolerance)
     assert values(bn.num_batches_tracked) == 2  # evaluation leaves the statistics alone
     np.testing.assert_allclose(values(bn.running_mean), mean, **tolerance)
+
+
+def test_batch_norm_without_momentum_keeps_the_average_of_every_batchs_statistics(
+    ad: Autodiff,
+) -> None:
+    """PyTorch's momentum=None: a cumulative average, the n-th batch weighted 1/n by
+    num_batches_tracked (on the device here, so a replayed step counts too)."""
+    bn = nn.BatchNorm1d(3, momentum=None, ad=ad, dtype="float64")
+    batches = [normal(5, 3, 4, seed=s) * (s + 1) + s for s in range(3)]
+    for x in batches:
+        bn(ad.asarray(x))
+    means = [x.mean(axis=(0, 2)) for x in batches]
+    variances = [x.var(axis=(0, 2), ddof=1) for x in batches]  # unbiased, as PyTorch keeps
+    np.testing.assert_allclose(values(bn.running_mean), np.mean(means, axis=0), rtol=1e-12)
+    np.testing.assert_allclose(values(bn.running_var), np.mean(variances, axis=0), rtol=1e-12)
+    assert values(bn.num_batches_tracked) == 3 and "momentum=None" in repr(bn)
+
+    replayed = nn.BatchNorm1d(3, momentum=None, ad=ad, dtype="float64")
+    step = jit(lambda x: replayed(x))
+    for x in batches:
+        step(ad.asarray(x))
+    assert step.recorded == 1  # replayed twice, each replay weighing its own batch
+    np.testing.assert_allclose(values(replayed.running_var), values(bn.running_var), rtol=1e-12)
+    assert values(replayed.num_batches_tracked) == 3
 
 
 def test_batch_norm_1d_over_features_and_over_sequences(ad: Autodiff) -> None:

@@ -4,7 +4,10 @@ parameters and buffers (``weight``, ``bias``, ``running_mean``, ``running_var``,
 
 In training mode a layer normalizes with the batch's statistics and updates its running ones
 in place, on the device (``F.batch_norm``), counting the batches in ``num_batches_tracked``;
-in evaluation mode (``eval()``) it normalizes with the running statistics.
+in evaluation mode (``eval()``) it normalizes with the running statistics. With
+``momentum=None`` the running statistics are the average of every batch's, as PyTorch's: the
+n-th batch weighs 1/n, n read from ``num_batches_tracked`` on the device (no round trip, and
+a replayed step counts its batches too).
 """
 
 from __future__ import annotations
@@ -40,10 +43,6 @@ class _BatchNorm(Module):
         name = type(self).__name__
         if num_features < 1:
             raise ValueError(f"{name}({num_features}): num_features must be >= 1")
-        if momentum is None:
-            raise ValueError(
-                f"{name}: momentum=None (a cumulative average) is not supported; give a float"
-            )
         self.num_features, self.eps, self.momentum = num_features, eps, momentum
         self.affine, self.track_running_stats = affine, track_running_stats
         ad, _ = resolve(ad, None)
@@ -70,8 +69,12 @@ class _BatchNorm(Module):
             raise ValueError(
                 f"{type(self).__name__}: expected an input {self._layouts}, got a {ndim}-D input"
             )
+        momentum: float | Tensor = 0.0 if self.momentum is None else self.momentum
         if self.training and self.num_batches_tracked is not None:
             self.num_batches_tracked += 1  # in place, on the device
+            if self.momentum is None:  # a cumulative average: the n-th batch weighs 1/n
+                ad = self.num_batches_tracked.namespace
+                momentum = 1.0 / ad.astype(self.num_batches_tracked, self.running_var.dtype)
         return F.batch_norm(
             x,
             self.running_mean,
@@ -79,7 +82,7 @@ class _BatchNorm(Module):
             self.weight,
             self.bias,
             self.training or self.running_mean is None,
-            self.momentum,
+            momentum,
             self.eps,
         )
 

@@ -52,7 +52,7 @@ def batch_norm(
     weight: ArrayLike | None = None,
     bias: ArrayLike | None = None,
     training: bool = False,
-    momentum: float = 0.1,
+    momentum: float | Tensor = 0.1,
     eps: float = 1e-5,
 ) -> Tensor:
     """Normalize each channel (axis 1) of ``input`` (N, C, ...), then ``* weight + bias``
@@ -63,8 +63,8 @@ def batch_norm(
     them in place on the device, ``running = (1 - momentum) * running + momentum * batch``,
     the variance with its unbiased estimate, as PyTorch does. Otherwise with
     ``running_mean`` and ``running_var``. The running statistics are updated where they are,
-    so they must be tensors (or arrays) of the input's namespace.
-    """
+    so they must be tensors (or arrays) of the input's namespace; so may ``momentum`` be (a
+    0-d one: ``BatchNorm(momentum=None)``'s 1/n)."""
     ad = namespace_of(input, weight, bias, running_mean, running_var)
     x = as_tensor(ad, input)
     if x.ndim < 2:
