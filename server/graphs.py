@@ -2,14 +2,14 @@
 
 Registration (:meth:`Graphs.register`, from ``Session.start``, before the batch's ops): the
 graph is checked once, as its ops would be (:func:`~protocol.graphs.check_graph`:
-``invalid_op``; the per-op caps on each op's outputs and on the graph's outputs together,
-and on each op's work (``--max-op-cost``): ``limit_exceeded``), then against the session's
-bounds (``Limits.max_graphs`` graphs, ``Limits.max_graph_bytes`` of constants:
+``invalid_op``; the per-op caps on each op's outputs and scratch, on the graph's outputs
+together, and on each op's work (``--max-op-cost``): ``limit_exceeded``), then against the
+session's bounds (``Limits.max_graphs`` graphs, ``Limits.max_graph_bytes`` of constants:
 ``limit_exceeded``); its constants' bytes are reserved in the store (``quota_exceeded``,
 ``server_memory_exhausted``) until it is dropped or the session closes, and copied out of the
-message into read-only arrays. A registration that fails
-is remembered with its error (the :data:`FAILURES_KEPT` newest), and every ``run_graph`` of it
-fails with that error, as an op fails. A graph id in use refuses the new registration and
+message into read-only arrays. A registration that fails is remembered with its error (the
+:data:`FAILURES_KEPT` newest), and every ``run_graph`` of it fails with that error, as an op
+fails. A graph id in use refuses the new registration and
 leaves the graph alone (the error is answered on its own, as for a taken tensor id).
 
 What passes becomes a :class:`~server.plans.Plan`, which makes a replay cheap per op
@@ -19,8 +19,9 @@ Replay (:meth:`Graphs.run`): ``run_graph`` is checked as any op (output ids free
 and not failed: a failure is inherited; the signature: ``invalid_op`` naming the input; a graph
 not registered: ``unknown_graph``), runs on the event loop only within the inline cost (each
 op's ``executor.cost``, summed), reserves its scratch bytes once (the graph's peak of live
-bytes less its inputs and constants) and stores its outputs as any op's results
-(``Outcomes.keep``, which gives back the reservation's rest). An in-place op on a graph input
+bytes less its inputs and constants, plus the most scratch one op needs beside its results)
+and stores its outputs as any op's results (``Outcomes.keep``, which gives back the
+reservation's rest). An in-place op on a graph input
 writes into the stored tensor, so a step's updates persist across replays: a graph that writes
 in place first makes every input safe to write (``TensorStore.prepare_write``; an input written
 in place that is a read-only view is replaced by a counted copy first, as an in-place op
@@ -41,12 +42,13 @@ from protocol.codec import Buffer
 from protocol.graphs import GraphCheck, GraphDef, RegisterGraph, check_graph
 from protocol.ops import RunGraph
 
+from . import executor
 from .errors import StoreError
 from .executor.base import Array
 from .limits import check_cost, output_bytes
 from .logs import fields
 from .outcome import Job, Outcomes
-from .plans import Plan, ReplayError, build_plan, constant_array, replay
+from .plans import Plan, ReplayError, build_plan, constant_array, replay, shaped_like
 from .store import Failure, Stored
 
 log = logging.getLogger("tensorwire.session")
@@ -279,11 +281,13 @@ class Graphs:
 
 
 def _check_caps(graph: GraphDef, check: GraphCheck, outcomes: Outcomes) -> None:
-    """The per-op caps on every op's outputs, and on the graph's outputs together (they are
-    one ``run_graph``'s). Raises :class:`StoreError` (``limit_exceeded``) naming the op."""
+    """The per-op caps on every op's outputs and scratch, and on the graph's outputs together
+    (they are one ``run_graph``'s). Raises :class:`StoreError` (``limit_exceeded``) naming
+    the op."""
     for index, (op, metas) in enumerate(zip(graph.ops, check.op_metas, strict=True)):
         try:
-            output_bytes(metas, outcomes.limits)
+            shaped = [shaped_like(check.metas[i]) for i in op.inputs()]
+            output_bytes(metas, outcomes.limits, executor.scratch(op, metas[0], shaped))
         except StoreError as exc:
             raise StoreError(exc.code, f"op {index} ({op.describe()}): {exc}") from None
     output_bytes([t.meta for t in graph.outputs], outcomes.limits)

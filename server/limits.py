@@ -29,9 +29,11 @@ class Limits:
     max_op_cost: int = MAX_OP_COST
 
 
-def output_bytes(metas: Sequence[TensorMeta], limits: Limits) -> int:
-    """The bytes to reserve for outputs ``metas`` (their sum; Python ints: no overflow). A
-    data-dependent output (an ``UNKNOWN`` dim) counts 0 here: it is charged after it ran.
+def output_bytes(metas: Sequence[TensorMeta], limits: Limits, scratch: int = 0) -> int:
+    """The bytes to reserve for outputs ``metas`` (their sum; Python ints: no overflow) and
+    the ``scratch`` bytes numpy allocates beside them while the op runs
+    (``executor.scratch``). A data-dependent output (an ``UNKNOWN`` dim) counts 0 here: it is
+    charged after it ran.
 
     Raises:
         StoreError: ``limit_exceeded``, for outputs over a per-op cap.
@@ -52,13 +54,15 @@ def output_bytes(metas: Sequence[TensorMeta], limits: Limits) -> int:
             )
         if UNKNOWN not in meta.shape:
             total += numel(meta.shape) * itemsize
-    if total > limits.max_op_bytes:
+    if total + scratch > limits.max_op_bytes:
         shapes = ", ".join(f"{m.dtype}{list(m.shape)}" for m in metas)
+        beside = f" and {scratch} bytes of scratch while it runs" if scratch else ""
         raise StoreError(
             ErrorCode.LIMIT_EXCEEDED,
-            f"the output {shapes} needs {total} bytes; the per-op limit is {limits.max_op_bytes}",
+            f"the output {shapes} needs {total} bytes{beside}; the per-op limit is "
+            f"{limits.max_op_bytes}",
         )
-    return total
+    return total + scratch
 
 
 def check_cost(work: int, limits: Limits) -> None:

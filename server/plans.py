@@ -8,8 +8,8 @@ reads and writes, the shape and dtype each result must have, and the slots whose
 is, cleared after it so that numpy can reuse an intermediate's memory at once. The plan also
 knows its cost (``executor.cost`` of each op, summed) and its scratch bytes (the graph's peak of
 live bytes, :attr:`GraphCheck.peak_bytes`, less its inputs and constants, which are counted
-already). Nothing here touches a store: ``server/graphs.py`` binds the inputs and keeps the
-outputs.
+already, plus the most scratch one op allocates beside its results, ``executor.scratch``).
+Nothing here touches a store: ``server/graphs.py`` binds the inputs and keeps the outputs.
 """
 
 from __future__ import annotations
@@ -77,7 +77,8 @@ class Plan:
     steps: tuple[Step, ...]
     cost: int  # executor.cost of every op, summed
     largest_step: int  # the most one op costs: a registration over --max-op-cost is refused
-    scratch: int  # bytes reserved per replay: the peak of live bytes less inputs, constants
+    scratch: int  # bytes reserved per replay: the peak of live bytes less inputs, constants,
+    # plus the most one op allocates beside its results
     held_bytes: int  # what the registration holds: its constants, OP_BYTES an op (graphs.py)
     op_counts: Counter[str]
 
@@ -138,8 +139,9 @@ def constant_array(shape: tuple[int, ...], dtype: Any, buffer: Buffer) -> Array:
     return array
 
 
-def _shaped(meta: TensorMeta) -> Array:
-    """An array of ``meta``'s shape and dtype that holds no memory, for ``executor.cost``."""
+def shaped_like(meta: TensorMeta) -> Array:
+    """An array of ``meta``'s shape and dtype that holds no memory, for ``executor.cost`` and
+    ``executor.scratch``."""
     return np.broadcast_to(np.zeros((), dtype=to_numpy(meta.dtype)), meta.shape)
 
 
@@ -164,7 +166,7 @@ def build_plan(
                 frees.setdefault(check.last_use.get(out, index), []).append(slot[out])
     into = elided_inputs(graph.ops, check, kept)
     steps: list[Step] = []
-    cost = largest_step = 0
+    cost = largest_step = largest_scratch = 0
     for index, (op, metas) in enumerate(zip(graph.ops, check.op_metas, strict=True)):
         reads = tuple(slot[i] for i in op.inputs())
         run = _runner(op, into.get(index))
@@ -173,8 +175,10 @@ def build_plan(
         steps.append(Step(index, op, run, reads, writes, expect, tuple(frees.get(index, ()))))
         # At least MIN_STEP_COST a step: ops on empty arrays cost nothing to numpy but not to
         # the loop, and a long enough graph of them must not run on it.
-        step_cost = executor.cost(op, metas[0], [_shaped(check.metas[i]) for i in op.inputs()])
+        shaped = [shaped_like(check.metas[i]) for i in op.inputs()]
+        step_cost = executor.cost(op, metas[0], shaped)
         largest_step = max(largest_step, step_cost)
+        largest_scratch = max(largest_scratch, executor.scratch(op, metas[0], shaped))
         cost += max(MIN_STEP_COST, step_cost)
     template: list[Array | None] = [None] * len(slot)
     for constant, array in zip(graph.constants, constants, strict=True):
@@ -192,7 +196,7 @@ def build_plan(
         steps=tuple(steps),
         cost=cost,
         largest_step=largest_step,
-        scratch=max(0, check.peak_bytes - held),
+        scratch=max(0, check.peak_bytes - held) + largest_scratch,
         held_bytes=held_bytes,
         op_counts=check.op_counts,
     )

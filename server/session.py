@@ -17,8 +17,10 @@ invariant 5).
 
 Limits (ARCHITECTURE.md, invariant 8): :meth:`Session._check` refuses an op whose inferred
 outputs exceed the ndim cap or the per-op byte cap (``limit_exceeded``, on the sum of an op's
-outputs) before numpy runs; :meth:`_execute` reserves their bytes in the store
-(``quota_exceeded``, ``server_memory_exhausted``) before numpy allocates them. An output of
+outputs and of the scratch numpy allocates beside them, ``executor.scratch``) before numpy
+runs; :meth:`_execute` reserves those bytes in the store (``quota_exceeded``,
+``server_memory_exhausted``) before numpy allocates them, and the scratch is given back when
+the results are stored. An output of
 data-dependent length (an ``UNKNOWN`` dim) is charged after numpy ran and before it is stored,
 with the same codes (:meth:`Outcomes.keep`). A refused op fails like any other: its outputs
 are marked failed and the session goes on. A result that is a view of a tensor the session
@@ -248,8 +250,9 @@ class Session:
     def _check(
         self, op: AnyOp, job: Job
     ) -> tuple[list[np.ndarray[Any, Any]], tuple[TensorMeta, ...], int] | None:
-        """Inputs, inferred outputs and their bytes (:func:`output_bytes`) of ``op``, or None
-        when its outputs are already settled (failed, refused, or inherited a failure)."""
+        """Inputs, inferred outputs and the bytes to reserve for them and the op's scratch
+        (:func:`output_bytes`) of ``op``, or None when its outputs are already settled (failed,
+        refused, or inherited a failure)."""
         try:
             for out in () if op.inplace else op.outputs():
                 if out in self.store:
@@ -266,7 +269,8 @@ class Session:
                 args.append(value.array)
                 metas.append(value.meta)
             out_metas = op.infer_all(*metas)
-            return args, out_metas, output_bytes(out_metas, self.limits)
+            scratch = executor.scratch(op, out_metas[0], args)
+            return args, out_metas, output_bytes(out_metas, self.limits, scratch)
         except StoreError as exc:
             self.outcomes.fail(op, exc.code, str(exc), job)
         except InvalidOpError as exc:

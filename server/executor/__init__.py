@@ -2,7 +2,8 @@
 
 One module per op family, mirroring ``protocol/ops/``; each lists its runners in ``RUNNERS``.
 Knows nothing of bytes on sockets or of sessions (the import contracts in ``pyproject.toml``).
-What an op will cost numpy, before it runs, is :func:`cost` (``costs.py``).
+What an op will cost numpy, before it runs, is :func:`cost` (``costs.py``); what it allocates
+beside its results, :func:`scratch`.
 
 Callers run ``op.infer`` first (the check) and pass its result; :func:`run` then calls numpy and
 verifies that numpy produced exactly the inferred shape and dtype, so the client's local view of
@@ -40,6 +41,14 @@ class InferenceMismatch(AssertionError):
 
 _FAMILIES = (creation, elementwise, reduction, manipulation, indexing, data, linalg, fft, nn)
 _RUNNERS: dict[type, Runner] = {t: r for family in _FAMILIES for t, r in family.RUNNERS.items()}
+
+
+def scratch(op: AnyOp, meta: TensorMeta, args: Sequence[Array]) -> int:
+    """The most bytes numpy allocates beside ``op``'s results while it runs, where that can be
+    much more than the results (a convolution's window matrix); 0 for the other ops. ``args``
+    and ``meta`` as :func:`cost` takes them. The session reserves them with the results."""
+    count = nn.SCRATCH.get(type(op))
+    return 0 if count is None else count(op, meta, args)
 
 
 def run(
