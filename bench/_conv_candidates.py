@@ -1,6 +1,6 @@
 """The numpy formulations ``python -m bench.conv_formulations`` times against the server's
-(``server/executor/nn.py``, whose helpers they share): each takes and gives what the server's
-runner of its op does."""
+(``server/executor/convolution.py`` and ``pooling.py``, whose helpers they share): each takes
+and gives what the server's runner of its op does."""
 
 from __future__ import annotations
 
@@ -11,15 +11,14 @@ from typing import Any
 import numpy as np
 
 from protocol.ops import Conv, Pool, PoolBackward
-from server.executor.nn import (
+from server.executor.convolution import (
     conv_lengths,
     pad_spatial,
-    pool_input,
-    pool_taps,
     tap_slices,
     transpose_frame,
     windows,
 )
+from server.executor.pooling import pool_input, pool_taps
 
 Array = np.ndarray[Any, Any]
 
@@ -156,12 +155,14 @@ def transpose_einsum(x: Array, w: Array, op: Conv) -> Array:
     return _scatter(lambda t: cols[:, :, t], x, w, op)
 
 
-def transpose_per_tap(x: Array, w: Array, op: Conv) -> Array:
+def transpose_col2im(x: Array, w: Array, op: Conv) -> Array:
+    """The weight's transpose times the input for every tap at once (one BLAS product per
+    group), then each tap's part added into its strided slice (col2im)."""
     n, c, g = x.shape[0], x.shape[1], op.groups
     xt = np.ascontiguousarray(x.reshape(n, g, c // g, -1).transpose(1, 2, 0, 3))
-    xt = xt.reshape(g, c // g, -1)
-    wt = np.ascontiguousarray(w.reshape(g, c // g, w.shape[1], -1).transpose(0, 3, 2, 1))
-    return _scatter(lambda t: wt[:, t] @ xt, x, w, op)
+    wt = w.reshape(g, c // g, -1).transpose(0, 2, 1)
+    cols = (wt @ xt.reshape(g, c // g, -1)).reshape(g, w.shape[1], -1, n * math.prod(x.shape[2:]))
+    return _scatter(lambda t: cols[:, :, t], x, w, op)
 
 
 def transpose_dilated(
