@@ -25,7 +25,12 @@ What each family counts:
   layout, copying a strided operand first), more for complex, most for integer and bool dtypes
   (numpy's own loop); a matrix-vector product reads its matrix once (about 1 an element read);
 - ``linalg`` factorizations: per m n max(m, n) (``svd``, ``pinv`` the most), plus a call's own
-  time, which dominates for tiny matrices.
+  time, which dominates for tiny matrices;
+- the neural-network extension: a convolution per multiply-add at the rate BLAS keeps on its
+  large products (half matmul's), plus the elements it moves (its window matrix, or each
+  tap's product scattered) and a call's own time; pooling per window element (several for
+  max pooling's gradient), plus its calls, one a tap; batch norm, softmax and random draws
+  per element.
 """
 
 from __future__ import annotations
@@ -136,6 +141,15 @@ SVD_FACTOR, FACTORIZATION_FACTOR = 4, 2
 _FACTORIZATIONS = frozenset(
     ("cholesky", "det", "slogdet", "inv", "eigh", "eigvalsh", "qr", "solve", *_SVD_LIKE)
 )
+# The neural-network extension (bench/REASONS.md, 'The op cost model', its nn rows): a
+# convolution's multiply-add in sixty-fourths, by dtype (BLAS on large, well-shaped products);
+# a call's own time (a few dozen numpy calls), a pooling's and each of its taps'; per window
+# element of the gradients; per element of batch norm and of random draws.
+_CONV_MADD_64THS = {"float32": 2, "float64": 4}
+CONV_CALL, POOL_CALL, POOL_TAP = 1 << 16, 1 << 15, 1 << 10
+TRANSPOSE_MOVED = 4  # a tap's product written, then added into a strided slice
+POOL_MAX_BACKWARD, POOL_AVG_BACKWARD = 8, 2
+BATCH_NORM_ELEMENT, RANDOM_UNIFORM, RANDOM_NORMAL = 3, 6, 16
 
 
 def cost(op: AnyOp, meta: TensorMeta, args: Sequence[Array]) -> int:
@@ -291,28 +305,38 @@ def _reduce(op: Reduce, meta: TensorMeta, args: Sequence[Array], size: int) -> i
 
 
 def _conv(op: Conv, meta: TensorMeta, args: Sequence[Array], size: int) -> int:
-    """Multiply-adds at the dtype's BLAS rate, plus the windows copied into a matrix (each
-    input element once per kernel tap)."""
+    """A call's own time, the multiply-adds at the rate BLAS keeps on a convolution's large
+    products, each element the windows put in a matrix (im2col) or each tap's product added
+    into the output (the transpose) once, and the result written twice."""
     x, w = args
     taps = math.prod(op.kernel if op.op == "conv_weight_grad" else w.shape[2:])
     if op.op == "conv":
         madds = max(0, math.prod(meta.shape)) * (int(x.shape[1]) // op.groups) * taps
-        windows = max(0, math.prod(meta.shape)) // max(1, meta.shape[1]) * int(x.shape[1]) * taps
+        moved = max(0, math.prod(meta.shape)) // max(1, meta.shape[1]) * int(x.shape[1]) * taps
     elif op.op == "conv_transpose":
         madds = x.size * (meta.shape[1] // op.groups) * taps
-        windows = madds // max(1, int(x.shape[1]) // op.groups) + size
+        moved = TRANSPOSE_MOVED * madds // max(1, int(x.shape[1]) // op.groups)
     else:
         madds = w.size * (int(x.shape[1]) // op.groups) * taps
-        windows = w.size // max(1, int(w.shape[1])) * int(x.shape[1]) * taps
-    madd = _MADD_16THS.get(meta.dtype, LOOP_MADD_16THS)
-    return madds * madd // 16 + 2 * windows + 2 * size
+        moved = w.size // max(1, int(w.shape[1])) * int(x.shape[1]) * taps
+    madd = _CONV_MADD_64THS.get(meta.dtype, LOOP_MADD_16THS * 4)
+    return CONV_CALL + madds * madd // 64 + moved + 2 * size
 
 
 def _pool(op: Pool | PoolBackward, meta: TensorMeta, args: Sequence[Array], size: int) -> int:
-    """Each window's elements read once (twice, and scattered back, for the gradient)."""
-    pooled = max(0, math.prod(meta.shape)) if isinstance(op, Pool) else args[1].size
-    per_window = math.prod(op.kernel)
-    return pooled * per_window * (2 if isinstance(op, Pool) else 6) + 2 * size
+    """A call's own time and each tap's (a few numpy calls a tap), each window's elements
+    read once, for the gradient of max pooling a few passes each (compared with the maximum,
+    masked, added back), and the input and result written twice."""
+    taps = math.prod(op.kernel)
+    if isinstance(op, Pool):
+        return POOL_CALL + taps * POOL_TAP + max(0, math.prod(meta.shape)) * taps + 2 * size
+    per_window = POOL_MAX_BACKWARD if op.op == "max" else POOL_AVG_BACKWARD
+    calls = POOL_CALL + taps * 4 * POOL_TAP
+    return calls + args[1].size * taps * per_window + 2 * size
+
+
+def _random(op: Random, meta: TensorMeta, args: Sequence[Array], size: int) -> int:
+    return size * (RANDOM_NORMAL if op.op == "normal" else RANDOM_UNIFORM)
 
 
 Family = Callable[[Any, TensorMeta, Sequence[Array], int], int]
@@ -346,7 +370,7 @@ _FAMILIES: dict[type, Family] = {
     Conv: _conv,
     Pool: _pool,
     PoolBackward: _pool,
-    BatchNorm: _times(4),
-    Softmax: _times(MEDIUM_ELEMENT + 4),
-    Random: _times(MEDIUM_ELEMENT),
+    BatchNorm: _times(BATCH_NORM_ELEMENT),
+    Softmax: _times(MEDIUM_ELEMENT),
+    Random: _random,
 }
