@@ -1,15 +1,20 @@
 """Numpy references for client.nn's convolutional, pooling, normalization and attention
-functions, written as directly as the definitions read (loops over output positions), so
-that they share nothing with the server's formulations (sliding windows and einsum); and the
-helpers the tests of client.nn's layers share."""
+functions and for the extension's ops, written as directly as the definitions read (loops
+over output positions and kernel taps), so that they share nothing with the server's
+formulations (window matrices, per-tap products); and the helpers the tests of client.nn's
+layers share."""
 
 from __future__ import annotations
 
+import itertools
+import math
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
-Pairs = tuple[tuple[int, int], tuple[int, int]]
+Pair = tuple[int, int]
+Pairs = tuple[Pair, Pair]
 
 
 def values(x: Any) -> np.ndarray:
@@ -189,3 +194,137 @@ def batch_norm(
     return normalized * np.reshape(weight, shape if np.ndim(weight) else ()) + np.reshape(
         bias, shape if np.ndim(bias) else ()
     )
+
+
+# --- N-d convolutions and poolings, their transpose and gradients (tests/test_nn_ops.py) -------
+
+Ints = Sequence[int]
+
+
+def _grid(lengths: Sequence[int]) -> Iterator[tuple[int, ...]]:
+    return itertools.product(*(range(m) for m in lengths))
+
+
+def _at(pos: Ints, tap: Ints, stride: Ints, dilation: Ints) -> tuple[int, ...]:
+    return tuple(p * s + t * d for p, t, s, d in zip(pos, tap, stride, dilation, strict=True))
+
+
+def conv_nd(
+    x: np.ndarray, w: np.ndarray, stride: Ints, padding: Sequence[Pair], dilation: Ints, groups: int
+) -> np.ndarray:
+    """A convolution of any number of spatial dimensions, (before, after) padding pairs."""
+    xp = np.pad(x, ((0, 0), (0, 0), *padding))
+    c_out, per_group, *kernel = w.shape
+    out = [
+        (m - d * (k - 1) - 1) // s + 1
+        for m, k, s, d in zip(xp.shape[2:], kernel, stride, dilation, strict=True)
+    ]
+    y = np.zeros((x.shape[0], c_out, *out))
+    for o in range(c_out):
+        group = o // (c_out // groups)
+        channels = slice(group * per_group, (group + 1) * per_group)
+        for pos in _grid(out):
+            for tap in _grid(kernel):
+                y[(slice(None), o, *pos)] += (
+                    xp[(slice(None), channels, *_at(pos, tap, stride, dilation))]
+                    @ w[(o, slice(None), *tap)]
+                )
+    return y
+
+
+def conv_weight_grad_nd(
+    x: np.ndarray,
+    grad: np.ndarray,
+    kernel: Ints,
+    stride: Ints,
+    padding: Sequence[Pair],
+    dilation: Ints,
+    groups: int,
+) -> np.ndarray:
+    """:func:`conv_nd`'s weight gradient for its output's gradient ``grad``."""
+    xp = np.pad(x, ((0, 0), (0, 0), *padding))
+    c_out, per_group = grad.shape[1], x.shape[1] // groups
+    gw = np.zeros((c_out, per_group, *kernel))
+    for o in range(c_out):
+        group = o // (c_out // groups)
+        channels = slice(group * per_group, (group + 1) * per_group)
+        for pos in _grid(grad.shape[2:]):
+            for tap in _grid(kernel):
+                gw[(o, slice(None), *tap)] += (
+                    grad[(slice(None), o, *pos)]
+                    @ xp[(slice(None), channels, *_at(pos, tap, stride, dilation))]
+                )
+    return gw
+
+
+def conv_transpose_nd(
+    x: np.ndarray,
+    w: np.ndarray,
+    stride: Ints,
+    padding: Sequence[Pair],
+    dilation: Ints,
+    groups: int,
+    output_padding: Ints,
+) -> np.ndarray:
+    """Every input element's weighted kernel scattered into the full output, which is then
+    cropped by the padding and grown by the output padding."""
+    c_in, per_group, *kernel = w.shape
+    spans = [
+        (m - 1) * s + d * (k - 1) + 1
+        for m, s, d, k in zip(x.shape[2:], stride, dilation, kernel, strict=True)
+    ]
+    out = [f - lo - hi + e for f, (lo, hi), e in zip(spans, padding, output_padding, strict=True)]
+    size = [max(f, lo + o) for f, (lo, _), o in zip(spans, padding, out, strict=True)]
+    full = np.zeros((x.shape[0], per_group * groups, *size))
+    for ci in range(c_in):
+        group = ci // (c_in // groups)
+        outs = slice(group * per_group, (group + 1) * per_group)
+        for pos in _grid(x.shape[2:]):
+            for tap in _grid(kernel):
+                full[(slice(None), outs, *_at(pos, tap, stride, dilation))] += np.outer(
+                    x[(slice(None), ci, *pos)], w[(ci, slice(None), *tap)]
+                )
+    return full[
+        (
+            slice(None),
+            slice(None),
+            *(slice(lo, lo + o) for (lo, _), o in zip(padding, out, strict=True)),
+        )
+    ]
+
+
+def pool_nd(
+    kind: str,
+    x: np.ndarray,
+    grad: np.ndarray | None,
+    kernel: Ints,
+    stride: Ints,
+    padding: Ints,
+    include_pad: bool,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Pooling and, for ``grad``, its input gradient: a window's gradient to its first largest
+    element (``argmax``), or shared over its positions inside the input."""
+    pads = [(p, p) for p in padding]
+    xp = np.pad(x, ((0, 0), (0, 0), *pads), constant_values=-np.inf if kind == "max" else 0.0)
+    inside = np.pad(np.ones(x.shape[2:]), pads)
+    out = [(m - k) // s + 1 for m, k, s in zip(xp.shape[2:], kernel, stride, strict=True)]
+    y, gx = np.zeros((*x.shape[:2], *out)), np.zeros(xp.shape)
+    for pos in _grid(out):
+        window = tuple(slice(q * s, q * s + k) for q, s, k in zip(pos, stride, kernel, strict=True))
+        values = xp[(slice(None), slice(None), *window)].reshape(*x.shape[:2], -1)
+        if kind == "max":
+            y[(slice(None), slice(None), *pos)] = values.max(axis=-1)
+            for n, c in _grid(x.shape[:2]):
+                tap = np.unravel_index(values[n, c].argmax(), kernel)
+                spot = (n, c, *(q * s + t for q, s, t in zip(pos, stride, tap, strict=True)))
+                gx[spot] += 0.0 if grad is None else grad[(n, c, *pos)]
+        else:
+            divisor = math.prod(kernel) if include_pad else inside[window].sum()
+            y[(slice(None), slice(None), *pos)] = values.sum(axis=-1) / divisor
+            if grad is not None:
+                share = grad[(slice(None), slice(None), *pos)] / divisor
+                gx[(slice(None), slice(None), *window)] += share.reshape(
+                    *share.shape, *(1,) * len(kernel)
+                )
+    crop = tuple(slice(p, p + m) for p, m in zip(padding, x.shape[2:], strict=True))
+    return y, gx[(slice(None), slice(None), *crop)]
