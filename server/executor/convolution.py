@@ -8,8 +8,9 @@ bench/REASONS.md, 'Convolution formulation'):
 - a convolution and its weight gradient copy the input's windows into one matrix per group
   (im2col: channels and kernel taps by samples and output positions) and make one BLAS
   product of it;
-- the transpose loops over the kernel's taps: each tap's weight times the input, one BLAS
-  product per group, added into the tap's strided slice of the output.
+- the transpose loops over blocks of the kernel's taps: the block's weights times the input,
+  one BLAS product per group of at least :data:`PRODUCT_ROWS` rows where the taps allow, each
+  tap's part added into its strided slice of the output.
 
 The batch is taken a chunk at a time, so that what a chunk allocates beside the result stays
 under :data:`CHUNK_BYTES` (one sample's, if that is more). What a runner allocates, its
@@ -36,6 +37,9 @@ from .base import Array
 
 # The most scratch bytes one chunk of the batch allocates (one sample's, if that is more).
 CHUNK_BYTES = 1 << 25
+# The rows a product of the transpose takes at least, taps permitting: fewer run BLAS far
+# below its speed, as the output channels of a first layer's input gradient would
+PRODUCT_ROWS = 32
 # The operands a ufunc may buffer at once (numpy's own buffers, of np.getbufsize() elements
 # each, for strided, broadcast or cast operands)
 BUFFERED_OPERANDS = 3
@@ -108,13 +112,14 @@ def _scratch_elements(
 
     - ``conv``: the padded input, its window matrix, the product;
     - ``conv_weight_grad``: the same, the output gradient copied, and one chunk's product;
-    - ``conv_transpose``: the input copied, one tap's product, the uncropped output; the
-      weight rearranged, once."""
+    - ``conv_transpose``: the input copied, a block of taps' product, the uncropped output;
+      the weight rearranged, once."""
     c, lengths = x[1], x[2:]
     if op.op == "conv_transpose":
         positions, c_out = math.prod(lengths), out[1]
         size = math.prod(transpose_frame(lengths, w[2:], op)[0])
-        return c * positions + c_out * (positions + size), math.prod(w)
+        block = taps_at_once(math.prod(w[2:]), w[1])
+        return c * positions + c_out * (block * positions + size), math.prod(w)
     if op.op == "conv":
         kernel, positions, c_out, once = w[2:], math.prod(out[2:]), out[1], 0
     else:
@@ -200,29 +205,46 @@ def conv_weight_grad(x: Array, grad: Array, op: Conv) -> Array:
     return gw.reshape(c_out, c // g, *kernel)
 
 
+def taps_at_once(taps: int, per_group: int) -> int:
+    """How many kernel taps one product of the transpose takes: enough for
+    :data:`PRODUCT_ROWS` rows (each tap gives ``per_group`` of them), at most all."""
+    return max(1, min(taps, -(-PRODUCT_ROWS // max(1, per_group))))
+
+
 def conv_transpose(x: Array, w: Array, op: Conv) -> Array:
-    """The adjoint of :func:`conv`: for each kernel tap, its weight's transpose times the
-    input added into the tap's strided slice of the full output, which is then cropped by the
-    padding; a chunk of the batch at a time."""
+    """The adjoint of :func:`conv`: the weight's transpose for a block of kernel taps times
+    the input, each tap's part added into its strided slice of the full output, which is then
+    cropped by the padding; a chunk of the batch at a time."""
     n, c_in = x.shape[:2]
     g, kernel, lengths = op.groups, w.shape[2:], x.shape[2:]
     per_group, positions = w.shape[1], math.prod(lengths)
     size, crop = transpose_frame(lengths, kernel, op)
     y = np.empty((n, per_group * g, *(c.stop - c.start for c in crop)), dtype=x.dtype)
     by_group = y.reshape(n, g, per_group, *y.shape[2:])  # a view of y
-    # (groups, taps, C_out/groups, C_in/groups): each tap's matrices together
+    # (groups, taps * C_out/groups, C_in/groups): a tap's rows together, the taps in order
     wt = np.ascontiguousarray(w.reshape(g, c_in // g, per_group, -1).transpose(0, 3, 2, 1))
+    wt = wt.reshape(g, -1, c_in // g)
+    slices = list(tap_slices(kernel, op.dilation, lengths, op.stride))
+    block = taps_at_once(len(slices), per_group)
     for part in _batches(op, x, w, y.shape):
         m = x[part].shape[0]
         by_sample = x[part].reshape(m, g, c_in // g, positions).transpose(1, 2, 0, 3)
         xt = by_sample.reshape(g, c_in // g, m * positions)  # a copy
         full = np.zeros((g, per_group, m, *size), dtype=x.dtype)
-        for t, at in enumerate(tap_slices(kernel, op.dilation, lengths, op.stride)):
-            full[(slice(None), slice(None), slice(None), *at)] += _product(wt[:, t], xt).reshape(
-                g, per_group, m, *lengths
-            )
+        for first in range(0, len(slices), block):
+            rows = slice(first * per_group, (first + block) * per_group)
+            # (groups, taps, C_out/groups, m, *L), freed before the next block's is made
+            parts = _product(wt[:, rows], xt).reshape(g, -1, per_group, m, *lengths)
+            _scatter(full, parts, slices[first:][:block])
+            del parts
         by_group[part] = np.moveaxis(full[(slice(None), slice(None), slice(None), *crop)], 2, 0)
     return y
+
+
+def _scatter(full: Array, parts: Array, slices: Sequence[tuple[slice, ...]]) -> None:
+    """Adds ``parts[:, t]`` (groups, C_out/groups, m, *L) into ``full``'s ``slices[t]``."""
+    for t, at in enumerate(slices):
+        full[(slice(None), slice(None), slice(None), *at)] += parts[:, t]
 
 
 def run_conv(op: Conv, args: Sequence[Array], buffers: Sequence[Buffer]) -> Array:

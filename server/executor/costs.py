@@ -147,7 +147,7 @@ _FACTORIZATIONS = frozenset(
 # element of the gradients; per element of batch norm and of random draws.
 _CONV_MADD_64THS = {"float32": 2, "float64": 4}
 CONV_CALL, POOL_CALL, POOL_TAP = 1 << 16, 1 << 15, 1 << 10
-TRANSPOSE_MOVED = 4  # a tap's product written, then added into a strided slice
+TRANSPOSE_MOVED = 2  # a tap's product written, then added into a strided slice
 POOL_MAX_BACKWARD, POOL_AVG_BACKWARD = 8, 2
 BATCH_NORM_ELEMENT, RANDOM_UNIFORM, RANDOM_NORMAL = 3, 6, 16
 
