@@ -21,8 +21,8 @@ the candidates they were chosen from (``bench/_conv_candidates.py``; bench/REASO
   itself), a call per group;
 - ``einsum``: ``np.einsum(..., optimize=True)`` on the windows, the groups as a batch axis;
 - ``per tap``: a loop over the kernel's taps, each a strided slice copied to a matrix and one
-  BLAS product per group, summed (the server's transpose: each tap's product added into a
-  strided slice of the output, a scatter);
+  BLAS product per group, summed (the server's transpose is its adjoint in blocks of taps: a
+  block's product added tap by tap into strided slices of the output, a scatter);
 - ``col2im`` (transpose): one product for every tap at once, then the scatter per tap;
 - ``dilated`` (transpose): the convolution of the input spread by the stride and padded, with
   the flipped kernel;
