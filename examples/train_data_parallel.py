@@ -37,20 +37,10 @@ from typing import Any
 
 import checkpointing
 import numpy as np
+import running
 from checkpointing import Checkpoints
-from train_mlp import (
-    GOAL,
-    TOKEN_FILE_ENV,
-    Curves,
-    Saving,
-    _progress,
-    _token,
-    accuracy,
-    digits,
-    evaluate,
-    mlp,
-    plot,
-)
+from running import TOKEN_FILE_ENV
+from train_mlp import GOAL, Curves, Saving, accuracy, digits, evaluate, mlp, plot
 
 import client
 from client import nn, optim
@@ -97,7 +87,7 @@ def train(
             stats[replica.index].append(both * (len(rows) / total))
         return loss
 
-    with _progress(args.epochs * per_epoch, len(curves.loss)) as advance:
+    with running.progress(args.epochs * per_epoch, len(curves.loss), ("loss", "acc")) as advance:
         for epoch in range(first_epoch, args.epochs):
             start = time.perf_counter()
             at_start = order.bit_generator.state  # the epoch's order, for a checkpoint
@@ -145,7 +135,7 @@ def _connect(stack: ExitStack, args: argparse.Namespace) -> tuple[list[Autodiff]
     if args.local:
         count = args.replicas
         return [Autodiff(np) for _ in range(count)], f"{count} numpy replica{'s' * (count > 1)}"
-    token = _token(args)
+    token = running.token(args)
     devices = [
         stack.enter_context(client.RemoteDevice(url, index, token=token))
         for url in args.url
@@ -208,7 +198,8 @@ def main(argv: list[str] | None = None) -> int:
     same = f"no, {', '.join(differing)} differ" if differing else f"yes, all {named} parameters"
     print(f"replicas bit-identical: {same}")
     try:
-        plot(curves, args.plot, f"data-parallel on {len(spaces)} replicas")
+        where = f"data-parallel on {len(spaces)} replicas"
+        plot(curves, args.plot, f"MLP on scikit-learn's digits, trained {where}")
     except OSError as exc:
         return _fail(f"{args.plot}: {type(exc).__name__}: {exc}")
     return 0 if final >= GOAL and not differing else 1

@@ -19,25 +19,23 @@ is not one, or an output file cannot be written (one line on stderr).
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import checkpointing
 import numpy as np
+import running
 from checkpointing import Checkpoints
 
-import client
 from client import checkpoint, nn, optim
 from client.autodiff import Autodiff, no_grad
 from client.capture import jit
 
-TOKEN_FILE_ENV = "TENSOR_SERVER_TOKEN_FILE"  # noqa: S105 - the variable's name, not a token
 GOAL = 0.95
 
 
@@ -90,6 +88,19 @@ class Saving:
         )
 
 
+@dataclass(frozen=True)
+class Classifier:
+    """A digits classifier as a script trains it: the script's name (on its error lines), the
+    model's (in the plot's title), the shape of one input (the 64 pixels as they are, or an
+    image), how to build the model on a namespace, and the held-out accuracy to reach."""
+
+    script: str
+    model: str
+    shape: tuple[int, ...]
+    build: Callable[[Autodiff], nn.Module]
+    goal: float
+
+
 def digits(seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """scikit-learn's 8x8 digits scaled to [0, 1]: train and held-out inputs and labels."""
     from sklearn.datasets import load_digits  # type: ignore[import-untyped]
@@ -125,17 +136,35 @@ def accuracy(ad: Autodiff, logits: Any, labels: Any) -> Any:
     return ad.xp.mean(ad.xp.astype(hits, ad.xp.float32))
 
 
+def classifier_step(
+    ad: Autodiff, model: nn.Module, opt: optim.Optimizer, x: Any, y: Any
+) -> Callable[[Any], Any]:
+    """The training step on the rows of ``x`` and ``y`` (resident on the device) that an
+    index array selects: forward, cross-entropy, backward, ``opt``'s update; it returns the
+    batch's loss and accuracy in one array, for one read."""
+
+    def step(index: Any) -> Any:
+        logits, labels = model(ad.take(x, index, axis=0)), ad.take(y, index)
+        loss = nn.cross_entropy(logits, labels)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        with no_grad():
+            return ad.xp.stack([loss.array, accuracy(ad, logits, labels)])
+
+    return step
+
+
 def train(
     ad: Autodiff,
+    model: nn.Module,
     data: tuple[np.ndarray, ...],
     args: argparse.Namespace,
-) -> tuple[nn.Module, Curves]:
+) -> Curves:
     """Adam with a cosine schedule, ``args.epochs`` epochs of shuffled batches."""
     x_train, y_train, x_test, y_test = data
-    xp = ad.xp
     x, y = ad.asarray(x_train), ad.asarray(y_train)  # uploaded once; batches are gathered there
     x_held, y_held = ad.asarray(x_test), ad.asarray(y_test)
-    model = mlp(ad, args.hidden, args.seed)
     per_epoch = -(-len(x_train) // args.batch_size)
     opt = optim.Adam(model.parameters(), lr=args.lr)
     schedule = optim.CosineAnnealingLR(opt, T_max=args.epochs * per_epoch)
@@ -144,20 +173,11 @@ def train(
     saving = Saving(Checkpoints.of(args), [(model, opt, schedule)])
     first_epoch, first_batch = saving.resume(order, curves) if args.resume else (0, 0)
 
-    def step(index: Any) -> Any:
-        """One step on the batch ``index`` selects: its loss and accuracy, in one array."""
-        logits, labels = model(ad.take(x, index, axis=0)), ad.take(y, index)
-        loss = nn.cross_entropy(logits, labels)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        with no_grad():  # one read for both numbers
-            return xp.stack([loss.array, accuracy(ad, logits, labels)])
-
+    step = classifier_step(ad, model, opt, x, y)
     # --jit: the step is recorded once and then runs on the server as one op (the schedule
     # writes its rate into the optimizer's device arrays between steps; on numpy jit just runs)
     run_step = jit(step) if args.jit else step
-    with _progress(args.epochs * per_epoch, len(curves.loss)) as advance:
+    with running.progress(args.epochs * per_epoch, len(curves.loss), ("loss", "acc")) as advance:
         for epoch in range(first_epoch, args.epochs):
             at_start = order.bit_generator.state  # the epoch's order, for a checkpoint
             batches = np.array_split(order.permutation(len(x_train)), per_epoch)
@@ -179,7 +199,7 @@ def train(
                 flush=True,
             )
     saving.save(curves, {"order": order.bit_generator.state, "epoch": args.epochs, "batch": 0})
-    return model, curves
+    return curves
 
 
 def evaluate(ad: Autodiff, model: nn.Module, x: Any, y: Any) -> float:
@@ -190,74 +210,26 @@ def evaluate(ad: Autodiff, model: nn.Module, x: Any, y: Any) -> float:
     return held_out
 
 
-@contextmanager
-def _progress(total: int, done: int = 0) -> Iterator[Any]:
-    """A rich progress bar with the running loss and accuracy; a no-op without rich."""
-    try:
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeRemainingColumn,
-        )
-    except ImportError:
-        yield lambda loss, acc: None
-        return
-    columns = (
-        TextColumn("training"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("loss {task.fields[loss]:.4f}  acc {task.fields[acc]:.3f}"),
-        TimeRemainingColumn(),
-    )
-    with Progress(*columns, transient=not sys.stderr.isatty(), console=None) as bar:
-        task = bar.add_task(
-            "train", total=total, completed=done, loss=float("nan"), acc=float("nan")
-        )
-        smoothed: list[float] = []
-
-        def advance(loss: float, acc: float) -> None:
-            smoothed.append(acc)
-            bar.update(task, advance=1, loss=loss, acc=float(np.mean(smoothed[-20:])))
-
-        yield advance
-
-
-def plot(curves: Curves, path: Path, where: str) -> None:
+def plot(curves: Curves, path: Path, title: str) -> None:
     """The loss and accuracy curves as a PNG, or say why not."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib is not installed: no plot (pip install -e '.[examples]')")
+    plt = running.pyplot()
+    if plt is None:
         return
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
     steps = np.arange(1, len(curves.loss) + 1)
     left.plot(steps, curves.loss, lw=0.6, alpha=0.5, label="batch")
-    left.plot(steps, _smooth(curves.loss), label="moving average")
+    left.plot(steps, running.smooth(curves.loss), label="moving average")
     left.set(xlabel="step", ylabel="cross-entropy", yscale="log", title="loss")
     left.legend()
-    right.plot(steps, _smooth(curves.accuracy), label="batch (moving average)")
+    right.plot(steps, running.smooth(curves.accuracy), label="batch (moving average)")
     right.plot(*zip(*curves.held_out, strict=True), "o-", label="held-out")
     right.set(xlabel="step", ylabel="accuracy", ylim=(0, 1.02), title="accuracy")
     right.legend(loc="lower right")
-    fig.suptitle(f"MLP on scikit-learn's digits, trained {where}")
+    fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
     print(f"curves written to {path}")
-
-
-def _smooth(values: list[float], window: int = 20) -> np.ndarray:
-    series = np.asarray(values)
-    sums = np.cumsum(np.insert(series, 0, 0.0))
-    counts = np.minimum(np.arange(1, len(series) + 1), window)
-    starts = np.arange(1, len(series) + 1) - counts
-    smoothed: np.ndarray = (sums[np.arange(1, len(series) + 1)] - sums[starts]) / counts
-    return smoothed
 
 
 def _save(model: nn.Module, path: Path | None) -> None:
@@ -266,29 +238,12 @@ def _save(model: nn.Module, path: Path | None) -> None:
         print(f"weights written to {path} (safetensors)")
 
 
-def _token(args: argparse.Namespace) -> str | None:
-    path = args.token_file or os.environ.get(TOKEN_FILE_ENV)
-    return Path(path).read_text().strip() if path else None  # None: TENSOR_SERVER_TOKEN
-
-
 def _parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--url", default=os.environ.get("TENSOR_SERVER_URL", "ws://127.0.0.1:8765"))
-    p.add_argument("--token-file", default=None, help=f"file holding the token [{TOKEN_FILE_ENV}]")
-    p.add_argument("--local", action="store_true", help="train on numpy instead of a server")
-    p.add_argument("--epochs", type=int, default=20)
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--hidden", type=int, default=128)
-    p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--quick", action="store_true", help="a few epochs (for tests)")
-    p.add_argument(
-        "--jit",
-        action="store_true",
-        help="record the step once, then run it by id (client.capture.jit)",
+    p = running.parser(
+        __doc__.splitlines()[0], epochs=20, batch_size=64, lr=3e-3, plot="train_mlp.png"
     )
-    p.add_argument("--plot", type=Path, default=Path("train_mlp.png"), help="PNG of the curves")
-    p.add_argument("--save", type=Path, default=None, help="write the weights (safetensors)")
+    p.add_argument("--hidden", type=int, default=128)
+    p.add_argument("--quick", action="store_true", help="a few epochs (for tests)")
     checkpointing.add_flags(p)
     args = p.parse_args(argv)
     checkpointing.check_flags(p, args)
@@ -299,40 +254,45 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
-    for path in (args.plot, args.save):  # before training, not after it
-        if path is not None and not path.absolute().parent.is_dir():
-            return _fail(f"{path}: no such directory")
-    if (unusable := checkpointing.make_directory(args)) is not None:
-        return _fail(unusable)
-    data = digits(args.seed)
+    build = partial(mlp, hidden=args.hidden, seed=args.seed)
+    return run(args, Classifier("train_mlp.py", "MLP", (64,), build, GOAL))
+
+
+def run(args: argparse.Namespace, classifier: Classifier) -> int:
+    """Train ``classifier`` as the flags say, save and plot it: the exit status (0: the
+    held-out accuracy reached the goal, 1: it did not, 2: training could not run or an
+    output could not be written, said in one line on stderr)."""
+    unusable = running.missing_directory(args.plot, args.save) or checkpointing.make_directory(args)
+    if unusable is not None:
+        return _fail(classifier.script, unusable)
+    x_train, y_train, x_test, y_test = digits(args.seed)
+    shape = (-1, *classifier.shape)
+    data = (x_train.reshape(shape), y_train, x_test.reshape(shape), y_test)
     start = time.perf_counter()
-    where = "locally on numpy" if args.local else args.url
+
+    def work(ad: Autodiff) -> Curves:
+        model = classifier.build(ad)
+        curves = train(ad, model, data, args)
+        _save(model, args.save)  # read from the server while it is connected
+        return curves
+
     try:
-        if args.local:
-            print(f"training {where}", flush=True)
-            model, curves = train(Autodiff(np), data, args)
-            _save(model, args.save)
-        else:
-            with client.RemoteDevice(args.url, token=_token(args)) as dev:
-                where = f"on {dev.url}"
-                print(f"training on {dev.url} (server {dev.server_id})", flush=True)
-                model, curves = train(Autodiff(client.namespace(dev)), data, args)
-                _save(model, args.save)  # read from the server while it is connected
-    except (client.TensorwireError, ConnectionError, OSError, ValueError) as exc:
-        return _fail(f"{where}: {type(exc).__name__}: {exc}")  # ValueError: a bad URL
+        curves, where = running.on_device(args, work)
+    except running.Unusable as exc:
+        return _fail(classifier.script, str(exc))
     seconds = time.perf_counter() - start
     final = curves.held_out[-1][1]
     print(f"{len(curves.loss)} steps in {seconds:.1f} s ({len(curves.loss) / seconds:.0f}/s)")
     print(f"held-out accuracy {final:.4f}")
     try:
-        plot(curves, args.plot, where)
+        plot(curves, args.plot, f"{classifier.model} on scikit-learn's digits, trained {where}")
     except OSError as exc:
-        return _fail(f"{args.plot}: {type(exc).__name__}: {exc}")
-    return 0 if final >= GOAL else 1
+        return _fail(classifier.script, f"{args.plot}: {type(exc).__name__}: {exc}")
+    return 0 if final >= classifier.goal else 1
 
 
-def _fail(message: str) -> int:
-    print(f"train_mlp.py: {message}", file=sys.stderr)
+def _fail(script: str, message: str) -> int:
+    print(f"{script}: {message}", file=sys.stderr)
     return 2
 
 
