@@ -22,7 +22,7 @@ import pydantic
 
 import client
 
-from . import _procs, compute, consumer, latency, memory, servers, training, transfer
+from . import _procs, compute, consumer, latency, memory, models, servers, training, transfer
 from ._params import FULL, QUICK, Params
 from ._progress import Progress
 from ._report import Failure, Figure, markdown, print_table, write_json
@@ -40,6 +40,7 @@ WORKLOADS = (
     "consumer",
     "training",
     "replay",
+    "models",
     "servers",
 )
 Tick = Callable[[], None]
@@ -110,6 +111,13 @@ def _plan(
                         dev, training.WIDE, p.training_wide_steps, p.training_reps, t
                     )
                 ]
+            ),
+        ),
+        "models": (
+            2 * p.model_reps,
+            lambda t: (
+                models.steps(dev, url, models.CNN, p.cnn_steps, p.model_reps, t)
+                + models.steps(dev, url, models.TRANSFORMER, p.transformer_steps, p.model_reps, t)
             ),
         ),
         "servers": (

@@ -31,6 +31,9 @@ class Params:
     training_steps: int  # steps per round of the digits MLP (bench/training.py)
     training_wide_steps: int  # steps per round of the wide MLP
     training_reps: int  # interleaved remote and local rounds of each
+    cnn_steps: int  # steps per round of the CNN example's step (bench/models.py)
+    transformer_steps: int  # steps per round of the transformer example's step
+    model_reps: int  # interleaved rounds of each: op by op, replayed, local numpy
     server_transfer: int  # bytes moved from one server to another (bench/servers.py)
     server_reps: int  # repetitions of each way of moving them
     parallel_steps: int  # data-parallel steps per round, on one server and on two
@@ -58,6 +61,9 @@ FULL = Params(
     training_steps=200,
     training_wide_steps=10,
     training_reps=5,
+    cnn_steps=40,
+    transformer_steps=10,
+    model_reps=5,
     server_transfer=64 * MIB,  # large enough that bandwidth, not round trips, decides
     server_reps=9,
     parallel_steps=100,
@@ -85,6 +91,9 @@ QUICK = Params(
     training_steps=10,
     training_wide_steps=2,
     training_reps=1,
+    cnn_steps=2,
+    transformer_steps=1,
+    model_reps=1,
     server_transfer=4 * MIB,
     server_reps=1,
     parallel_steps=5,

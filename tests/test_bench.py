@@ -52,9 +52,10 @@ def test_quick_run_writes_every_workload(tmp_path: Path) -> None:
     # alone against TCP, ours against TCP into a reused array; the upload floor per size, and
     # ours against it at 1 MiB; the streamed uploads; then one to four per workload (latency:
     # 4, pipelined: 2, the consumer: 3, training: 2 for the digits MLP and 1 for the wide one,
-    # step replay: 2 for the digits MLP and 1 for the wide one; several servers: 3 for a
-    # transfer between two, 1 for data-parallel training)
-    assert len(figures) == 12 + 2 + 1 + 1 + 1 + 4 + 2 + 1 + 1 + 1 + 1 + 1 + 3 + 3 + 3 + 4
+    # step replay: 2 for the digits MLP and 1 for the wide one; the examples' CNN and
+    # transformer: 2 each, replayed and op by op; several servers: 3 for a transfer between
+    # two, 1 for data-parallel training)
+    assert len(figures) == 12 + 2 + 1 + 1 + 1 + 4 + 2 + 1 + 1 + 1 + 1 + 1 + 3 + 3 + 3 + 4 + 4
     for figure in figures:
         assert math.isfinite(figure["value"])
         measured = figure["measured"]
@@ -81,6 +82,14 @@ def test_quick_run_writes_every_workload(tmp_path: Path) -> None:
     digits = "training: MLP 64-128-128-10"
     assert training[(digits, "remote steps/s / local numpy")]["goal"] is None  # reported
     assert training[(digits, "client CPU, us per step")]["value"] > 0
+    steps = [f for f in figures if f["workload"].startswith("training step: ")]
+    assert {f["workload"].split(",")[0] for f in steps} == {
+        "training step: CNN of train_cnn.py",
+        "training step: transformer of train_transformer.py",
+    }
+    for figure in steps:  # the goal judges the replayed step; op by op is reported
+        replayed = figure["figure"] == "replayed steps/s / local numpy"
+        assert figure["goal"] == ({"op": ">=", "value": 0.9} if replayed else None)
     assert "Tensorwire benchmarks" in done.stdout
 
 
