@@ -127,8 +127,8 @@ class Graphs:
                 "(--max-graphs): drop one first",
             )
         check = check_graph(graph)
+        data = _constant_buffers(graph, buffers, request.first_buffer)  # their sizes bounded
         _check_caps(graph, check, self._outcomes)
-        data = _constant_buffers(graph, buffers, request.first_buffer)
         constant_bytes = sum(c.nbytes for c in graph.constants)
         nbytes = constant_bytes + OP_BYTES * len(graph.ops)
         if self.nbytes + nbytes > limits.max_graph_bytes:
@@ -283,7 +283,14 @@ class Graphs:
 def _check_caps(graph: GraphDef, check: GraphCheck, outcomes: Outcomes) -> None:
     """The per-op caps on every op's outputs and scratch, and on the graph's outputs together
     (they are one ``run_graph``'s). Raises :class:`StoreError` (``limit_exceeded``) naming
-    the op."""
+    the op. The inputs first, then the ops in order, so that every op's inputs have passed a
+    cap before its scratch is counted on arrays of their shapes (numpy refuses to shape one
+    past its address space)."""
+    for tensor in graph.inputs:  # an input no op could have made can never be bound
+        try:
+            output_bytes([tensor.meta], outcomes.limits)
+        except StoreError as exc:
+            raise StoreError(exc.code, f"input {tensor.name!r}: {exc}") from None
     for index, (op, metas) in enumerate(zip(graph.ops, check.op_metas, strict=True)):
         try:
             shaped = [shaped_like(check.metas[i]) for i in op.inputs()]
@@ -291,11 +298,6 @@ def _check_caps(graph: GraphDef, check: GraphCheck, outcomes: Outcomes) -> None:
         except StoreError as exc:
             raise StoreError(exc.code, f"op {index} ({op.describe()}): {exc}") from None
     output_bytes([t.meta for t in graph.outputs], outcomes.limits)
-    for tensor in graph.inputs:  # an input no op could have made can never be bound
-        try:
-            output_bytes([tensor.meta], outcomes.limits)
-        except StoreError as exc:
-            raise StoreError(exc.code, f"input {tensor.name!r}: {exc}") from None
 
 
 def _constant_buffers(graph: GraphDef, buffers: Sequence[Buffer], first: int) -> list[Buffer]:
