@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -106,10 +107,13 @@ class BufferPool:
 
 class PooledDecoder(MessageDecoder[M]):
     """A :class:`~protocol.codec.MessageDecoder` whose buffers, when they arrive after the
-    header (a fragmented message), are taken from ``pool`` instead of allocated."""
+    header (a fragmented message), are taken from ``pool`` instead of allocated; ``check``
+    may refuse a message before then (the decoder's)."""
 
-    def __init__(self, adapter: TypeAdapter[M], pool: BufferPool) -> None:
-        super().__init__(adapter)
+    def __init__(
+        self, adapter: TypeAdapter[M], pool: BufferPool, check: Callable[[M], None] | None = None
+    ) -> None:
+        super().__init__(adapter, check=check)
         self._pool = pool
 
     def _start(self, view: memoryview) -> memoryview:

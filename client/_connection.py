@@ -106,7 +106,7 @@ class Connection(Recovering):
         self._index = index
         self._options = options
         self._liveness = options.liveness
-        super().__init__(url, options.pool_bytes)  # reading, and resuming, state
+        super().__init__(url, options.pool_bytes, options.bounded_replies)  # reading, resuming
         self._lock = threading.Lock()  # the pending batch, ids, state
         self._batch = Pending()  # under _lock, but its frees and drops
         self._tensor_ids = itertools.count(1)
@@ -269,13 +269,17 @@ class Connection(Recovering):
         """Drop graph ``graph_id`` on the server at the next flush. Safe from ``__del__``."""
         self._batch.drops.append(graph_id)
 
-    def request(self, make: Callable[[int], Request]) -> Reply:
-        """Flush with the request ``make(request_id)``; the reply resolves with its answer.
+    def request(self, make: Callable[[int], Request], most_bytes: int | None = None) -> Reply:
+        """Flush with the request ``make(request_id)``; the reply resolves with its answer. A
+        reply that declares more than ``most_bytes`` bytes (None: any) is refused as its header
+        arrives, before any buffer for it is allocated, and the connection is cut (its place
+        in the stream is lost): every pending and later call fails with ConnectionLost.
 
         Raises:
             ConnectionLost: the connection is closed or broken.
         """
         future = Reply(self)
+        future.most_bytes = most_bytes
         with self._lock:
             self._check_open()
             request_id = next(self._request_ids)

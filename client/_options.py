@@ -42,7 +42,10 @@ class ConnectionOptions:
     parameters of the same names, as are the reconnection bounds (``reconnect_attempts``,
     ``reconnect_timeout``, ``reconnect_backoff`` and ``reconnect_backoff_max``: see
     :class:`~client._resuming.Backoff`). ``pool_bytes`` bounds the received buffers kept for reuse
-    (``client._buffers``); a server's pulls keep none (0).
+    (``client._buffers``); a server's pulls keep none (0). ``bounded_replies``: every message
+    that carries bytes must answer a request that said how many it may carry
+    (``Connection.request``'s ``most_bytes``), else it is refused before its buffers exist: a
+    server's pulls, whose peer may lie about a reply's size.
 
     Raises:
         ValueError: a liveness bound that is not a positive number.
@@ -55,6 +58,7 @@ class ConnectionOptions:
     ping_interval: float | None = PING_INTERVAL
     ping_timeout: float | None = PING_TIMEOUT
     pool_bytes: int = POOL_BYTES
+    bounded_replies: bool = False
     reconnect_attempts: int = RECONNECT_ATTEMPTS
     reconnect_timeout: float = RECONNECT_TIMEOUT
     reconnect_backoff: float = BACKOFF_FIRST

@@ -12,6 +12,12 @@ request's future and acknowledges the client's messages up to the one that carri
 for that wakes); every message but an ``Ack`` counts as received, which the next batch tells the
 server. When the connection breaks, the subclass resumes the session or fails every pending
 reply and every later call (:meth:`Receiving._fail`): nothing hangs.
+
+A reply's bytes are bounded before they are allocated (:meth:`Receiving._allowed`, called by the
+decoder once the header is read): by what its request allowed (``Reply.most_bytes``), and on a
+connection with ``bounded_replies`` (a server's pulls) every message that carries bytes must
+answer such a request. One that declares more cuts the connection: a peer that lies about a
+reply's size makes the pulling server allocate nothing for it.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ import threading
 from concurrent.futures import Future
 from typing import Any
 
-from protocol import SERVER_ADAPTER, Ack, DecodeError, Dropped, SessionError
+from protocol import SERVER_ADAPTER, Ack, DecodeError, Dropped, MessageLimitError, SessionError
 from protocol.codec import Buffer
 
 from ._buffers import BufferPool, PooledDecoder
@@ -32,14 +38,15 @@ from .errors import ConnectionLost, ServerProtocolError
 
 class Receiving:
     """What a connection to ``url`` reads, and who waits for it; received buffers come from a
-    pool that keeps ``pool_bytes`` for reuse."""
+    pool that keeps ``pool_bytes`` for reuse. ``bounded_replies``: see the module docstring."""
 
     _ws: Transport  # the transport now (the subclass opens it)
     _generation: int  # which one it is: the subclass counts them
     _current: tuple[Transport, int]  # both, set together: read as one
 
-    def __init__(self, url: str, pool_bytes: int) -> None:
+    def __init__(self, url: str, pool_bytes: int, bounded_replies: bool = False) -> None:
         self.url = url
+        self._bounded = bounded_replies
         self._reading = threading.Condition(threading.Lock())  # leader/follower of replies
         self._reader: threading.Thread | None = None  # the thread reading replies now
         self._waiters: dict[int, Reply] = {}
@@ -71,15 +78,38 @@ class Receiving:
     # --- reading --------------------------------------------------------------------------------
 
     def _receive(self, ws: Transport) -> tuple[Any, list[Buffer]]:
-        decoder = PooledDecoder(SERVER_ADAPTER, self._pool)
+        decoder = PooledDecoder(SERVER_ADAPTER, self._pool, self._allowed)
         ws.receive(decoder)  # large payloads land straight in the decoder's arrays
         return decoder.finish()
 
     def _decode(self, payload: bytearray) -> tuple[Any, list[Buffer]]:
         """A whole message taken by :meth:`Transport.poll`, decoded."""
-        decoder = PooledDecoder(SERVER_ADAPTER, self._pool)
+        decoder = PooledDecoder(SERVER_ADAPTER, self._pool, self._allowed)
         decoder.feed(payload)
         return decoder.finish()
+
+    def _allowed(self, message: Any) -> None:
+        """Refuse ``message`` if it declares more buffer bytes than the request it answers
+        allowed (on a bounded connection: any, unless it answers a request that allowed them).
+
+        Raises:
+            MessageLimitError: it declares too many; nothing was allocated for them.
+        """
+        declared = sum(message.buffer_sizes())
+        if not declared:
+            return
+        with self._waiters_lock:
+            reply = self._waiters.get(getattr(message, "request_id", -1))
+        most = None if reply is None else reply.most_bytes
+        if most is None:
+            if not self._bounded:
+                return
+            most = 0
+        if declared > most:
+            asked = f"its request allows {most}" if reply is not None else "it answers no request"
+            raise MessageLimitError(
+                f"a reply declares {declared} bytes where {asked}: refused before any is allocated"
+            )
 
     def _poll(self) -> None:
         """Unless a thread reads, read what the socket holds now, without blocking, and
@@ -127,6 +157,9 @@ class Receiving:
                 message, buffers = self._receive(ws)
             except Closed as exc:
                 self._lost(generation, exc, reply)
+            except MessageLimitError as exc:
+                self._broken(exc, reply)
+                self._abandon(1009, "a reply larger than its request allows")
             except DecodeError as exc:
                 self._broken(exc, reply)
                 self._abandon(1002, "undecodable message")

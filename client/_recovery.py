@@ -40,8 +40,8 @@ class Recovering(Receiving):
     _lock: threading.Lock  # the pending batch: no flush while messages go out again
     _closing: bool
 
-    def __init__(self, url: str, pool_bytes: int) -> None:
-        super().__init__(url, pool_bytes)
+    def __init__(self, url: str, pool_bytes: int, bounded_replies: bool = False) -> None:
+        super().__init__(url, pool_bytes, bounded_replies)
         self._generation = 0  # transports so far, less one: which one _ws is
         self._recovering = threading.Lock()  # one thread resumes the session at a time
 

@@ -54,6 +54,7 @@ class Reply(Future[Any]):
         self._conn = conn
         self.waiting_since: float | None = None
         self.batch = 0  # the number of the message that carried its request
+        self.most_bytes: int | None = None  # the most buffer bytes its reply may declare
 
     def result(self, timeout: float | None = None) -> Any:
         if not self.done():

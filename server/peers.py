@@ -8,6 +8,10 @@ default its own ``--token``: servers that share one secret authenticate to each 
 checking a ``wss://`` source's certificate against ``--peer-ca-file`` or the system's CAs;
 sends one :class:`~protocol.Claim` with the capability and receives the tensor as a read reply,
 straight into memory that the pulled tensor then keeps (the session keeps no receive buffers).
+The pull reserved the claimed tensor's bytes before it was sent, and a reply that declares more
+(or a message with bytes that answers no claim) is refused once its header is read, before
+anything is allocated for it, and the session with that source is closed: a lying source costs
+the pulling server no memory beyond the reservation (``client._receiving``).
 One session per source is kept and shared by every pull from it (opening one, the upgrade and
 the handshake, costs more than a small pull: bench/REASONS.md, 'Kept peer sessions'), renewed
 once when it has ended (the source's idle timeout, a restart) and closed when the server stops.
@@ -23,6 +27,7 @@ silent past the keepalive) or the source's own code (``capability_refused``), na
 from __future__ import annotations
 
 import collections
+import math
 import threading
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -30,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from protocol import Claim, ErrorCode
+from protocol.dtypes import itemsize
 from protocol.ops import Pull
 
 from .config import ServerConfig
@@ -87,10 +93,11 @@ class PeerFetcher:
         from client.errors import ConnectionLost, RemoteError
 
         source = op.source
+        reserved = math.prod(op.shape) * itemsize(op.dtype)  # what the pull reserved for it
         for attempt in (1, 2):
             conn = self._session(url, source)
             try:
-                claim = conn.request(partial(_claim, op=op, claimant=claimant))
+                claim = conn.request(partial(_claim, op=op, claimant=claimant), reserved)
             except ConnectionLost as exc:  # the kept session had ended: the claim was not sent
                 self._forget(url, conn)
                 if attempt == 1:
@@ -129,6 +136,7 @@ class PeerFetcher:
             ping_interval=PING_INTERVAL,
             ping_timeout=PING_TIMEOUT,
             pool_bytes=0,  # a pulled tensor's memory is the store's, counted: none kept beside
+            bounded_replies=True,  # bytes only in reply to a claim, and no more than it asked
         )
         try:
             conn = Connection(url, 0, options)
