@@ -50,9 +50,10 @@ MAX_OP_COST = 2**35
 
 
 # A peer's URL, or a pattern of them: scheme://host[:port], host labels and port may be
-# wildcards (server/peer_urls.py matches them part by part); no user name, path or query, and
-# no IPv6 address.
-PeerURL = Annotated[str, Field(pattern=r"^wss?://[A-Za-z0-9_.*?-]+(:([0-9]+|\*))?/?$")]
+# wildcards (server/peer_urls.py matches them part by part); no user name, path or query, no
+# empty host label, and no IPv6 address.
+LABEL = r"[A-Za-z0-9_*?-]+"  # a host label of a peer URL or pattern
+PeerURL = Annotated[str, Field(pattern=rf"^wss?://{LABEL}(\.{LABEL})*(:([0-9]+|\*))?/?$")]
 
 
 class UnsupportedDeviceError(ValueError):

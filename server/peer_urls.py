@@ -4,9 +4,11 @@ A peer URL is ``scheme://host[:port]``: no user name (``ws://peer@evil``), no pa
 A pattern's host labels and port may be shell-style wildcards, matched label by label, so a
 ``*`` never spans a dot; a source URL may hold none. A host with a numeric label that is not a
 dotted-quad IPv4 address (``3232235777``, ``0x7f.1``: resolvers read them as addresses) never
-matches, nor does an IPv6 address (brackets are not in the grammar). Sessions with peers are
-kept by a URL's canonical form (:func:`canonical`: lower-case host, explicit port), so that
-spellings of one server share one session.
+matches, nor does an IPv6 address (brackets are not in the grammar), nor a host with an empty
+label (``peer.``, ``a..b``). Sessions with peers are kept by a URL's canonical form
+(:func:`canonical`: the scheme, the host in lower case, the port as a number from 1 to 65535,
+the scheme's default if none is given), and patterns match that form, so every spelling of one
+server (``:08765``, ``:8765/``, ``PEER``) names one peer and shares one session.
 """
 
 from __future__ import annotations
@@ -14,19 +16,26 @@ from __future__ import annotations
 import fnmatch
 import re
 
-URL_PARTS = re.compile(r"^(wss?)://([A-Za-z0-9_.*?-]+)(?::([0-9]+|\*))?/?$")
+LABEL = r"[A-Za-z0-9_*?-]+"  # no empty label: "peer." and "a..b" are no peer URLs
+URL_PARTS = re.compile(rf"^(wss?)://({LABEL}(?:\.{LABEL})*)(?::([0-9]+|\*))?/?$")
 DEFAULT_PORTS = {"ws": "80", "wss": "443"}
 Parts = tuple[str, str, str]  # scheme, host (lower case), port
 
 
 def url_parts(url: str) -> Parts | None:
-    """``(scheme, host, port)`` of a peer URL or pattern (host lower-cased, the port the
-    scheme's default when absent), or None for anything else."""
+    """``(scheme, host, port)`` of a peer URL or pattern, canonical: host lower-cased, a port
+    of digits as its number (the scheme's default when absent), a wildcard port as written;
+    None for anything else (a port outside 1..65535, an empty host label)."""
     match = URL_PARTS.match(url)
     if match is None:
         return None
     scheme, host, port = match.groups()
-    return scheme, host.lower(), port or DEFAULT_PORTS[scheme]
+    port = port or DEFAULT_PORTS[scheme]
+    if port.isdigit():
+        if not 1 <= int(port) <= 65535:
+            return None
+        port = str(int(port))  # 08765 is 8765
+    return scheme, host.lower(), port
 
 
 def canonical(parts: Parts) -> str:

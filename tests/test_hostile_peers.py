@@ -1,5 +1,6 @@
 """Pulls from peers that misbehave (issue 30): a real target server pulling from a malicious
-peer (``tests/fake_peers.py``) allocates no more than the pull reserved."""
+peer (``tests/fake_peers.py``) allocates no more than the pull reserved; spellings of one
+source share one kept session."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import numpy as np
 import pytest
 
 import client
@@ -62,3 +64,28 @@ def test_a_pull_allocates_no_more_than_it_reserved(lie: Any) -> None:
             baseline.server_tensor_bytes,
         )
         assert float(client.namespace(b).sum(client.namespace(b).ones(3)).numpy()) == 3.0
+
+
+def _sessions(proc: ServerProcess) -> int:
+    """The server's open sessions, counting the one that asks."""
+    with client.RemoteDevice(proc.url) as probe:
+        return probe.stats().connections
+
+
+def test_spellings_of_one_port_share_one_kept_session() -> None:
+    """Pulls that name one source with its port spelled eight ways (leading zeros, a slash)
+    hold one session on it, not one per spelling."""
+    with (
+        run_server() as source,
+        run_server(*LOOPBACK_PEERS) as target,
+        client.RemoteDevice(source.url) as a,
+        client.RemoteDevice(target.url) as b,
+    ):
+        port = source.url.rsplit(":", 1)[1]
+        spellings = [f"ws://127.0.0.1:{'0' * zeros}{port}" for zeros in range(7)]
+        spellings.append(f"{source.url}/")
+        x = client.namespace(a).asarray(np.arange(4.0))
+        for spelling in spellings:
+            capability = a.expose(x.tensor_id, b.server_id).result().capability
+            np.testing.assert_array_equal(_pull(b, spelling, x.meta, capability).numpy(), x.numpy())
+        assert _sessions(source) == 3  # the probe, a, and the one the target keeps

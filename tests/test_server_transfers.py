@@ -428,7 +428,14 @@ def test_hosts_a_resolver_reads_as_other_addresses_never_match(source: str) -> N
 def test_spellings_of_one_peer_share_one_session() -> None:
     from server.peer_urls import PeerPatterns, canonical
 
-    peers = PeerPatterns(("ws://tensorwire-*.tensorwire:8765",))
-    spellings = ["ws://TeNsorwire-0.tensorwire:8765", "ws://tensorwire-0.tensorwire:8765/"]
+    peers = PeerPatterns(("ws://tensorwire-*.tensorwire:8765", "ws://*.*:*"))
+    spellings = [
+        "ws://TeNsorwire-0.tensorwire:8765",
+        "ws://tensorwire-0.tensorwire:8765/",
+        "ws://tensorwire-0.tensorwire:08765",
+        "ws://tensorwire-0.tensorwire:000000000000008765/",
+    ]
     keys = {canonical(parts) for parts in map(peers.match, spellings) if parts is not None}
     assert keys == {"ws://tensorwire-0.tensorwire:8765"}
+    for other in ("ws://tensorwire-0.tensorwire:74301", "ws://tensorwire-0.:8765", "ws://a..b:1"):
+        assert peers.match(other) is None  # a port past 65535, an empty label: no peer URL
