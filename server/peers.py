@@ -52,6 +52,7 @@ PING_INTERVAL, PING_TIMEOUT = 5.0, 10.0  # a source silent this long is lost
 # and its worker thread, this long at most.
 PULL_TIMEOUT = 120.0
 KEPT_SESSIONS = 32  # sessions with peers kept open at once; the least recently used closes
+CREDENTIALS_HINT = " (a server presents its --peer-token, by default its --token)"
 
 
 class PeerFetcher:
@@ -126,7 +127,7 @@ class PeerFetcher:
                 return conn
         from client._connection import Connection
         from client._options import ConnectionOptions
-        from client.errors import ConnectionLost, HandshakeError
+        from client.errors import ConnectionLost, HandshakeError, VersionMismatchError
 
         options = ConnectionOptions(
             token=self._token,
@@ -141,10 +142,8 @@ class PeerFetcher:
         try:
             conn = Connection(url, 0, options)
         except HandshakeError as exc:
-            raise _failed(
-                f"{source} refused this server's session: {exc} (a server presents its "
-                "--peer-token, by default its --token)"
-            ) from None
+            hint = "" if isinstance(exc, VersionMismatchError) else CREDENTIALS_HINT
+            raise _failed(f"{source} refused this server's session: {exc}{hint}") from None
         except (ConnectionLost, OSError, ValueError) as exc:
             raise _failed(f"cannot reach {source}: {exc}") from None
         with self._lock:

@@ -1,9 +1,10 @@
 """Pulls from peers that misbehave (issue 30): a real target server pulling from a malicious
 peer (``tests/fake_peers.py``) allocates no more than the pull reserved; spellings of one
-source share one kept session."""
+source share one kept session; a peer of another protocol version is refused at once."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -13,10 +14,10 @@ import pytest
 
 import client
 from client.device import Device
-from protocol import TensorMeta
+from protocol import PROTOCOL_VERSION, TensorMeta
 from protocol.ops import Pull
 
-from .fake_peers import fake_peer, lies_about_size, strays
+from .fake_peers import fake_peer, lies_about_size, refused_as_v1, silent, strays, welcome
 from .servers import ServerProcess, run_server
 from .test_hostile_memory import assert_within_budget, peak_growth
 
@@ -89,3 +90,27 @@ def test_spellings_of_one_port_share_one_kept_session() -> None:
             capability = a.expose(x.tensor_id, b.server_id).result().capability
             np.testing.assert_array_equal(_pull(b, spelling, x.meta, capability).numpy(), x.numpy())
         assert _sessions(source) == 3  # the probe, a, and the one the target keeps
+
+
+@pytest.mark.parametrize(
+    "answer", [refused_as_v1(), welcome(version=3)], ids=["v1-refuses", "v3-welcomes"]
+)
+def test_a_peer_of_another_protocol_version_is_refused_at_once(answer: bytes) -> None:
+    """A source that speaks another version fails the pull at its hello, within a second and
+    naming both versions: no claim is sent, nothing waits for one."""
+    with (
+        fake_peer(silent, answer) as peer,
+        _target() as target,
+        client.RemoteDevice(target.url) as b,
+    ):
+        started = time.monotonic()
+        pulled = _pull(b, peer.url, TensorMeta((2,), "float64"))
+        with pytest.raises(client.TransferError) as refused:
+            pulled.numpy()
+        took = time.monotonic() - started
+        message = str(refused.value)
+        assert refused.value.code == "transfer_failed" and peer.url in message
+        assert "speaks protocol v" in message and f"speaks v{PROTOCOL_VERSION}" in message, message
+        assert "--peer-token" not in message  # not a matter of credentials
+        assert peer.claims == 0
+        assert took < 2.0, took
