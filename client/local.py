@@ -248,7 +248,8 @@ class LocalConnection:
         """One batch through the session, as ``server/connection.py`` runs a received one."""
         session = self._session
         job = session.start(batch, buffers, rejected=self._rejection(batch))
-        session.step(job, inline=False)
+        while not session.step(job, inline=False):
+            pass  # a pull runs in a step of its own, as the server's pull threads run it
         return session.finish(job)
 
     def _rejection(self, batch: Batch) -> ErrorInfo | None:

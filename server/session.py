@@ -168,8 +168,9 @@ class Session:
         """Run ops from ``job.next``. With ``inline``, stop before the first op whose cost
         exceeds :data:`INLINE_COST`, or pause (``job.paused``: go on inline on a later turn of
         the loop) once it ran for :data:`INLINE_SLICE` seconds (:data:`FIRST_SLICE` from a
-        batch's first op, so that a client's batch rarely pauses). Returns True when every op
-        has run and the batch's frees are applied.
+        batch's first op, so that a client's batch rarely pauses). Without ``inline``, a pull
+        runs alone, as the step's first op (a pull thread runs it: ``server.workers``). Returns
+        True when every op has run and the batch's frees are applied.
         """
         ops = job.batch.ops
         first, job.paused = job.next, False
@@ -190,7 +191,7 @@ class Session:
                 elif isinstance(op, RunGraph):
                     done = self.graphs.run(op, job, inline)
                 elif isinstance(op, Pull):
-                    done = self._pulls.run(op, job, inline)
+                    done = (inline or job.next == first) and self._pulls.run(op, job, inline)
                 else:
                     done = None
                 if done is None:
@@ -201,6 +202,8 @@ class Session:
                     for tensor_id in job.frees_after.pop(job.next, ()):
                         self.store.free(tensor_id)  # its last use has run
                 job.next += 1
+                if isinstance(op, Pull) and not inline:
+                    return False  # the ops after it run in a step of their own
         if job.ending is not None and not self.closed:
             job.chores, job.ending = job.ending, None
             return frees.run_chores(job, pause_at)

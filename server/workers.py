@@ -10,8 +10,12 @@ back (``Session.leave_thread``). The thread keeps its worker slot until numpy re
 most ``worker_threads`` such ops run at once; cheap ops, reads and pings never wait for them.
 How long numpy may take is bounded before it starts: an op whose estimated work is over
 ``--max-op-cost`` is refused (``Session._over_cost``), so a slot is held for roughly the cap /
-numpy's rate at most (bench/REASONS.md, 'Default --max-op-cost'). A ``pull`` (a direct
-transfer) holds its slot while its bytes arrive, at most ``server.peers.PULL_TIMEOUT`` (120 s).
+numpy's rate at most (bench/REASONS.md, 'Default --max-op-cost').
+
+A ``pull`` (a direct transfer) waits for its peer, at most ``server.peers.PULL_TIMEOUT``
+(120 s: a silent or slow peer), doing no work meanwhile: it runs in a step of its own
+(``Session.step``) in one of :data:`PULL_THREADS` threads apart from the op workers, so that
+pulls wait only for each other, and a heavy op never waits for a peer.
 """
 
 from __future__ import annotations
@@ -24,12 +28,15 @@ import anyio
 import anyio.abc
 
 from protocol import ErrorCode
+from protocol.ops import Pull
 
 from .errors import Drop
 from .outcome import Job
 from .session import Session
 
 log = logging.getLogger("tensorwire.server")
+
+PULL_THREADS = 8  # pulls waiting for their peers at once, server-wide
 
 
 @dataclass
@@ -42,14 +49,16 @@ class _Run:
 
 
 class Workers:
-    """Runs the heavy part of jobs in at most ``threads`` worker threads at once.
+    """Runs the heavy part of jobs in at most ``threads`` worker threads at once, and their
+    pulls in at most ``pull_threads`` others.
 
     Call :meth:`serve_in` with the server's task group before :meth:`run`.
     """
 
-    def __init__(self, threads: int, deadline: float) -> None:
+    def __init__(self, threads: int, deadline: float, pull_threads: int = PULL_THREADS) -> None:
         self.deadline = deadline
         self._limiter = anyio.CapacityLimiter(threads)
+        self._pulls = anyio.CapacityLimiter(pull_threads)
         self._tasks: anyio.abc.TaskGroup | None = None
 
     def serve_in(self, tasks: anyio.abc.TaskGroup) -> None:
@@ -93,8 +102,9 @@ class Workers:
             )
 
     async def _runner(self, session: Session, job: Job, run: _Run) -> None:
+        pull = job.next < len(job.batch.ops) and isinstance(job.batch.ops[job.next], Pull)
         try:
-            async with self._limiter:
+            async with self._pulls if pull else self._limiter:
                 job.op_started = time.monotonic()
                 run.started.set()
                 session.enter_thread()

@@ -1,6 +1,7 @@
 """Pulls from peers that misbehave (issue 30): a real target server pulling from a malicious
 peer (``tests/fake_peers.py``) allocates no more than the pull reserved; spellings of one
-source share one kept session; a peer of another protocol version is refused at once."""
+source share one kept session; a peer of another protocol version is refused at once; a
+silent peer holds no worker thread that other sessions' ops need."""
 
 from __future__ import annotations
 
@@ -114,3 +115,45 @@ def test_a_peer_of_another_protocol_version_is_refused_at_once(answer: bytes) ->
         assert "--peer-token" not in message  # not a matter of credentials
         assert peer.claims == 0
         assert took < 2.0, took
+
+
+@pytest.mark.serial
+def test_a_silent_peer_holds_no_worker_that_ops_need() -> None:
+    """A pull from a peer that never answers its claim (but answers pings) waits, up to its
+    bound, without the worker thread that other sessions' heavy ops run in: with one worker,
+    another session's matmul is answered meanwhile; the pull fails once the peer goes, and
+    the ops its batch holds after it run then."""
+    with (
+        _target("--worker-threads", "1") as target,
+        client.RemoteDevice(target.url) as waiting,
+        client.RemoteDevice(target.url, timeout=20) as other,
+    ):
+        with fake_peer(silent) as peer:
+            pulled = _pull(waiting, peer.url, TensorMeta((2,), "float64"))
+            after = client.namespace(waiting).ones((300, 300))
+            after = after @ after  # in the pull's batch: a heavy op behind it
+            waiting.flush()
+            deadline = time.monotonic() + 10
+            while peer.claims == 0 and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert peer.claims == 1  # the pull waits for its reply
+            xp = client.namespace(other)
+            x = xp.ones((400, 400))
+            started = time.monotonic()
+            assert float((x @ x)[0, 0].numpy()) == 400.0  # over the cost the loop runs inline
+            took = time.monotonic() - started
+            assert took < 5.0, took
+        with pytest.raises(client.TransferError, match="cut off"):
+            pulled.numpy()  # the peer went
+        assert float(after[0, 0].numpy()) == 300.0
+
+
+def test_the_ops_after_a_pull_in_its_batch_run_in_process() -> None:
+    """The in-process device runs a batch as the server does, a pull in a step of its own
+    (it fails there: no server to pull from), and the ops after it in the next."""
+    dev = client.open_device("ndarray")
+    pulled = _pull(dev, "ws://127.0.0.1:1", TensorMeta((2,), "float64"))
+    after = client.namespace(dev).ones(3) + 1  # in the pull's batch
+    np.testing.assert_array_equal(after.numpy(), np.full(3, 2.0))
+    with pytest.raises(client.TransferError, match="client's process"):
+        pulled.numpy()
