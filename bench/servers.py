@@ -38,7 +38,7 @@ from .training import DIGITS, mlp
 from .transfer import Contenders, rates, rotated
 
 Tick = Callable[[], None]
-PEERS = ("--peers", "ws://127.0.0.1:*")
+PEERS = ("--peers", "ws://127.0.0.1:*", "--allow-any-peer-port")
 
 
 def between_servers(tcp_port: int, nbytes: int, reps: int, tick: Tick) -> list[Figure]:

@@ -17,7 +17,6 @@ records ops instead of executing them). It runs before anything binds.
 
 from __future__ import annotations
 
-import ipaddress
 import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -28,6 +27,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from protocol import CaptureSpec, DeviceSpec, NdArraySpec, RemoteSpec
 from protocol.codec import MAX_BUFFERS
 
+from .peer_urls import exposed, is_loopback
 from .setting_values import AUTO_BUDGET_FRACTION as AUTO_BUDGET_FRACTION
 from .setting_values import ENV_PREFIX as ENV_PREFIX
 from .setting_values import (
@@ -241,6 +241,11 @@ class ServerConfig(BaseSettings):
     peer_token_file: Path | None = Field(
         default=None, description="read the peer token from this file (a secret)"
     )
+    allow_any_peer_port: bool = Field(
+        default=False,
+        description="let a --peers pattern match any port (ws://127.0.0.1:*), which a server with "
+        "a peer token refuses otherwise: any listener on those hosts could be sent the token",
+    )
     peer_ca_file: Path | None = Field(
         default=None,
         description="PEM CA certificates that wss:// peers' certificates must chain to "
@@ -333,23 +338,14 @@ def validate_host_device(device: NdArraySpec | RemoteSpec | CaptureSpec) -> NdAr
     return device
 
 
-def is_loopback(host: str) -> bool:
-    """True for ``localhost`` and loopback addresses; False for anything else (names too)."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
 def validate_security(config: ServerConfig) -> list[str]:
     """Refuse an exposed server without a token (like Redis's protected mode); return the
     warnings to print, one line each.
 
     Raises:
-        InsecureConfigError: a non-loopback bind without a token or ``insecure``, or only one
-            of ``tls_cert``/``tls_key``. The message is one line, fit for stderr.
+        InsecureConfigError: a non-loopback bind without a token or ``insecure``, only one of
+            ``tls_cert``/``tls_key``, or a peer token sent to any port of a ``--peers`` host
+            without ``allow_any_peer_port``. The message is one line, fit for stderr.
     """
     if (config.tls_cert is None) != (config.tls_key is None):
         raise InsecureConfigError(
@@ -378,21 +374,25 @@ def validate_security(config: ServerConfig) -> list[str]:
 
 
 def _peer_warnings(config: ServerConfig) -> list[str]:
-    """What the peer settings expose: the peer token sent in clear, or to any port."""
+    """What the peer settings expose: the peer token sent in clear, or to any port.
+
+    Raises:
+        InsecureConfigError: to any port, without ``allow_any_peer_port``.
+    """
     if config.credentials is None:
         return []
-    clear = [p for p in config.peers if p.startswith("ws://") and not _loopback_url(p)]
-    wild = [p for p in config.peers if p.rstrip("/").endswith(":*")]
+    clear, any_port = exposed(config.peers)
+    if any_port and not config.allow_any_peer_port:
+        raise InsecureConfigError(
+            f"--peers {', '.join(any_port)}: any port matches, so a client could have this server "
+            "present its peer token to any listener on those hosts; name the port, or pass "
+            f"--allow-any-peer-port ({ENV_PREFIX}ALLOW_ANY_PEER_PORT) to accept the risk"
+        )
     return [
         f"--peers {', '.join(peers)}: {why}"
         for peers, why in (
             (clear, "this server's peer token travels to them in clear; use wss:// peers"),
-            (wild, "any port matches, so any listener on those hosts gets the peer token"),
+            (any_port, "any port matches, so any listener on those hosts may get the peer token"),
         )
         if peers
     ]
-
-
-def _loopback_url(url: str) -> bool:
-    host = url.split("://", 1)[1].rstrip("/").rsplit(":", 1)[0]
-    return is_loopback(host)

@@ -14,6 +14,7 @@ server (``:08765``, ``:8765/``, ``PEER``) names one peer and shares one session.
 from __future__ import annotations
 
 import fnmatch
+import ipaddress
 import re
 
 LABEL = r"[A-Za-z0-9_*?-]+"  # no empty label: "peer." and "a..b" are no peer URLs
@@ -79,3 +80,21 @@ def _matches(source: Parts, pattern: Parts) -> bool:
         and all(fnmatch.fnmatchcase(a, b) for a, b in zip(labels, wanted, strict=True))
         and fnmatch.fnmatchcase(source[2], pattern[2])
     )
+
+
+def is_loopback(host: str) -> bool:
+    """True for ``localhost`` and loopback addresses; False for anything else (names too)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def exposed(patterns: tuple[str, ...]) -> tuple[list[str], list[str]]:
+    """Of ``patterns``, those over which a peer token would travel in clear (``ws://`` to a
+    host other than loopback), and those that match any port."""
+    parsed = [(p, parts) for p in patterns if (parts := url_parts(p)) is not None]
+    clear = [p for p, (scheme, host, _) in parsed if scheme == "ws" and not is_loopback(host)]
+    return clear, [p for p, (_, _, port) in parsed if port == "*"]

@@ -29,7 +29,7 @@ pytestmark = pytest.mark.wire  # the client's websocket, resumed, on both ends o
 
 MIB = 1 << 20
 STEPS = 30
-LOOPBACK_PEERS = ("--peers", "ws://127.0.0.1:*")
+LOOPBACK_PEERS = ("--peers", "ws://127.0.0.1:*", "--allow-any-peer-port")
 
 
 @contextmanager

@@ -1,7 +1,8 @@
 """Pulls from peers that misbehave (issue 30): a real target server pulling from a malicious
 peer (``tests/fake_peers.py``) allocates no more than the pull reserved; spellings of one
 source share one kept session; a peer of another protocol version is refused at once; a
-silent peer holds no worker thread that other sessions' ops need."""
+silent peer holds no worker thread that other sessions' ops need; and a server with a token
+names its peers' ports unless its operator accepts the risk."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from .test_hostile_memory import assert_within_budget, peak_growth
 
 pytestmark = pytest.mark.server
 
-LOOPBACK_PEERS = ("--peers", "ws://127.0.0.1:*")
+LOOPBACK_PEERS = ("--peers", "ws://127.0.0.1:*", "--allow-any-peer-port")
 MIB = 1 << 20
 LIE = 256 * MIB  # what a lying peer declares for an 8-byte pull: 4x the target's budget
 CAPABILITY = "A" * 43  # a fake peer takes any
@@ -157,3 +158,23 @@ def test_the_ops_after_a_pull_in_its_batch_run_in_process() -> None:
     np.testing.assert_array_equal(after.numpy(), np.full(3, 2.0))
     with pytest.raises(client.TransferError, match="client's process"):
         pulled.numpy()
+
+
+def test_a_peer_token_goes_to_any_port_only_when_the_operator_says_so(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A server with a token refuses to start with a --peers pattern of any port (a client
+    could have it present its peer token to any listener on that host) unless
+    --allow-any-peer-port says so, and then warns; a named port, or no token, is fine."""
+    from server.__main__ import build_server
+
+    any_port = ["--token", "t", "--peers", "ws://127.0.0.1:*"]
+    with pytest.raises(SystemExit) as refused:
+        build_server(any_port)
+    assert refused.value.code == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert "any port matches" in line and "--allow-any-peer-port" in line
+    (warning,) = build_server([*any_port, "--allow-any-peer-port"]).warnings
+    assert warning.startswith("--peers ws://127.0.0.1:*: any port matches")
+    assert build_server(["--token", "t", "--peers", "ws://127.0.0.1:8765"]).warnings == []
+    assert build_server(["--peers", "ws://127.0.0.1:*"]).warnings == []  # no token to send

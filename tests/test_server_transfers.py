@@ -22,7 +22,7 @@ from protocol.ops import Pull
 from .polling import wait_until
 from .servers import ServerProcess, run_server
 
-LOOPBACK_PEERS = ("--peers", "ws://127.0.0.1:*")
+LOOPBACK_PEERS = ("--peers", "ws://127.0.0.1:*", "--allow-any-peer-port")
 MIB = 1 << 20
 
 
