@@ -172,6 +172,15 @@ def test_compose_multi_profile_promises() -> None:
         assert parallel[key] == train[key]
 
 
+def test_short_service_names_never_go_through_a_search_domain() -> None:
+    """Services name each other by short names and send the token to them: no search domain
+    (``.``: none, not the host's) may turn one into another machine while a service is down."""
+    services = _compose()["services"]
+    assert {name: s.get("dns_search") for name, s in services.items()} == dict.fromkeys(
+        services, "."
+    )
+
+
 def _python_targets(command: list[str]) -> Iterator[tuple[str, str]]:
     """``("module", name)`` for ``python -m name``, ``("script", path)`` for ``python path``."""
     if not command or command[0] not in ("python", "python3"):
