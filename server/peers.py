@@ -48,8 +48,8 @@ if TYPE_CHECKING:
 OPEN_TIMEOUT = 10.0  # seconds to connect and be welcomed
 PING_INTERVAL, PING_TIMEOUT = 5.0, 10.0  # a source silent this long is lost
 # Seconds a claim's reply may take: 2 GiB (the largest message) at 20 MB/s. A source that
-# answers pings but never the claim (an older server that does not know claims) holds the pull,
-# and its worker thread, this long at most.
+# answers pings but never the claim holds the pull, and its pull thread (server/workers.py), this
+# long at most.
 PULL_TIMEOUT = 120.0
 KEPT_SESSIONS = 32  # sessions with peers kept open at once; the least recently used closes
 CREDENTIALS_HINT = " (a server presents its --peer-token, by default its --token)"

@@ -2,9 +2,11 @@
 that another session exposed, on this server (a copy in memory) or on a peer server (fetched
 by :data:`~server.exposures.Fetch`, the network side, ``server/peers.py``). No I/O here.
 
-A pull runs in a worker thread (a copy or a transfer is never cheap enough for the loop). Its
-output is reserved before the bytes are fetched, like any op's, and given back if the pull
-fails: a source that refuses, is unreachable or dies midway fails the op (``transfer_failed``,
+A pull runs in a pull thread (a copy or a transfer is never cheap enough for the loop; pulls
+have threads of their own, ``server/workers.py``). Its output is reserved before the bytes are
+fetched, like any op's, and no more is ever allocated for it (``server/peers.py`` refuses a
+reply that declares more); the reservation is given back if the pull fails: a source that
+refuses, lies about the size, is unreachable or dies midway fails the op (``transfer_failed``,
 ``capability_refused``), as any failed op, and the session and its accounting go on unchanged.
 """
 
@@ -44,7 +46,7 @@ class Pulls:
         self.transfers = transfers
 
     def run(self, op: Pull, job: Job, inline: bool) -> bool:
-        """Run ``op``; False while ``inline`` (a worker thread runs it)."""
+        """Run ``op``; False while ``inline`` (a pull thread runs it)."""
         if inline:
             return False
         store, outcomes = self.outcomes.store, self.outcomes
