@@ -118,8 +118,8 @@ class FakePeer:
             if not self._welcomes:
                 ws.close(1000, "handshake refused")
                 return
-            for data in ws:
-                message, _ = decode(CLIENT_ADAPTER, data)
+            while True:
+                message, _ = decode(CLIENT_ADAPTER, ws.recv(decode=False))
                 if not isinstance(message, Batch):
                     continue
                 for request in message.requests:

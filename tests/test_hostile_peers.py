@@ -7,7 +7,7 @@ names its peers' ports unless its operator accepts the risk."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -19,7 +19,7 @@ from client.device import Device
 from protocol import PROTOCOL_VERSION, TensorMeta
 from protocol.ops import Pull
 
-from .fake_peers import fake_peer, lies_about_size, refused_as_v1, silent, strays, welcome
+from .fake_peers import Claims, fake_peer, lies_about_size, refused_as_v1, silent, strays, welcome
 from .servers import ServerProcess, run_server
 from .test_hostile_memory import assert_within_budget, peak_growth
 
@@ -46,7 +46,7 @@ def _target(*args: str) -> Iterator[ServerProcess]:
 
 
 @pytest.mark.parametrize("lie", [lies_about_size, strays], ids=["lies-about-size", "answers-none"])
-def test_a_pull_allocates_no_more_than_it_reserved(lie: Any) -> None:
+def test_a_pull_allocates_no_more_than_it_reserved(lie: Callable[[int], Claims]) -> None:
     """A peer that answers an 8-byte pull with a reply declaring 256 MiB (for the claim, or
     for no request at all) is refused once its reply's header is read: the target's peak RSS
     stays within its budget's bound, the pull fails as transfer_failed, and the session and
