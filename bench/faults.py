@@ -4,7 +4,7 @@ One server with the soak's small limits (``bench/soak.py``). For ``--seconds`` (
 ``--clients`` training clients (default 8), each a process of its own, train through their own
 cutting proxy (``bench/cutting_proxy.py``), which resets every connection every 2 to 5 s,
 while each one's uncut twin trains the same rounds at the same time on a direct connection
-(``bench/_twins.py``); the soak's attackers (all five kinds, ``--attack`` picks) run beside
+(``bench/_twins.py``); the soak's attackers (every kind, ``--attack`` picks) run beside
 them. The server's RSS is sampled twice a second.
 
 The goals: every client's numbers equal its twin's, round by round, bit for bit, and no call
@@ -35,6 +35,7 @@ import numpy as np
 import client
 
 from . import _procs, _progress, _twins, soak
+from .attacks import ATTACKS, attack_until
 from .cutting_proxy import CuttingProxy, address
 
 MIB = 2**20
@@ -193,8 +194,8 @@ def faults(seconds: float, clients: int = 8, attacks: list[str] | None = None) -
             for i in range(clients)
         ]
         attackers = [
-            spawn.Process(target=soak.attack_until, args=(name, url, deadline), daemon=True)
-            for name in attacks or soak.ATTACKS
+            spawn.Process(target=attack_until, args=(name, url, deadline), daemon=True)
+            for name in attacks or ATTACKS
         ]
         for process in trainers + attackers:
             process.start()
@@ -255,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
         "--plot", type=Path, default=None, help="draw the server's RSS over the run (PNG)"
     )
     parser.add_argument(
-        "--attack", action="append", choices=list(soak.ATTACKS), help="only these (default: all)"
+        "--attack", action="append", choices=list(ATTACKS), help="only these (default: all)"
     )
     args = parser.parse_args(argv)
     if args.quick:

@@ -1,5 +1,5 @@
 """Pulls from peers that misbehave (issue 30): a real target server pulling from a malicious
-peer (``tests/fake_peers.py``) allocates no more than the pull reserved; spellings of one
+peer (``bench/fake_peers.py``) allocates no more than the pull reserved; spellings of one
 source share one kept session; a peer of another protocol version is refused at once; a
 silent peer holds no worker thread that other sessions' ops need; and a server with a token
 names its peers' ports unless its operator accepts the risk."""
@@ -15,11 +15,19 @@ import numpy as np
 import pytest
 
 import client
+from bench.fake_peers import (
+    Claims,
+    fake_peer,
+    lies_about_size,
+    refused_as_v1,
+    silent,
+    strays,
+    welcome,
+)
 from client.device import Device
 from protocol import PROTOCOL_VERSION, TensorMeta
 from protocol.ops import Pull
 
-from .fake_peers import Claims, fake_peer, lies_about_size, refused_as_v1, silent, strays, welcome
 from .servers import ServerProcess, run_server
 from .test_hostile_memory import assert_within_budget, peak_growth
 
