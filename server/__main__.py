@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     if check:
         print(f"config ok: {describe_config(server.config)}", flush=True)
         return 0
-    logs.configure(server.config.log_level, server.config.log_format)
+    logs.configure(server.config.log_level, server.config.log_format, server.config.log_rate)
     for warning in server.warnings:  # one WARNING event each, in the chosen log format
         logging.getLogger("tensorwire.server").warning(
             "insecure", extra=logs.fields(reason=warning)
@@ -202,6 +202,7 @@ def main(argv: list[str] | None = None) -> int:
             raise
         _fail(str(error), status=1)  # e.g. the port is in use: one line, no traceback
     if threading.active_count() > 1:  # a worker thread still inside numpy: do not wait for it
+        logging.shutdown()  # the log's last line: what it dropped, if anything
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)

@@ -261,6 +261,9 @@ class ServerConfig(BaseSettings):
     log_format: Literal["text", "json"] = Field(
         default="text", description="one event per line on stderr: key=value text or JSON"
     )
+    log_rate: Annotated[float, Field(ge=0)] = Field(
+        default=100.0, description="log lines a second at most, a tenth per connection; 0: none"
+    )
 
     @model_validator(mode="before")
     @classmethod

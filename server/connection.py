@@ -328,9 +328,8 @@ class Connections:
             error = item.error or ErrorInfo(
                 code=ErrorCode.BAD_MESSAGE, message="hello is only valid as the first message"
             )
-            log.warning(
-                "bad message", extra=fields(session=session.session_id, error=error.message)
-            )
+            # the client's fault, answered with a typed error: not a warning of the server's
+            log.info("bad message", extra=fields(session=session.session_id, error=error.message))
             await self._out.send(live, Dropped(message=item.number, error=error))  # none of it ran
             return
         job = item.job

@@ -105,7 +105,10 @@ class Graphs:
         except InvalidOpError as exc:
             error = ErrorInfo(code=ErrorCode.INVALID_OP, message=str(exc))
         except Exception as exc:  # a bug in a check: the session goes on, the log says what
-            log.exception("graph registration failed", extra=fields(graph=graph_id))
+            log.exception(
+                "graph registration failed",
+                extra=fields(session=self._outcomes.session_id, graph=graph_id),
+            )
             error = ErrorInfo(code=ErrorCode.INTERNAL, message=f"{type(exc).__name__}: {exc}")
         if len(self._failed) >= FAILURES_KEPT:
             del self._failed[next(iter(self._failed))]  # the oldest

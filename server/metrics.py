@@ -29,6 +29,9 @@ Series (all prefixed ``tensorwire_``)::
     draining                        gauge    1 after SIGTERM, while sessions finish
     memory_budget_bytes             gauge    the configured server-wide budget (absent: none)
     spare_bytes                     gauge    freed tensors' memory kept for uploads
+    log_records_dropped_total{reason}  counter  log lines not written: over a connection's
+                                             rate, the server's, or a kind's (server/logs.py)
+    log_records_cut_total           counter  log lines with a field cut to its bound
 
 Neither this module nor ``/metrics`` ever sees tensor data.
 """
@@ -51,6 +54,8 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 
 from protocol import ErrorCode
+
+from . import logs
 
 if TYPE_CHECKING:  # the sessions it reads are handed to it; it never makes one
     from .session import Session
@@ -173,6 +178,21 @@ class _MessageCollector(Collector):
         )
 
 
+class _LogCollector(Collector):
+    """What this process's log dropped and cut (:data:`server.logs.COUNTS`), at scrape time."""
+
+    def collect(self) -> Iterator[Metric]:
+        dropped = Tally({reason: 0 for reason in logs.DROP_REASONS})
+        dropped.update(dict(logs.COUNTS.dropped))
+        yield _counter(
+            "log_records_dropped",
+            "Log lines not written: over a connection's rate, the server's, or a kind's.",
+            "reason",
+            dropped,
+        )
+        yield _total("log_records_cut", "Log lines with a field cut to its bound.", logs.COUNTS.cut)
+
+
 def _total(name: str, doc: str, value: float) -> CounterMetricFamily:
     return CounterMetricFamily(f"{PREFIX}_{name}", doc, value=value)
 
@@ -237,6 +257,7 @@ class Metrics:
         for limit in REFUSAL_LIMITS:
             self.refusals.labels(limit)  # every known limit shows up at 0 before it is hit
         r.register(_SessionCollector(self))
+        r.register(_LogCollector())
 
     def refused(self, limit: str) -> None:
         """Count one refusal because of ``limit`` (see :data:`REFUSAL_LIMITS`)."""

@@ -31,6 +31,7 @@ from protocol import ErrorCode
 from protocol.ops import Pull
 
 from .errors import Drop
+from .logs import fields
 from .outcome import Job
 from .session import Session
 
@@ -114,7 +115,7 @@ class Workers:
                 finally:
                     session.leave_thread()  # abandoned at shutdown: the process is ending
         except Exception:
-            log.exception("worker step failed session=%s", session.session_id)
+            log.exception("worker step failed", extra=fields(session=session.session_id))
             session.close()
             run.returned = True
         finally:

@@ -90,7 +90,11 @@ def test_an_ipv6_loopback_server() -> None:
 def test_a_chatty_server_never_blocks_on_its_log() -> None:
     """Far more than a pipe buffer (64 KiB) of INFO lines while a client keeps working: the
     launcher drains stderr, keeps its last 64 KiB from a line's start, and the newest line."""
-    with run_server("--log-level", "INFO") as proc, client.RemoteDevice(proc.url) as dev:
+    # --log-rate 0: every line is written, as a server without a bound on them would
+    with (
+        run_server("--log-level", "INFO", "--log-rate", "0") as proc,
+        client.RemoteDevice(proc.url) as dev,
+    ):
         xp = client.namespace(dev)
         a = xp.zeros((2,))
         for round_ in range(10):
