@@ -10,6 +10,7 @@ before anything can run it: nothing in a graph file is evaluated or unpickled.
 
 from __future__ import annotations
 
+import math
 import os
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -24,8 +25,9 @@ from pydantic import TypeAdapter
 from protocol import DecodeError, TensorMeta, to_numpy
 from protocol.codec import byte_view, decode, encode
 from protocol.errors import GraphError
-from protocol.graphs import GraphCheck, GraphDef, GraphTensor, check_graph, renumber
+from protocol.graphs import GraphCheck, GraphConstant, GraphDef, GraphTensor, check_graph, renumber
 from protocol.ops import RunGraph
+from protocol.ops.base import MAX_NDIM
 from protocol.ops.graph import check_arguments
 
 from .._building import upload
@@ -159,6 +161,13 @@ class Graph:
             raise GraphFileError(
                 f"{path} holds a graph that does not hold together: {exc}"
             ) from None
+        try:
+            for constant in definition.constants:
+                _check_makeable(constant)
+        except GraphError as exc:
+            raise GraphFileError(
+                f"{path} holds a graph that does not hold together: {exc}"
+            ) from None
         constants = [
             np.frombuffer(buffer, dtype=to_numpy(c.dtype).newbyteorder("<")).reshape(c.shape).copy()
             for c, buffer in zip(definition.constants, buffers, strict=True)
@@ -285,6 +294,23 @@ class RegisteredGraph:
             self.drop()
         except Exception:  # noqa: S110 - at interpreter exit the session ends anyway
             pass
+
+
+def _check_makeable(constant: GraphConstant) -> None:
+    """Refuse a constant whose shape numpy cannot make an array of: more than
+    :data:`MAX_NDIM` dimensions, or nonzero dimensions whose product in bytes passes
+    ``2**63 - 1`` (numpy refuses it even when another dimension is 0).
+
+    Raises:
+        GraphError: naming the constant.
+    """
+    nbytes = to_numpy(constant.dtype).itemsize * math.prod(d for d in constant.shape if d)
+    if len(constant.shape) > MAX_NDIM or nbytes >= 2**63:
+        raise GraphError(
+            f"constant #{constant.id} is declared {constant.dtype}{list(constant.shape)}: numpy "
+            f"cannot make an array of that shape ({MAX_NDIM} dimensions and 2**63 - 1 bytes at "
+            "most)"
+        )
 
 
 def _on_device(value: Any, device: Device, name: str) -> RemoteArray:
