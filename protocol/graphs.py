@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter
 
 from .dtypes import DType, to_numpy
 from .errors import GraphError, InvalidOpError
@@ -31,7 +31,22 @@ from .ops import UNKNOWN, AnyOp, FromBuffer, GraphId, Op, Pull, RunGraph, Tensor
 from .ops.indexing import ArrayIndex
 
 GRAPH_FORMAT = 1
-Name = Annotated[str, Field(min_length=1, max_length=200)]
+
+
+def _printable(name: str) -> str:
+    """A name prints as it is: no control, format or line-breaking character (the summary,
+    logs, errors and ONNX tools print names; an escape sequence in one would reach a
+    terminal). Characters ``str.isprintable`` accepts, the space among them, are kept."""
+    if not name.isprintable():
+        raise ValueError(
+            "a name holds printable characters only (no control, format or separator "
+            "character but the space)"
+        )
+    return name
+
+
+Name = Annotated[str, Field(min_length=1, max_length=200), AfterValidator(_printable)]
+NAME_ADAPTER: TypeAdapter[str] = TypeAdapter(Name)  # one name checked alone (client.capture)
 
 
 class GraphTensor(BaseModel):
@@ -256,6 +271,7 @@ def renumber(op: AnyOp, ids: Mapping[int, int]) -> AnyOp:
 
 __all__ = [
     "GRAPH_FORMAT",
+    "NAME_ADAPTER",
     "GraphCheck",
     "GraphConstant",
     "GraphDef",

@@ -1,6 +1,9 @@
 """``python -m client.capture summary FILE``: what a saved graph holds, as a table.
 
 Exit status 0 when the file is a valid graph, 2 (with one line on stderr) when it is not.
+What it prints comes from a file (and its name) that may be anyone's: every character that is
+not printable is written as Python escapes it (``\\x1b``, ``\\n``, ``\\u202e``), so nothing it
+prints can move a terminal's cursor, retitle its window or hide text.
 """
 
 from __future__ import annotations
@@ -12,6 +15,13 @@ from ..errors import GraphFileError
 from .graph import Graph
 
 
+def printable(text: str) -> str:
+    """``text`` on one line, with each character that is not printable escaped."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m client.capture", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -21,10 +31,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         graph = Graph.load(args.file)
     except (GraphFileError, OSError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(printable(f"error: {exc}"), file=sys.stderr)
         return 2
-    print(f"{args.file}: {graph!r}")
-    print(graph.summary())
+    print(printable(f"{args.file}: {graph!r}"))
+    for line in str(graph.summary()).split("\n"):
+        print(printable(line))
     return 0
 
 

@@ -31,10 +31,18 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
+from pydantic import ValidationError
 
 from protocol import DType, TensorMeta, from_numpy, to_numpy
 from protocol.errors import GraphError
-from protocol.graphs import GraphConstant, GraphDef, GraphTensor, check_graph, renumber
+from protocol.graphs import (
+    NAME_ADAPTER,
+    GraphConstant,
+    GraphDef,
+    GraphTensor,
+    check_graph,
+    renumber,
+)
 from protocol.ops import AnyOp, FromBuffer
 
 from ..device import Device, new_handle
@@ -141,6 +149,7 @@ class Capture:
         """Declare graph input ``name``: an array of this device (returned as it is), or, on a
         record-only device, a placeholder of ``shape`` and ``dtype`` (returned)."""
         self._check_open()
+        _check_name("input", name)
         if name in {n for n, _, _ in self._inputs}:
             raise CaptureError(f"input {name!r} is declared twice")
         if array is None:
@@ -164,6 +173,7 @@ class Capture:
     def output(self, name: str, array: RemoteArray) -> None:
         """Declare graph output ``name``: an array that an op of this capture made."""
         self._check_open()
+        _check_name("output", name)
         if array.device is not self.device or array.tensor_id not in self._made:
             raise CaptureError(
                 f"output {name!r} (#{array.tensor_id}) was not produced by an op of this "
@@ -270,6 +280,15 @@ class Capture:
         if not self._implicit:
             return []
         return self.device.describe(self._implicit)
+
+
+def _check_name(role: str, name: str) -> None:
+    """Refuse, where it is declared, a name a graph cannot hold (``protocol.graphs.Name``)."""
+    try:
+        NAME_ADAPTER.validate_python(name)
+    except ValidationError as exc:
+        reason = exc.errors()[0]["msg"].removeprefix("Value error, ")
+        raise CaptureError(f"{role} name {name!r}: {reason}") from None
 
 
 def _wire_dtype(dtype: Any) -> DType:
