@@ -20,6 +20,7 @@ import math
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
+from itertools import islice
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter
@@ -147,23 +148,30 @@ _VIEW_NAMES = frozenset({"real", "imag"})  # unary ops that give a real array it
 def _check_op(index: int, op: AnyOp, metas: dict[int, TensorMeta], constants: set[int]) -> None:
     """Refuse what a graph cannot hold. ``constants`` holds the constants' ids and every id
     that may share a constant's memory; this adds ``op``'s outputs when they may."""
-    where = f"op {index} ({op.describe()})"
     if isinstance(op, FromBuffer | RunGraph | Pull):
-        raise GraphError(f"{where}: a graph holds no {op.kind} op (constants are declared)")
+        raise _op_error(index, op, f": a graph holds no {op.kind} op (constants are declared)")
     missing = [i for i in op.inputs() if i not in metas]
     if missing:
-        raise GraphError(f"{where} reads #{missing[0]}, which no input, constant or op made")
+        raise _op_error(index, op, f" reads #{missing[0]}, which no input, constant or op made")
     if op.inplace and op.out in constants:
-        raise GraphError(
-            f"{where} writes into constant #{op.out} (or a view of one): the next replay would "
-            "see the change; copy the constant first"
+        raise _op_error(
+            index,
+            op,
+            f" writes into constant #{op.out} (or a view of one): the next replay would see the "
+            "change; copy the constant first",
         )
     if not op.inplace:
         taken = [i for i in op.outputs() if i in metas]
         if taken:
-            raise GraphError(f"{where} makes #{taken[0]}, which exists already")
+            raise _op_error(index, op, f" makes #{taken[0]}, which exists already")
         if (op.kind in _VIEW_KINDS or op.name() in _VIEW_NAMES) and op.inputs()[0] in constants:
             constants.update(op.outputs())
+
+
+def _op_error(index: int, op: AnyOp, what: str) -> GraphError:
+    """``what`` is wrong with op ``index``: described only when it is (a wide op's description
+    is as long as its inputs)."""
+    return GraphError(f"op {index} ({op.describe()}){what}")
 
 
 def check_graph(graph: GraphDef) -> GraphCheck:
@@ -174,39 +182,97 @@ def check_graph(graph: GraphDef) -> GraphCheck:
             (an upload, a nested ``run_graph``, a data-dependent shape), an in-place write to
             a constant, an output that no op produced, or a declared meta its ops contradict.
     """
-    metas, constants = _declare(graph)  # constants grows by the views of them
-    op_metas: list[tuple[TensorMeta, ...]] = []
-    last_use: dict[int, int] = {}
-    for index, op in enumerate(graph.ops):
-        _check_op(index, op, metas, constants)
+    checking = GraphChecking(graph)
+    for op in graph.ops:
+        checking.add(op)
+    return checking.finish()
+
+
+class GraphChecking:
+    """:func:`check_graph` one op at a time, for ops that are never all in memory at once (a
+    graph file's, loaded piece by piece): give it the graph's declarations (its ops are not
+    read), :meth:`add` each op in order, then :meth:`finish`. It keeps what the ops to come
+    need (each id's meta, its last use so far) and the live bytes each op index adds or
+    drops, so the peak is known without going over the ops again. Equal metas are kept once.
+
+    Raises (from each method):
+        GraphError: as :func:`check_graph`, at the op or declaration that does not hold.
+    """
+
+    def __init__(self, declared: GraphDef, keep_op_metas: bool = True) -> None:
+        self._graph = declared
+        self.metas, self._constants = _declare(declared)  # constants grow by views of them
+        self._shared: dict[TensorMeta, TensorMeta] = {}  # a meta equal to one seen: that one
+        self.op_metas: list[tuple[TensorMeta, ...]] | None = [] if keep_op_metas else None
+        self.last_use: dict[int, int] = {}  # an op's output: the op that made it, until read
+        self.op_counts: Counter[str] = Counter()
+        # live throughout (inputs, constants) or from their op to the end (outputs)
+        self._lasting = {*self.metas, *(t.id for t in declared.outputs)}
+        self._declared_bytes = sum(_nbytes(m) for m in self.metas.values())
+        self._delta: list[int] = [0]  # at op index i: bytes that start or end being live
+        self._index = 0
+
+    def add(self, op: AnyOp) -> None:
+        """Check the next op against what came before it."""
+        index, metas, delta, last_use = self._index, self.metas, self._delta, self.last_use
+        _check_op(index, op, metas, self._constants)
+        inputs = op.inputs()
         try:
-            out = op.infer_all(*(metas[i] for i in op.inputs()))
+            out = op.infer_all(*(metas[i] for i in inputs))
         except InvalidOpError as exc:
-            raise GraphError(f"op {index} ({op.describe()}): {exc}") from None
+            raise _op_error(index, op, f": {exc}") from None
         if any(UNKNOWN in meta.shape for meta in out):
-            raise GraphError(
-                f"op {index} ({op.describe()}) has a data-dependent shape, which a graph "
-                "cannot hold: its replays could differ"
+            raise _op_error(
+                index,
+                op,
+                " has a data-dependent shape, which a graph cannot hold: its replays could differ",
             )
-        for tensor_id in op.inputs():
+        delta.append(0)
+        for tensor_id in inputs:  # an op's output lives until its last read, at least
+            last = last_use.get(tensor_id)
             last_use[tensor_id] = index
-        metas.update(zip(op.outputs(), out, strict=True))
-        op_metas.append(out)
-    _check_outputs(graph, metas)
-    return GraphCheck(
-        metas=metas,
-        op_metas=op_metas,
-        last_use=last_use,
-        peak_bytes=_peak_bytes(graph, metas, last_use),
-        op_counts=Counter(op.name() for op in graph.ops),
-    )
+            if last is not None and last < index and tensor_id not in self._lasting:
+                nbytes = _nbytes(metas[tensor_id])
+                delta[last + 1] += nbytes
+                delta[index + 1] -= nbytes
+        out = tuple(self._shared.setdefault(meta, meta) for meta in out)
+        for tensor_id, meta in zip(op.outputs(), out, strict=True):
+            metas[tensor_id] = meta
+            if not op.inplace:  # its output lives from here, until it is read
+                nbytes = _nbytes(meta)
+                delta[index] += nbytes
+                if tensor_id not in self._lasting:
+                    delta[index + 1] -= nbytes
+                    last_use[tensor_id] = index
+        if self.op_metas is not None:
+            self.op_metas.append(out)
+        self.op_counts[op.name()] += 1
+        self._index += 1
+
+    def finish(self) -> GraphCheck:
+        """The check of the whole graph, once its outputs are checked against what its ops
+        made."""
+        declared = {t.id for t in self._graph.inputs} | {c.id for c in self._graph.constants}
+        _check_outputs(self._graph, self.metas, declared)
+        live = peak = self._declared_bytes
+        for change in islice(self._delta, self._index):
+            live += change
+            peak = max(peak, live)
+        return GraphCheck(
+            metas=self.metas,
+            op_metas=self.op_metas or [],
+            last_use=self.last_use,
+            peak_bytes=peak,
+            op_counts=self.op_counts,
+        )
 
 
-def _check_outputs(graph: GraphDef, metas: dict[int, TensorMeta]) -> None:
-    made = {i for op in graph.ops if not op.inplace for i in op.outputs()}
+def _check_outputs(graph: GraphDef, metas: dict[int, TensorMeta], declared: set[int]) -> None:
+    """Each declared output is made by an op (it is known, and not an input or a constant),
+    once, with the meta it is declared with."""
     seen: set[int] = set()
     for tensor in graph.outputs:
-        if tensor.id not in made:
+        if tensor.id not in metas or tensor.id in declared:
             raise GraphError(
                 f"output {tensor.name!r} (#{tensor.id}) is not produced by an op of the graph"
             )
@@ -217,27 +283,6 @@ def _check_outputs(graph: GraphDef, metas: dict[int, TensorMeta]) -> None:
             raise GraphError(
                 f"output {tensor.name!r} is declared {tensor.meta}, its op makes {metas[tensor.id]}"
             )
-
-
-def _peak_bytes(graph: GraphDef, metas: dict[int, TensorMeta], last_use: dict[int, int]) -> int:
-    """The most bytes alive at once: inputs and constants throughout, an op's outputs from it
-    to their last use (outputs of the graph to its end). Views are counted as copies, so this
-    is an upper bound."""
-    kept = {t.id for t in graph.outputs}
-    declared: list[GraphTensor | GraphConstant] = [*graph.inputs, *graph.constants]
-    live = sum(_nbytes(t.meta) for t in declared)
-    peak = live
-    ending: dict[int, list[int]] = {}  # op index -> the ids whose last use it is
-    for index, op in enumerate(graph.ops):
-        if not op.inplace:
-            for tensor_id in op.outputs():
-                live += _nbytes(metas[tensor_id])
-                if tensor_id not in kept:
-                    ending.setdefault(last_use.get(tensor_id, index), []).append(tensor_id)
-        peak = max(peak, live)
-        for tensor_id in ending.pop(index, ()):
-            live -= _nbytes(metas[tensor_id])
-    return peak
 
 
 # --- renumbering ------------------------------------------------------------------------------

@@ -13,13 +13,18 @@ the message ``adapter.validate_json(header)`` gives, or a :class:`DecodeError` w
 (the message's wording may differ). One element (an op, a graph registration) and any value
 that is not a top-level array are validated whole: a step lasts about as long as its largest
 element takes.
+
+A caller that wants the elements one piece at a time, and not the whole message, reads the
+header with :func:`read_header` and takes its :meth:`Header.skeleton` and
+:meth:`Header.pieces` (a graph file's loader: ``client/capture/graph_file.py``).
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Generator
+from array import array
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -32,6 +37,7 @@ PIECE_BYTES = 1 << 16  # bytes of array elements validated in one step (one elem
 SCAN_ELEMENTS = 256  # array elements located between two steps
 
 M = TypeVar("M", bound=BaseModel)
+T = TypeVar("T")
 
 _SPACE = re.compile(r"[ \t\n\r]*")
 _SPACES = frozenset(" \t\n\r")
@@ -44,8 +50,75 @@ class _Member:
     """One member of the header's object: its value's text, or (an array) its elements'."""
 
     text: str = ""
-    spans: list[int] = field(default_factory=list)  # start, end, start, end, ...
+    spans: array[int] = field(default_factory=lambda: array("q"))  # start, end, start, ...
     array: bool = False
+
+
+@dataclass
+class Header:
+    """A header's text and its members, each array's elements located (:func:`read_header`)."""
+
+    text: str
+    members: dict[str, _Member]
+
+    def skeleton(self, adapter: TypeAdapter[M]) -> M:
+        """The message with every top-level array empty.
+
+        Raises:
+            DecodeError: the header is not a valid message.
+        """
+        skeleton = {key: "[]" if m.array else m.text for key, m in self.members.items()}
+        return _validate(adapter, _object(skeleton), None, 0)
+
+    def pieces(self, adapter: TypeAdapter[M], key: str) -> Iterator[list[Any]]:
+        """The elements of the top-level array ``key`` (none if it has none), validated in
+        pieces of :data:`PIECE_ELEMENTS` or :data:`PIECE_BYTES`, each as a message (of the
+        header's ``type``) that holds only that piece.
+
+        Raises:
+            DecodeError: an element is not valid; the error names it by its index.
+        """
+        member = self.members.get(key)
+        if member is None or not member.array:
+            return
+        tag = {"type": self.members["type"].text} if "type" in self.members else {}
+        spans, count, first = member.spans, len(member.spans) // 2, 0
+        while first < count:
+            start, last = spans[2 * first], first + 1
+            while (
+                last < count
+                and last - first < PIECE_ELEMENTS
+                and spans[2 * last + 1] - start <= PIECE_BYTES
+            ):
+                last += 1
+            piece = "[" + self.text[start : spans[2 * last - 1]] + "]"  # with the `,` between
+            yield getattr(_validate(adapter, _object({**tag, key: piece}), key, first), key)
+            first = last
+
+
+def read_header(header: bytes | memoryview) -> Generator[None, None, Header]:
+    """Decode ``header`` and locate its members and its arrays' elements, yielding between
+    steps; the generator returns the :class:`Header`.
+
+    Raises:
+        DecodeError: the header is not UTF-8, or not one JSON object.
+    """
+    try:
+        text = bytes(header).decode()
+    except UnicodeDecodeError as exc:
+        raise DecodeError(f"invalid message: the header is not UTF-8 ({exc.reason})") from None
+    members = yield from _members(text)
+    return Header(text, members)
+
+
+def complete(steps: Generator[None, None, T]) -> T:
+    """What ``steps`` returns, run without a pause."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            result: T = done.value
+            return result
 
 
 def validate_stepwise(
@@ -58,18 +131,16 @@ def validate_stepwise(
     Raises:
         DecodeError: the header is not valid JSON, or not a valid message.
     """
-    try:
-        text = bytes(header).decode()
-    except UnicodeDecodeError as exc:
-        raise DecodeError(f"invalid message: the header is not UTF-8 ({exc.reason})") from None
-    members = yield from _members(text)
-    skeleton = {key: "[]" if m.array else m.text for key, m in members.items()}
-    message = _validate(adapter, _object(skeleton), None, 0)
-    tag = {"type": members["type"].text} if "type" in members else {}  # the discriminator
+    parsed = yield from read_header(header)
+    message = parsed.skeleton(adapter)
     update: dict[str, list[Any]] = {}
-    for key, member in members.items():
+    for key, member in parsed.members.items():
         if member.array:
-            update[key] = yield from _validate_pieces(adapter, text, tag, key, member.spans)
+            values: list[Any] = []
+            for piece in parsed.pieces(adapter, key):
+                values.extend(piece)
+                yield
+            update[key] = values
     return message.model_copy(update=update) if update else message
 
 
@@ -109,17 +180,19 @@ def _members(text: str) -> Generator[None, None, dict[str, _Member]]:
     return members
 
 
-def _elements(text: str, pos: int, spans: list[int]) -> Generator[None, None, int]:
+def _elements(text: str, pos: int, spans: array[int]) -> Generator[None, None, int]:
     """Locate the elements of the array at ``pos`` (its ``[``) into ``spans`` (where each
-    starts and ends, flat: fewer objects for the garbage collector); the position after its
-    ``]``. Compact JSON (no space after a comma) takes the short way."""
+    starts and ends, flat in one machine array: 16 bytes an element, one object for the
+    garbage collector); the position after its ``]``. Compact JSON (no space after a comma)
+    takes the short way."""
     pos = _space(text, pos + 1)
     if text.startswith("]", pos):
         return pos + 1
     count = 0
     while True:
         _, end = _value(text, pos)
-        spans += (pos, end)
+        spans.append(pos)
+        spans.append(end)
         count += 1
         if count == SCAN_ELEMENTS:
             count = 0
@@ -131,30 +204,6 @@ def _elements(text: str, pos: int, spans: list[int]) -> Generator[None, None, in
         if text.startswith("]", pos):
             return pos + 1
         pos = _expect(text, pos, ",")
-
-
-def _validate_pieces(
-    adapter: TypeAdapter[M], text: str, tag: dict[str, str], key: str, spans: list[int]
-) -> Generator[None, None, list[Any]]:
-    """The elements of the array ``key`` (at ``spans`` of ``text``), validated a piece per
-    step, each as a message (tagged by ``tag``) that holds only that piece."""
-    values: list[Any] = []
-    count = len(spans) // 2
-    first = 0
-    while first < count:
-        start, last = spans[2 * first], first + 1
-        while (
-            last < count
-            and last - first < PIECE_ELEMENTS
-            and spans[2 * last + 1] - start <= PIECE_BYTES
-        ):
-            last += 1
-        piece = "[" + text[start : spans[2 * last - 1]] + "]"  # with the `,` between them
-        message = _validate(adapter, _object({**tag, key: piece}), key, first)
-        values.extend(getattr(message, key))
-        first = last
-        yield
-    return values
 
 
 def _validate(adapter: TypeAdapter[M], text: str, key: str | None, offset: int) -> M:
@@ -212,4 +261,12 @@ def _bad_json(what: str) -> DecodeError:
     return DecodeError(f"invalid message: invalid JSON: {what}")
 
 
-__all__ = ["PIECE_BYTES", "PIECE_ELEMENTS", "describe", "validate_stepwise"]
+__all__ = [
+    "PIECE_BYTES",
+    "PIECE_ELEMENTS",
+    "Header",
+    "complete",
+    "describe",
+    "read_header",
+    "validate_stepwise",
+]
