@@ -12,9 +12,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 import client
+from client.capture import Graph
 from client.errors import CaptureError
 from protocol.codec import encode
 from protocol.graphs import GraphConstant, GraphDef, GraphTensor
@@ -125,3 +127,105 @@ def test_a_capture_refuses_such_a_name_where_it_is_declared() -> None:
             cap.output("y\x07", xp.abs(x))
         cap.output("y", xp.abs(x))
     assert [t.name for t in cap.graph.outputs] == ["y"]
+
+
+MIB = 2**20
+# Runs the command, then says on stderr its peak RSS in KiB (VmHWM: ru_maxrss would keep the
+# parent's peak across fork and exec) and the seconds main() took.
+MEASURED = (
+    "import re, sys, time\n"
+    "from client.capture.__main__ import main\n"
+    "start = time.perf_counter()\n"
+    "status = main(sys.argv[1:])\n"
+    "seconds = time.perf_counter() - start\n"
+    "with open('/proc/self/status') as status_file:\n"
+    "    peak = re.search(r'VmHWM:\\s*(\\d+) kB', status_file.read()).group(1)\n"
+    "print(peak, seconds, file=sys.stderr)\n"
+    "sys.exit(status)\n"
+)
+
+
+def _measured(path: Path) -> tuple[int, float]:
+    """Peak RSS (bytes) and seconds of ``summary`` on ``path``, which must be a valid graph."""
+    done = subprocess.run(
+        [sys.executable, "-c", MEASURED, "summary", str(path)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    peak, seconds = done.stderr.split()
+    return int(peak) * 1024, float(seconds)
+
+
+def _many_small_ops(path: Path, n: int) -> Path:
+    """``y = abs(abs(...abs(x)))``, ``n`` ops deep: the most ops a byte of file can hold,
+    written as text (a model per op would take the test longer than the load)."""
+    ops = ",".join(f'{{"kind":"unary","out":{i + 1},"op":"abs","x":{i}}}' for i in range(n))
+    header = (
+        '{"type":"graph","format":1,'
+        '"inputs":[{"name":"x","id":0,"shape":[2],"dtype":"float32"}],'
+        f'"outputs":[{{"name":"y","id":{n},"shape":[2],"dtype":"float32"}}],'
+        f'"constants":[],"ops":[{ops}]}}'
+    ).encode()
+    path.write_bytes(len(header).to_bytes(4, "little") + header)
+    return path
+
+
+def _large_constants(path: Path, count: int, nbytes: int) -> Path:
+    """``y = x + c0 + c1 + ...``: ``count`` float64 constants of ``nbytes`` each."""
+    n = nbytes // 8
+    x = GraphTensor(name="x", id=0, shape=(n,), dtype="float64")
+    constants = [GraphConstant(id=1 + k, shape=(n,), dtype="float64") for k in range(count)]
+    ops = [Binary(op="add", out=count + 1, x1=0, x2=1)]
+    ops += [Binary(op="add", out=count + 1 + k, x1=count + k, x2=1 + k) for k in range(1, count)]
+    y = GraphTensor(name="y", id=2 * count, shape=(n,), dtype="float64")
+    graph = GraphDef(inputs=[x], outputs=[y], constants=constants, ops=ops)
+    value = memoryview(bytes(range(256)) * (nbytes // 256))
+    return _write(path, graph, [value] * count)
+
+
+def test_loading_a_file_takes_memory_and_time_in_proportion_to_its_size(tmp_path: Path) -> None:
+    base, _ = _measured(_write(tmp_path / "tiny.twgraph", _add()))
+    small = _many_small_ops(tmp_path / "small.twgraph", 40_000)
+    large = _many_small_ops(tmp_path / "large.twgraph", 160_000)
+    heavy = _large_constants(tmp_path / "heavy.twgraph", 16, MIB)
+    (_, small_s), (large_peak, large_s) = _measured(small), _measured(large)
+    heavy_peak, _ = _measured(heavy)
+    # While the ops after it are checked, each op leaves an id's meta and last use (a dict
+    # entry each, a few times the op's JSON), and the header's text is kept for replay; a
+    # constant is read into its own array, once.
+    for path, peak, bound in ((large, large_peak, 6), (heavy, heavy_peak, 1.5)):
+        size = path.stat().st_size
+        grown = peak - base
+        assert grown <= bound * size, (
+            f"{path.name}: {size / MIB:.1f} MiB took {grown / MIB:.0f} MiB"
+        )
+    # 4x the ops: about 4x the time when linear. A complexity guard with a wide margin.
+    assert large_s < 12 * max(small_s, 0.01), (small_s, large_s)
+
+
+def test_a_loaded_graph_is_the_saved_one(tmp_path: Path) -> None:
+    """Checked and replayed from the file's ops as they are read, and made whole on demand."""
+    dev = client.open_device("capture:ndarray")  # records and runs, in this process
+    xp = client.namespace(dev)
+    x0 = xp.asarray(np.arange(6, dtype=np.float64).reshape(2, 3))
+    with dev.capture() as cap:
+        x = cap.input("x", x0)
+        w = xp.asarray(np.linspace(-1, 1, 12).reshape(3, 4))  # a constant
+        h = xp.tanh(x @ w)
+        cap.output("y", xp.sum(h * h, axis=1))
+        cap.output("h", h)
+    saved = cap.graph
+    saved.save(tmp_path / "g.twgraph")
+    loaded = Graph.load(tmp_path / "g.twgraph")
+    assert repr(loaded) == repr(saved)
+    assert str(loaded.summary()) == str(saved.summary())
+    x1 = np.ones((2, 3))
+    want = {k: v.numpy() for k, v in saved.replay(dev, {"x": x1}).items()}
+    got = {k: v.numpy() for k, v in loaded.replay(dev, {"x": x1}).items()}
+    assert want.keys() == got.keys() and all(np.array_equal(want[k], got[k]) for k in want)
+    assert loaded.definition == saved.definition
+    np.testing.assert_array_equal(loaded.constants[0], saved.constants[0])

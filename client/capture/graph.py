@@ -1,46 +1,37 @@
 """``Graph``: a captured op stream with its constants, to save, load, inspect, replay on any
 device, register on a server to run by id, and export to ONNX.
 
-The file format is the protocol's own message layout (``protocol.codec``): a u32 length, the
-graph as a versioned JSON header (``protocol.graphs.GraphDef``: ``"type": "graph"``,
-``"format": 1``), then the constants' raw little-endian bytes. Loading validates the header
-with the protocol's pydantic models and the whole graph with ``protocol.graphs.check_graph``
-before anything can run it: nothing in a graph file is evaluated or unpickled.
+A graph file (``graph_file.py``) is checked whole, with the protocol's pydantic models and
+``protocol.graphs``' checks, before anything can run it: nothing in it is evaluated or
+unpickled, and loading it takes memory in proportion to its size.
 """
 
 from __future__ import annotations
 
-import math
 import os
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from pydantic import TypeAdapter
 
-from protocol import DecodeError, TensorMeta, to_numpy
-from protocol.codec import byte_view, decode, encode
+from protocol import TensorMeta
+from protocol.codec import byte_view
 from protocol.errors import GraphError
-from protocol.graphs import GraphCheck, GraphConstant, GraphDef, GraphTensor, check_graph, renumber
-from protocol.ops import RunGraph
-from protocol.ops.base import MAX_NDIM
+from protocol.graphs import GraphCheck, GraphDef, GraphTensor, check_graph, renumber
+from protocol.ops import AnyOp, RunGraph
 from protocol.ops.graph import check_arguments
 
 from .._building import upload
 from ..device import Device, new_handle
-from ..errors import GraphFileError
+from .graph_file import FileOps, read_graph_file, write_graph_file
 
 if TYPE_CHECKING:
     import onnx
 
     from ..array import RemoteArray
-
-_FILE_ADAPTER: TypeAdapter[GraphDef] = TypeAdapter(GraphDef)
-MAX_FILE_BYTES = 2**40  # a guard against a length that cannot be a graph, not a policy
 
 Inputs = Mapping[str, Any] | Sequence[Any]
 
@@ -92,21 +83,42 @@ class Graph:
             raise GraphError(
                 f"the graph declares {len(definition.constants)} constants; {len(constants)} given"
             )
-        self.definition = definition
+        self._declared = definition  # its inputs, outputs and constants
+        self._definition: GraphDef | None = definition
+        self._file_ops: FileOps | None = None  # a loaded graph's ops, until ``definition``
+        self._facts: tuple[Counter[str], int] | None = None  # op counts, peak bytes
         self.constants = list(constants)
 
     def __repr__(self) -> str:
         names = ", ".join(t.name for t in self.inputs)
         outs = ", ".join(t.name for t in self.outputs)
-        return f"Graph(({names}) -> ({outs}), {len(self.definition.ops)} ops)"
+        return f"Graph(({names}) -> ({outs}), {self._op_count} ops)"
+
+    @property
+    def definition(self) -> GraphDef:
+        """The whole graph. A loaded graph makes its ops' models on the first call (a model
+        takes about ten times its JSON); inspecting or replaying it does not need them."""
+        if self._definition is None:
+            assert self._file_ops is not None
+            self._definition = self._declared.model_copy(update={"ops": list(self._file_ops)})
+            self._file_ops = None
+        return self._definition
 
     @property
     def inputs(self) -> list[GraphTensor]:
-        return self.definition.inputs
+        return self._declared.inputs
 
     @property
     def outputs(self) -> list[GraphTensor]:
-        return self.definition.outputs
+        return self._declared.outputs
+
+    @property
+    def _op_count(self) -> int:
+        return len(self.definition.ops) if self._file_ops is None else self._file_ops.count
+
+    def _ops(self) -> Iterable[AnyOp]:
+        """The ops in order: a loaded graph's made a piece at a time, and let go."""
+        return self.definition.ops if self._file_ops is None else self._file_ops
 
     @cached_property
     def check(self) -> GraphCheck:
@@ -114,12 +126,13 @@ class Graph:
         return check_graph(self.definition)
 
     def summary(self) -> GraphSummary:
+        op_counts, peak_bytes = self._facts or (self.check.op_counts, self.check.peak_bytes)
         return GraphSummary(
-            ops=len(self.definition.ops),
-            op_counts=Counter(op.name() for op in self.definition.ops),
+            ops=self._op_count,
+            op_counts=Counter(op_counts),
             constants=len(self.constants),
-            constant_bytes=sum(c.nbytes for c in self.definition.constants),
-            peak_bytes=self.check.peak_bytes,
+            constant_bytes=sum(c.nbytes for c in self._declared.constants),
+            peak_bytes=peak_bytes,
             inputs=list(self.inputs),
             outputs=list(self.outputs),
         )
@@ -131,10 +144,8 @@ class Graph:
     # --- files ----------------------------------------------------------------------------------
 
     def save(self, path: str | os.PathLike[str]) -> None:
-        """Write the graph and its constants to ``path`` (see the module docstring)."""
-        with open(path, "wb") as file:
-            for chunk in encode(self.definition, self.constant_bytes()):
-                file.write(chunk)
+        """Write the graph and its constants to ``path`` (``graph_file.py``)."""
+        write_graph_file(path, self.definition, self.constant_bytes())
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Graph:
@@ -145,34 +156,11 @@ class Graph:
                 to spare, or holds a graph that does not hold together.
             OSError: the file cannot be read.
         """
-        size = Path(path).stat().st_size
-        if size > MAX_FILE_BYTES:
-            raise GraphFileError(f"{path}: {size} bytes is not a graph file")
-        data = Path(path).read_bytes()
-        if len(data) < 4 or 4 + int.from_bytes(data[:4], "little") > len(data):
-            raise GraphFileError(f"{path} is not a Tensorwire graph file: truncated header")
-        try:
-            definition, buffers = decode(_FILE_ADAPTER, data)
-        except DecodeError as exc:
-            raise GraphFileError(f"{path} is not a Tensorwire graph file: {exc}") from None
-        try:
-            check_graph(definition)
-        except GraphError as exc:
-            raise GraphFileError(
-                f"{path} holds a graph that does not hold together: {exc}"
-            ) from None
-        try:
-            for constant in definition.constants:
-                _check_makeable(constant)
-        except GraphError as exc:
-            raise GraphFileError(
-                f"{path} holds a graph that does not hold together: {exc}"
-            ) from None
-        constants = [
-            np.frombuffer(buffer, dtype=to_numpy(c.dtype).newbyteorder("<")).reshape(c.shape).copy()
-            for c, buffer in zip(definition.constants, buffers, strict=True)
-        ]
-        return cls(definition, constants)
+        loaded = read_graph_file(path)
+        graph = cls(loaded.declared, loaded.constants)
+        graph._definition, graph._file_ops = None, loaded.ops
+        graph._facts = (loaded.op_counts, loaded.peak_bytes)
+        return graph
 
     # --- running it -----------------------------------------------------------------------------
 
@@ -208,17 +196,14 @@ class Graph:
         arrays = self.bind(device, inputs)
         ids = {t.id: a.tensor_id for t, a in zip(self.inputs, arrays, strict=True)}
         held = [upload(np.asarray(c), device) for c in self.constants]
-        ids.update(
-            (c.id, h.tensor_id) for c, h in zip(self.definition.constants, held, strict=True)
-        )
+        ids.update((c.id, h.tensor_id) for c, h in zip(self._declared.constants, held, strict=True))
         made: list[int] = []
-        for op in self.definition.ops:
+        for op in self._ops():
             for graph_id in () if op.inplace else op.outputs():
                 ids[graph_id] = device.new_id()
                 made.append(ids[graph_id])
             device.submit(renumber(op, ids))
-        metas = self.check.metas
-        outputs = {t.name: new_handle(device, ids[t.id], metas[t.id]) for t in self.outputs}
+        outputs = {t.name: new_handle(device, ids[t.id], t.meta) for t in self.outputs}
         kept = {ids[t.id] for t in self.outputs}
         for tensor_id in made:
             if tensor_id not in kept:
@@ -294,23 +279,6 @@ class RegisteredGraph:
             self.drop()
         except Exception:  # noqa: S110 - at interpreter exit the session ends anyway
             pass
-
-
-def _check_makeable(constant: GraphConstant) -> None:
-    """Refuse a constant whose shape numpy cannot make an array of: more than
-    :data:`MAX_NDIM` dimensions, or nonzero dimensions whose product in bytes passes
-    ``2**63 - 1`` (numpy refuses it even when another dimension is 0).
-
-    Raises:
-        GraphError: naming the constant.
-    """
-    nbytes = to_numpy(constant.dtype).itemsize * math.prod(d for d in constant.shape if d)
-    if len(constant.shape) > MAX_NDIM or nbytes >= 2**63:
-        raise GraphError(
-            f"constant #{constant.id} is declared {constant.dtype}{list(constant.shape)}: numpy "
-            f"cannot make an array of that shape ({MAX_NDIM} dimensions and 2**63 - 1 bytes at "
-            "most)"
-        )
 
 
 def _on_device(value: Any, device: Device, name: str) -> RemoteArray:
