@@ -27,7 +27,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from protocol import CaptureSpec, DeviceSpec, NdArraySpec, RemoteSpec
 from protocol.codec import MAX_BUFFERS
 
-from .peer_urls import exposed, is_loopback
+from .peer_urls import URL_PARTS, exposed, is_loopback
 from .setting_values import AUTO_BUDGET_FRACTION as AUTO_BUDGET_FRACTION
 from .setting_values import ENV_PREFIX as ENV_PREFIX
 from .setting_values import (
@@ -49,11 +49,8 @@ from .setting_values import cgroup_memory_limit as cgroup_memory_limit
 MAX_OP_COST = 2**35
 
 
-# A peer's URL, or a pattern of them: scheme://host[:port], host labels and port may be
-# wildcards (server/peer_urls.py matches them part by part); no user name, path or query, no
-# empty host label, and no IPv6 address.
-LABEL = r"[A-Za-z0-9_*?-]+"  # a host label of a peer URL or pattern
-PeerURL = Annotated[str, Field(pattern=rf"^wss?://{LABEL}(\.{LABEL})*(:([0-9]+|\*))?/?$")]
+# A peer's URL, or a pattern of them, in peer_urls' grammar (which matches them part by part).
+PeerURL = Annotated[str, Field(pattern=URL_PARTS.pattern)]
 
 
 class UnsupportedDeviceError(ValueError):
