@@ -12,6 +12,12 @@ in a process of its own; a refused or broken session is opened again.
 - many tensors: tensors by the million, empty ``full`` ops never freed;
 - stalled uploads: uploads of 120 MiB declared and left half sent, on new connections again and
   again;
+- wide ops: a ``stack`` over a million inputs (about 2 MiB of header), sent plainly and as a
+  registered graph's one op;
+- exposed writes: writes of one element through a view of a 16 MiB array just exposed for a
+  transfer;
+- broadcast vecdot: ``vecdot`` of (L, 1, L) and (1, L, L) float32 operands, L = 2048: 2**33
+  multiply-adds from 32 MiB;
 - lying peers: pulls of 8 bytes from peer servers on loopback (``bench/fake_peers.py``) that
   answer with a reply declaring 1 GiB, for the claim or for no request at all.
 """
@@ -28,7 +34,8 @@ from client._frames import Closed
 from protocol import Batch
 from protocol.codec import byte_view, encode, encode_header, to_frames
 from protocol.framing import Opcode
-from protocol.ops import AnyOp, Binary, Full, Pull, Unique
+from protocol.graphs import GraphDef, GraphTensor, RegisterGraph
+from protocol.ops import AnyOp, Binary, Full, Join, Pull, Unique
 from protocol.scalars import scalar_from_python
 from server.config import ServerConfig  # the limits the server runs with (the same variables)
 
@@ -38,6 +45,8 @@ MIB = 2**20
 GIB = 2**30
 RAW_IDS = 10**12  # ids of the raw attackers' ops, far from the client's own
 PEERS = ("--peers", "ws://127.0.0.1:*")  # the server may pull from the lying peers' ports
+WIDE_INPUTS = 1_000_000  # inputs of the wide ops' stack: about 2 MiB of header
+VECDOT_SIDE = 2048  # the broadcast vecdot's L: 16 MiB operands, 2**33 multiply-adds
 
 
 def _until(deadline: float, attack: Callable[[], None]) -> None:
@@ -109,6 +118,57 @@ def _stalled_uploads(url: str) -> None:
         time.sleep(20)
 
 
+def _send_raw(dev: client.RemoteDevice, batch: Batch) -> None:
+    """Write ``batch`` on ``dev``'s connection as it is, unchecked by the client."""
+    transport = dev._conn._ws  # noqa: SLF001 - an attacker writes what it likes
+    with transport.send_lock:
+        transport.send(to_frames(encode(batch)))
+
+
+def _wide_ops(url: str) -> None:
+    """A stack over a million inputs in one message, sent plainly and as a registered graph's
+    one op: what checking, planning and freeing it costs the server."""
+    with client.RemoteDevice(url) as dev:
+        x = client.namespace(dev).ones(1)
+        dev.sync()
+        wide = WIDE_INPUTS
+        stack = Join(op="stack", out=RAW_IDS, xs=(x.tensor_id,) * wide)
+        _send_raw(dev, Batch(ops=[stack], frees=[RAW_IDS]))
+        one = GraphTensor(name="x", id=0, shape=(1,), dtype="float64")
+        graph = GraphDef(
+            inputs=[one],
+            ops=[Join(op="stack", out=1, xs=(0,) * wide)],
+            outputs=[GraphTensor(name="y", id=1, shape=(wide, 1), dtype="float64")],
+        )
+        _send_raw(dev, Batch(graphs=[RegisterGraph(graph_id=RAW_IDS, graph=graph)]))
+        _send_raw(dev, Batch(drop_graphs=[RAW_IDS]))
+        dev.sync()
+
+
+def _exposed_writes(url: str) -> None:
+    """Writes of one element through a view of a 16 MiB array just exposed for a transfer:
+    each makes the server keep the exposed value apart from the written one."""
+    with client.RemoteDevice(url) as dev:
+        xp = client.namespace(dev)
+        root = xp.zeros(2 * MIB)  # 16 MiB of float64
+        for _ in range(3):
+            dev.expose(root.tensor_id, "feed")  # any server.result()
+            view = root[:8]
+            view[0] = 1.0
+            dev.sync()
+
+
+def _broadcast_vecdot(url: str) -> None:
+    """``vecdot`` of two (L, 1, L) and (1, L, L) operands: L**3 multiply-adds from arrays of
+    L**2 elements."""
+    with client.RemoteDevice(url) as dev:
+        xp = client.namespace(dev)
+        side = VECDOT_SIDE
+        a = xp.ones((side, 1, side), dtype=xp.float32)
+        b = xp.ones((1, side, side), dtype=xp.float32)
+        float(xp.sum(xp.linalg.vecdot(a, b)))
+
+
 def _lying_peers(url: str) -> None:
     """Pulls of 8 bytes from peers on loopback that answer with a reply of 1 GiB: declared
     for the claim, or for no request at all (then refusing the claim)."""
@@ -135,6 +195,9 @@ ATTACKS: dict[str, Callable[[str], None]] = {
     "view reads": _view_reads,
     "many tensors": _many_tensors,
     "stalled uploads": _stalled_uploads,
+    "wide ops": _wide_ops,
+    "exposed writes": _exposed_writes,
+    "broadcast vecdot": _broadcast_vecdot,
     "lying peers": _lying_peers,
 }
 
