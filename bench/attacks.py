@@ -14,6 +14,9 @@ in a process of its own; a refused or broken session is opened again.
   again;
 - wide ops: a ``stack`` over a million inputs (about 2 MiB of header), sent plainly and as a
   registered graph's one op;
+- failed registrations: 300 graphs whose one op, a stack of 200,000 inputs of two shapes,
+  fails its check with a long error;
+- wide graphs: 64 registered graphs of 50,000 declared inputs and one op each;
 - exposed writes: writes of one element through a view of a 16 MiB array just exposed for a
   transfer;
 - broadcast vecdot: ``vecdot`` of (L, 1, L) and (1, L, L) float32 operands, L = 2048: 2**33
@@ -46,6 +49,8 @@ GIB = 2**30
 RAW_IDS = 10**12  # ids of the raw attackers' ops, far from the client's own
 PEERS = ("--peers", "ws://127.0.0.1:*")  # the server may pull from the lying peers' ports
 WIDE_INPUTS = 1_000_000  # inputs of the wide ops' stack: about 2 MiB of header
+FAILING_INPUTS = 200_000  # inputs of a failing registration's stack: a long error
+DECLARED_INPUTS = 50_000  # declared inputs of each wide graph: a 3.2 MiB header
 VECDOT_SIDE = 2048  # the broadcast vecdot's L: 16 MiB operands, 2**33 multiply-adds
 
 
@@ -145,6 +150,37 @@ def _wide_ops(url: str) -> None:
         dev.sync()
 
 
+def _failed_registrations(url: str) -> None:
+    """Graphs whose one op fails its check with a long error (a stack of inputs of two
+    shapes, alternating), more than the server keeps: it keeps each failure to answer the
+    graph's runs."""
+    with client.RemoteDevice(url) as dev:
+        one = GraphTensor(name="x", id=0, shape=(1,), dtype="float64")
+        two = GraphTensor(name="z", id=1, shape=(2,), dtype="float64")
+        stack = Join(op="stack", out=2, xs=(0, 1) * (FAILING_INPUTS // 2))
+        graph = GraphDef(inputs=[one, two], ops=[stack], outputs=[])
+        for graph_id in range(RAW_IDS, RAW_IDS + 300):
+            _send_raw(dev, Batch(graphs=[RegisterGraph(graph_id=graph_id, graph=graph)]))
+        dev.sync()
+
+
+def _wide_graphs(url: str) -> None:
+    """Registered graphs of many declared inputs and one op, as many as the session may hold:
+    structure the server keeps beside the graphs' constants."""
+    with client.RemoteDevice(url) as dev:
+        inputs = [
+            GraphTensor(name=f"x{i}", id=i, shape=(1,), dtype="float64")
+            for i in range(DECLARED_INPUTS)
+        ]
+        last = DECLARED_INPUTS
+        stack = Join(op="stack", out=last, xs=tuple(range(DECLARED_INPUTS)))
+        out = GraphTensor(name="y", id=last, shape=(DECLARED_INPUTS, 1), dtype="float64")
+        graph = GraphDef(inputs=inputs, ops=[stack], outputs=[out])
+        for graph_id in range(RAW_IDS, RAW_IDS + 64):
+            _send_raw(dev, Batch(graphs=[RegisterGraph(graph_id=graph_id, graph=graph)]))
+        dev.sync()
+
+
 def _exposed_writes(url: str) -> None:
     """Writes of one element through a view of a 16 MiB array just exposed for a transfer:
     each makes the server keep the exposed value apart from the written one."""
@@ -196,6 +232,8 @@ ATTACKS: dict[str, Callable[[str], None]] = {
     "many tensors": _many_tensors,
     "stalled uploads": _stalled_uploads,
     "wide ops": _wide_ops,
+    "failed registrations": _failed_registrations,
+    "wide graphs": _wide_graphs,
     "exposed writes": _exposed_writes,
     "broadcast vecdot": _broadcast_vecdot,
     "lying peers": _lying_peers,
