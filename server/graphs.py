@@ -2,8 +2,9 @@
 
 Registration (:meth:`Graphs.register`, from ``Session.start``, before the batch's ops): the
 graph is checked once, as its ops would be (:func:`~protocol.graphs.check_graph`:
-``invalid_op``; the per-op caps on each op's outputs and scratch, on the graph's outputs
-together, and on each op's work (``--max-op-cost``): ``limit_exceeded``), then against the
+``invalid_op``; the per-op caps on its inputs and constants, which no op or upload could
+have made otherwise, on each op's outputs and scratch, on the graph's outputs together, and on
+each op's work (``--max-op-cost``): ``limit_exceeded``), then against the
 session's bounds (``Limits.max_graphs`` graphs, ``Limits.max_graph_bytes`` of constants:
 ``limit_exceeded``); its constants' bytes are reserved in the store (``quota_exceeded``,
 ``server_memory_exhausted``) until it is dropped or the session closes, and copied out of the
@@ -286,14 +287,17 @@ class Graphs:
 def _check_caps(graph: GraphDef, check: GraphCheck, outcomes: Outcomes) -> None:
     """The per-op caps on every op's outputs and scratch, and on the graph's outputs together
     (they are one ``run_graph``'s). Raises :class:`StoreError` (``limit_exceeded``) naming
-    the op. The inputs first, then the ops in order, so that every op's inputs have passed a
-    cap before its scratch is counted on arrays of their shapes (numpy refuses to shape one
-    past its address space)."""
-    for tensor in graph.inputs:  # an input no op could have made can never be bound
+    the op. The inputs and constants first, then the ops in order, so that every op's inputs
+    have passed a cap before numpy shapes an array of theirs (a constant's, its scratch
+    counted on arrays of their shapes), which it refuses past its address space or 64
+    dimensions."""
+    declared = [(f"input {t.name!r}", t.meta) for t in graph.inputs]  # no op could make one
+    declared += [(f"constant #{c.id}", c.meta) for c in graph.constants]  # no upload either
+    for what, meta in declared:
         try:
-            output_bytes([tensor.meta], outcomes.limits)
+            output_bytes([meta], outcomes.limits)
         except StoreError as exc:
-            raise StoreError(exc.code, f"input {tensor.name!r}: {exc}") from None
+            raise StoreError(exc.code, f"{what}: {exc}") from None
     for index, (op, metas) in enumerate(zip(graph.ops, check.op_metas, strict=True)):
         try:
             shaped = [shaped_like(check.metas[i]) for i in op.inputs()]
