@@ -11,6 +11,7 @@ from ..dtypes import is_integer
 from ..errors import OpDTypeError, OpShapeError
 from .base import (
     I64,
+    MAX_NDIM,
     UNKNOWN,
     BaseOp,
     Dim,
@@ -125,10 +126,11 @@ class Axes(BaseOp):
                 raise OpShapeError(f"cannot squeeze axes {self.axis} of shape {x.shape}")
             return TensorMeta(tuple(d for i, d in enumerate(x.shape) if i not in axes), x.dtype)
         ndim = len(x.shape) + len(self.axis)
-        axes = normalize_axes(self.axis, ndim)
+        if ndim > MAX_NDIM:  # refused before any loop over ndim: the axes are the header's
+            raise OpShapeError(f"{ndim} dimensions exceed the limit of {MAX_NDIM}")
+        new = frozenset(normalize_axes(self.axis, ndim))
         it = iter(x.shape)
-        shape = tuple(1 if i in axes else next(it) for i in range(ndim))
-        return TensorMeta(check_shape(shape), x.dtype)
+        return TensorMeta(tuple(1 if i in new else next(it) for i in range(ndim)), x.dtype)
 
 
 class Roll(BaseOp):
