@@ -36,7 +36,15 @@ def planned(store: TensorStore, job: Job) -> Iterator[None]:
     ops = batch.ops
     for first in range(0, len(ops), PART):
         for index in range(first, min(first + PART, len(ops))):
-            for tensor_id in ops[index].inputs():
+            inputs = ops[index].inputs()
+            if len(inputs) > PART:  # a wide op (a stack of a million): its ids a part at a time
+                for start in range(0, len(inputs), PART):
+                    last_use.update(
+                        dict.fromkeys(frees.intersection(inputs[start : start + PART]), index)
+                    )
+                    yield
+                continue
+            for tensor_id in inputs:
                 if tensor_id in frees:
                     last_use[tensor_id] = index
         yield
