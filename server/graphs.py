@@ -1,7 +1,8 @@
 """The graphs a session registered (``protocol.graphs``), and ``run_graph``, which replays one.
 
-Registration (:meth:`Graphs.register`, from ``Session.start``, before the batch's ops): the
-graph is checked once, as its ops would be (:func:`~protocol.graphs.check_graph`:
+Registration (:meth:`Graphs.register_all`, from ``Session.step``, before the batch's ops; on
+the event loop only within the inline cost, ``server/check_costs.py``, else in a worker
+thread): the graph is checked once, as its ops would be (:func:`~protocol.graphs.check_graph`:
 ``invalid_op``; the per-op caps on its inputs and constants, which no op or upload could
 have made otherwise, on each op's outputs and scratch, on the graph's outputs together, and on
 each op's work (``--max-op-cost``): ``limit_exceeded``), then against the
@@ -34,6 +35,7 @@ reservation back; what ops before k wrote into inputs stays, as with the ops sen
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -44,6 +46,7 @@ from protocol.graphs import GraphCheck, GraphDef, RegisterGraph, check_graph
 from protocol.ops import RunGraph
 
 from . import executor
+from .check_costs import registration_cost
 from .errors import StoreError
 from .executor.base import Array
 from .limits import check_cost, output_bytes
@@ -79,6 +82,26 @@ class Graphs:
 
     def __len__(self) -> int:
         return len(self._plans)
+
+    def register_all(self, job: Job, inline: bool, pause_at: float) -> bool:
+        """Register ``job``'s graphs from ``job.registered`` on (:meth:`register`); True once
+        every one is. With ``inline``, stop before one whose check and plan would cost the
+        loop more than the inline cost (``server/check_costs.py``: a worker thread goes on),
+        or pause (``job.paused``) once one was registered and ``time.monotonic()`` passed
+        ``pause_at``."""
+        requests, first = job.batch.graphs, job.registered
+        while job.registered < len(requests) and not self._stopped():
+            request = requests[job.registered]
+            if inline:
+                if job.registered > first and time.monotonic() > pause_at:
+                    job.paused = True
+                    return False
+                if registration_cost(request.graph, self._inline_cost) > self._inline_cost:
+                    return False
+            job.op_started = time.monotonic()
+            self.register(request, job.buffers, job)
+            job.registered += 1
+        return True
 
     def register(self, request: RegisterGraph, buffers: Sequence[Buffer], job: Job) -> None:
         """Register ``request.graph`` (its constants are ``buffers`` from

@@ -50,6 +50,7 @@ class Job:
     batch: Batch
     buffers: Sequence[Buffer]
     rejected: ErrorInfo | None = None  # the whole batch was refused: every op fails with this
+    registered: int = 0  # graphs of the batch registered (or refused), before its first op
     next: int = 0  # index of the next op to run
     errors: list[ErrorInfo] = field(default_factory=list)
     op_started: float | None = None  # time.monotonic() when the running op began
@@ -58,6 +59,13 @@ class Job:
     # the batch's frees (server/frees.py): to plan or apply before the next op, and once all ran
     chores: Iterator[None] | None = None
     ending: Iterator[None] | None = None
+
+    def running(self) -> str:
+        """What runs now (for the per-op deadline's message): a registration or an op."""
+        graphs, ops = self.batch.graphs, self.batch.ops
+        if self.registered < len(graphs):
+            return f"registering graph #{graphs[self.registered].graph_id}"
+        return ops[min(self.next, len(ops) - 1)].describe() if ops else "the batch's frees"
 
 
 class Outcomes:

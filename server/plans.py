@@ -18,7 +18,7 @@ import math
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import partial
+from functools import lru_cache, partial
 from typing import Any
 
 import numpy as np
@@ -48,6 +48,7 @@ Expect = tuple[tuple[int, ...], np.dtype[Any]]  # a result's shape and numpy dty
 # per step, in the cost model's unit: a bound on a graph's length, not a price; bench/REASONS.md,
 # 'Inline slices of the event loop'.)
 MIN_STEP_COST = 64
+SHAPED_KEPT = 1024  # arrays of distinct metas kept by shaped_like, each some 100 bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,9 +140,11 @@ def constant_array(shape: tuple[int, ...], dtype: Any, buffer: Buffer) -> Array:
     return array
 
 
+@lru_cache(maxsize=SHAPED_KEPT)
 def shaped_like(meta: TensorMeta) -> Array:
     """An array of ``meta``'s shape and dtype that holds no memory, for ``executor.cost`` and
-    ``executor.scratch``."""
+    ``executor.scratch`` (read-only: one serves every input of that meta, which numpy shapes
+    in microseconds: a ``stack`` of a million inputs took seconds)."""
     return np.broadcast_to(np.zeros((), dtype=to_numpy(meta.dtype)), meta.shape)
 
 

@@ -2,8 +2,8 @@
 
 The transport (``server/connection.py``) drives it; it runs Unary and Binary ops through its
 fast path (``server/fastpath.py``) and ``run_graph`` through its registered graphs
-(``server/graphs.py``: a batch's graphs are registered when it starts, before its ops, and
-its dropped graphs dropped after its frees), and all settle each op's outcome through
+(``server/graphs.py``: a batch's graphs are registered by its first steps, before its ops,
+and its dropped graphs dropped after its frees), and all settle each op's outcome through
 ``server/outcome.py``.
 
 Theory of operation: the transport hands each decoded :class:`~protocol.Batch` to
@@ -30,7 +30,9 @@ share it see the write, as in numpy; the store first moves memory that a read re
 sends from, and only a read-only view is written into a counted copy
 (:meth:`TensorStore.prepare_write`).
 Work (:meth:`_over_cost`): an op whose estimated work (:func:`executor.cost`) is over
-``Limits.max_op_cost`` fails (``limit_exceeded``); one over :data:`INLINE_COST` runs in a thread.
+``Limits.max_op_cost`` fails (``limit_exceeded``); one over :data:`INLINE_COST` runs in a thread,
+as does one whose check alone would cost the loop more (``server/check_costs.py``: a ``stack``
+of a million inputs), and a registration whose check and plan would.
 Deadline: :attr:`Job.op_started` is the monotonic time the running op began; the transport
 watches it and, past the deadline, closes the session (:meth:`close`): the op itself cannot be
 interrupted, so its result is discarded when numpy returns, which the work cap bounds.
@@ -59,6 +61,7 @@ from protocol.codec import Buffer
 from protocol.ops import AnyOp, FromBuffer, Pull, RunGraph
 
 from . import executor, frees
+from .check_costs import op_check_cost
 from .errors import StoreError
 from .fastpath import FAST_OPS, FastPath
 from .graphs import Graphs
@@ -132,13 +135,12 @@ class Session:
     ) -> Job:
         """A job for ``batch``; with ``rejected``, every op of it fails with that error.
 
-        Its frees are planned and applied by :meth:`step` (``server/frees.py``: those of
-        tensors no op uses before the first op, the others right after their last use, and all
-        of them again once the ops ran), a part at a time.
+        Its graphs are registered by :meth:`step`, before its ops. Its frees are planned and
+        applied by :meth:`step` (``server/frees.py``: those of tensors no op uses before the
+        first op, the others right after their last use, and all of them again once the ops
+        ran), a part at a time.
         """
         job = Job(batch, executor.uploads_kept_apart(batch.ops, buffers), rejected)
-        for request in batch.graphs:  # before the ops, which may run them
-            self.graphs.register(request, buffers, job)
         if batch.frees:
             job.chores = frees.planned(self.store, job)
             job.ending = frees.freed_again(self.store, batch.frees)
@@ -165,7 +167,8 @@ class Session:
             )
 
     def step(self, job: Job, inline: bool) -> bool:
-        """Run ops from ``job.next``. With ``inline``, stop before the first op whose cost
+        """Register the batch's graphs, then run ops from ``job.next``. With ``inline``, stop
+        before the first registration or op whose check (``server/check_costs.py``) or cost
         exceeds :data:`INLINE_COST`, or pause (``job.paused``: go on inline on a later turn of
         the loop) once it ran for :data:`INLINE_SLICE` seconds (:data:`FIRST_SLICE` from a
         batch's first op, so that a client's batch rarely pauses). Without ``inline``, a pull
@@ -179,6 +182,10 @@ class Session:
         )
         if job.chores is not None and not frees.run_chores(job, pause_at):
             return False
+        if job.registered < len(job.batch.graphs) and not self.graphs.register_all(
+            job, inline, pause_at
+        ):  # before the ops, which may run them
+            return False
         with np.errstate(all="ignore"):  # once per step, for the fast path's numpy calls
             while job.next < len(ops) and not self.closed:
                 op = ops[job.next]
@@ -188,6 +195,8 @@ class Session:
                     return False
                 if type(op) in FAST_OPS:
                     done = self._fast.run(op, job, inline)
+                elif inline and op_check_cost(op) > INLINE_COST:
+                    return False  # checking it alone is too costly for the loop
                 elif isinstance(op, RunGraph):
                     done = self.graphs.run(op, job, inline)
                 elif isinstance(op, Pull):

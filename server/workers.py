@@ -88,11 +88,10 @@ class Workers:
             with anyio.move_on_after(op_started + self.deadline - time.monotonic()):
                 await run.done.wait()
             if not run.done.is_set() and job.op_started == op_started:
-                op = job.batch.ops[min(job.next, len(job.batch.ops) - 1)]
                 session.close()
                 raise Drop(
                     ErrorCode.DEADLINE_EXCEEDED,
-                    f"{op.describe()} ran past the {self.deadline} s per-op deadline",
+                    f"{job.running()} ran past the {self.deadline} s per-op deadline",
                 )
         if not run.returned:
             session.close()
