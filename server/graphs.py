@@ -10,7 +10,8 @@ session's bounds (``Limits.max_graphs`` graphs, ``Limits.max_graph_bytes`` of co
 ``limit_exceeded``); its constants' bytes are reserved in the store (``quota_exceeded``,
 ``server_memory_exhausted``) until it is dropped or the session closes, and copied out of the
 message into read-only arrays. A registration that fails is remembered with its error (the
-:data:`FAILURES_KEPT` newest), and every ``run_graph`` of it fails with that error, as an op
+:data:`FAILURES_KEPT` newest, each text at most :data:`ERROR_TEXT` characters, charged as a
+failure record of the store's), and every ``run_graph`` of it fails with that error, as an op
 fails. A graph id in use refuses the new registration and
 leaves the graph alone (the error is answered on its own, as for a taken tensor id).
 
@@ -53,11 +54,12 @@ from .limits import check_cost, output_bytes
 from .logs import fields
 from .outcome import Job, Outcomes
 from .plans import Plan, ReplayError, build_plan, constant_array, replay, shaped_like
-from .store import Failure, Stored
+from .store import Failure, Stored, entry_bytes
 
 log = logging.getLogger("tensorwire.session")
 
 FAILURES_KEPT = 256  # failed registrations a session remembers (each an ErrorInfo)
+ERROR_TEXT = 2048  # characters of a failed registration's error kept: its start and its end
 # What a registered op holds beside numpy's memory: its message model, its plan step, its
 # metas, about 1 KiB (bench/REASONS.md, 'Registered op charge'). It is charged as bytes
 # (bound by --max-graph-bytes, the quota and the budget), so that many small graphs cannot
@@ -134,9 +136,31 @@ class Graphs:
                 extra=fields(session=self._outcomes.session_id, graph=graph_id),
             )
             error = ErrorInfo(code=ErrorCode.INTERNAL, message=f"{type(exc).__name__}: {exc}")
+        self._remember(graph_id, error, job)
+
+    def _remember(self, graph_id: int, error: ErrorInfo, job: Job) -> None:
+        """Keep ``error``, its text bounded (:func:`bounded`), for the runs of ``graph_id``,
+        charged as a failure record (``TensorStore.keep_record``); past
+        :data:`FAILURES_KEPT` the oldest goes. Without room for its record, the error is
+        answered on its own (``job.errors``) and not kept."""
+        error = ErrorInfo(code=error.code, message=bounded(error.message))
         if len(self._failed) >= FAILURES_KEPT:
-            del self._failed[next(iter(self._failed))]  # the oldest
+            self._forget_failure(next(iter(self._failed)))  # the oldest
+        if not self._store.keep_record(entry_bytes(Failure(error))):
+            job.errors.append(
+                ErrorInfo(
+                    code=error.code,
+                    message=f"graph #{graph_id} failed to register, and the session has no room "
+                    f"left to remember why (free tensors): {error.message}",
+                )
+            )
+            return
         self._failed[graph_id] = error
+
+    def _forget_failure(self, graph_id: int) -> None:
+        error = self._failed.pop(graph_id, None)
+        if error is not None:
+            self._store.records.remove(entry_bytes(Failure(error)))
 
     def _plan(self, request: RegisterGraph, buffers: Sequence[Buffer]) -> Plan:
         """Check ``request`` and hold its constants.
@@ -181,7 +205,7 @@ class Graphs:
 
     def drop(self, graph_id: int) -> None:
         """Forget ``graph_id`` and give its constants' bytes back; an unknown id does nothing."""
-        self._failed.pop(graph_id, None)
+        self._forget_failure(graph_id)
         plan = self._plans.pop(graph_id, None)
         if plan is not None:
             self.nbytes -= plan.held_bytes
@@ -193,7 +217,8 @@ class Graphs:
         self._store.cancel(self.nbytes)
         self.nbytes = 0
         self._plans.clear()
-        self._failed.clear()
+        for graph_id in list(self._failed):
+            self._forget_failure(graph_id)
 
     # --- replay --------------------------------------------------------------------------------
 
@@ -305,6 +330,15 @@ class Graphs:
 
 
 # --- registration ---------------------------------------------------------------------------
+
+
+def bounded(text: str, most: int = ERROR_TEXT) -> str:
+    """``text``, or its first and last ``most // 2`` characters and how many are left out
+    between them (a wide op's description is as long as its inputs: megabytes)."""
+    if len(text) <= most:
+        return text
+    half = most // 2
+    return f"{text[:half]} [... {len(text) - 2 * half} characters ...] {text[-half:]}"
 
 
 def _check_caps(graph: GraphDef, check: GraphCheck, outcomes: Outcomes) -> None:

@@ -256,15 +256,20 @@ class TensorStore:
         self.nbytes += reserved
 
     def _keep_failure(self, failure: Failure, forced: bool) -> bool:
-        """Charge ``failure``'s record: ``forced``, or if it fits the quota and the budget plus
-        :data:`FAILURE_HEADROOM`; else count it in :attr:`unrecorded` and return False."""
-        cost, headroom = entry_bytes(failure), None if forced else FAILURE_HEADROOM
-        fits = forced or cost <= self.entry_room() + FAILURE_HEADROOM
-        if not fits or not self.records.add(cost, headroom):
+        """Charge ``failure``'s record (:meth:`keep_record`); if it does not fit, count it in
+        :attr:`unrecorded` and return False."""
+        if not self.keep_record(entry_bytes(failure), forced):
             self.unrecorded += 1
             self._first_unrecorded = self._first_unrecorded or failure.error
             return False
         return True
+
+    def keep_record(self, nbytes: int, forced: bool = False) -> bool:
+        """Charge ``nbytes`` of a failure's record (``records.remove`` gives them back):
+        ``forced``, or if they fit the quota and the budget plus :data:`FAILURE_HEADROOM`;
+        False, and nothing charged, if not."""
+        fits = forced or nbytes <= self.entry_room() + FAILURE_HEADROOM
+        return fits and self.records.add(nbytes, None if forced else FAILURE_HEADROOM)
 
     def take_unrecorded(self) -> list[ErrorInfo]:
         """The error to answer for the failure records not kept since the last call, if any."""

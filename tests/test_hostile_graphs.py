@@ -18,18 +18,24 @@ import numpy as np
 import pytest
 
 import client
+from bench._procs import rss
 from client.device import new_handle
 from client.errors import RemoteError
-from protocol import Batch, ErrorCode, Read
+from protocol import Batch, ErrorCode, Read, Stats
 from protocol.codec import encode, to_frames
 from protocol.graphs import GraphConstant, GraphDef, GraphTensor, RegisterGraph
 from protocol.ops import AnyOp, Full, Join, Reduce, RunGraph
+from server.graphs import ERROR_TEXT, Graphs
+from server.limits import Limits
+from server.outcome import Job, Outcomes
+from server.store import FAILURE_BYTES, TensorStore
 
 from .ops_helpers import http_get
 from .raw import Raw
 from .servers import ServerProcess, run_server
 
 F64 = "float64"
+MIB = 2**20
 
 
 def _tensor(name: str, tensor_id: int, shape: tuple[int, ...]) -> GraphTensor:
@@ -155,3 +161,56 @@ def test_a_wide_op_is_checked_and_planned_off_the_event_loop(
     for the plain op (0.15-0.19 s since, most of it the header's one element validated)."""
     longest = _longest_wait(server, _wide_stack(kind))
     assert longest < 0.5, f"the longest read and /healthz took {longest:.2f} s"
+
+
+# --- row 2: failed registrations' errors, bounded and charged ----------------------------------
+
+LONG = 1_000_000  # ids in a failing op: its error quotes the op, 4 MB of text (a 1.9 MiB header)
+
+
+def _failing(graph_id: int) -> RegisterGraph:
+    """A graph whose one op, a stack of #5 :data:`LONG` times, reads an id nothing made."""
+    graph = GraphDef(inputs=[_tensor("x", 0, ())], ops=[Join(op="stack", out=1, xs=(5,) * LONG)])
+    return RegisterGraph(graph_id=graph_id, graph=graph)
+
+
+def _register(raw: Raw, requests: list[RegisterGraph]) -> None:
+    for request in requests:
+        (reply,) = raw.request(Batch(graphs=[request], requests=[Stats(request_id=1)]))
+        assert reply.type == "stats_reply", reply
+
+
+def test_failed_registrations_keep_a_bounded_error(server: ServerProcess) -> None:
+    """Before: each kept its whole error, 4 MB here (the issue's 48 failures: RSS +220 MiB,
+    none of it counted); 12 more grew the server 50 MiB."""
+    raw = Raw(server.url, token=None)
+    try:
+        _register(raw, [_failing(1), _failing(2)])  # the parsing's own memory, at its peak
+        time.sleep(0.2)
+        before = rss(server.pid)
+        _register(raw, [_failing(graph_id) for graph_id in range(3, 15)])
+        time.sleep(0.2)
+        grown = rss(server.pid) - before
+        batch = Batch(
+            ops=[Full(out=1, shape=(), dtype=F64, value=1.0), RunGraph(out=2, graph=3, args=(1,))],
+            requests=[Read(request_id=2, tensor=2)],
+        )
+        (reply,) = raw.request(batch)
+    finally:
+        raw.close()
+    assert grown < 16 * MIB, f"12 failed registrations grew the server {grown / MIB:.0f} MiB"
+    assert reply.type == "request_failed" and reply.error.code == ErrorCode.INVALID_OP
+    message = reply.error.message
+    assert "reads #5, which no input, constant or op made" in message  # its end is kept
+    assert len(message) < ERROR_TEXT + 200, len(message)
+
+
+def test_a_failed_registration_is_charged_as_a_failure_record() -> None:
+    store = TensorStore(quota=64 * MIB)
+    graphs = Graphs(Outcomes("s", store, Limits()), 1 << 16, lambda: False)
+    job = Job(Batch(graphs=[_failing(1)]), [])
+    graphs.register_all(job, inline=False, pause_at=0)
+    charged = store.records.nbytes
+    assert FAILURE_BYTES < charged <= FAILURE_BYTES + ERROR_TEXT + 100
+    graphs.drop(1)
+    assert store.records.nbytes == 0
