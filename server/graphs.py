@@ -10,7 +10,7 @@ session's bounds (``Limits.max_graphs`` graphs, ``Limits.max_graph_bytes`` of co
 ``limit_exceeded``); its constants' bytes are reserved in the store (``quota_exceeded``,
 ``server_memory_exhausted``) until it is dropped or the session closes, and copied out of the
 message into read-only arrays. A registration that fails is remembered with its error (the
-:data:`FAILURES_KEPT` newest, each text at most :data:`ERROR_TEXT` characters, charged as a
+:data:`FAILURES_KEPT` newest, each text bounded, ``server/registration.py``, charged as a
 failure record of the store's), and every ``run_graph`` of it fails with that error, as an op
 fails. A graph id in use refuses the new registration and
 leaves the graph alone (the error is answered on its own, as for a taken tensor id).
@@ -43,28 +43,22 @@ import numpy as np
 
 from protocol import ErrorCode, ErrorInfo, InvalidOpError, TensorMeta
 from protocol.codec import Buffer
-from protocol.graphs import GraphCheck, GraphDef, RegisterGraph, check_graph
+from protocol.graphs import RegisterGraph, check_graph
 from protocol.ops import RunGraph
 
-from . import executor
 from .check_costs import registration_cost
 from .errors import StoreError
 from .executor.base import Array
-from .limits import check_cost, output_bytes
+from .limits import check_cost
 from .logs import fields
 from .outcome import Job, Outcomes
-from .plans import Plan, ReplayError, build_plan, constant_array, replay, shaped_like
+from .plans import Plan, ReplayError, build_plan, constant_array, replay
+from .registration import bounded, check_caps, constant_buffers, structure_bytes
 from .store import Failure, Stored, entry_bytes
 
 log = logging.getLogger("tensorwire.session")
 
 FAILURES_KEPT = 256  # failed registrations a session remembers (each an ErrorInfo)
-ERROR_TEXT = 2048  # characters of a failed registration's error kept: its start and its end
-# What a registered op holds beside numpy's memory: its message model, its plan step, its
-# metas, about 1 KiB (bench/REASONS.md, 'Registered op charge'). It is charged as bytes
-# (bound by --max-graph-bytes, the quota and the budget), so that many small graphs cannot
-# hold memory that nothing counts.
-OP_BYTES = 1024
 
 
 class Graphs:
@@ -177,20 +171,22 @@ class Graphs:
                 f"the session holds {len(self._plans)} graphs; the limit is {limits.max_graphs} "
                 "(--max-graphs): drop one first",
             )
-        check = check_graph(graph)
-        data = _constant_buffers(graph, buffers, request.first_buffer)  # their sizes bounded
-        _check_caps(graph, check, self._outcomes)
         constant_bytes = sum(c.nbytes for c in graph.constants)
-        nbytes = constant_bytes + OP_BYTES * len(graph.ops)
+        structure = structure_bytes(graph)
+        nbytes = constant_bytes + structure
         if self.nbytes + nbytes > limits.max_graph_bytes:
             raise StoreError(
                 ErrorCode.LIMIT_EXCEEDED,
-                f"the graph needs {nbytes} bytes ({constant_bytes} of constants, "
-                f"{OP_BYTES} for each of its {len(graph.ops)} ops); the session's graphs hold "
-                f"{self.nbytes} of {limits.max_graph_bytes} (--max-graph-bytes)",
+                f"the graph needs {nbytes} bytes ({constant_bytes} of constants, {structure} "
+                f"for what its {len(graph.ops)} ops and {len(graph.inputs)} inputs hold in the "
+                f"server); the session's graphs hold {self.nbytes} of {limits.max_graph_bytes} "
+                "(--max-graph-bytes)",
             )
-        self._store.reserve(nbytes)
+        self._store.reserve(nbytes)  # before the checks, whose own objects are as many
         try:
+            check = check_graph(graph)
+            data = constant_buffers(graph, buffers, request.first_buffer)
+            check_caps(graph, check, limits)
             constants = [
                 constant_array(c.shape, c.dtype, b)
                 for c, b in zip(graph.constants, data, strict=True)
@@ -327,58 +323,3 @@ class Graphs:
             assert isinstance(value, Stored)
             arrays.append(value.array)
         return arrays
-
-
-# --- registration ---------------------------------------------------------------------------
-
-
-def bounded(text: str, most: int = ERROR_TEXT) -> str:
-    """``text``, or its first and last ``most // 2`` characters and how many are left out
-    between them (a wide op's description is as long as its inputs: megabytes)."""
-    if len(text) <= most:
-        return text
-    half = most // 2
-    return f"{text[:half]} [... {len(text) - 2 * half} characters ...] {text[-half:]}"
-
-
-def _check_caps(graph: GraphDef, check: GraphCheck, outcomes: Outcomes) -> None:
-    """The per-op caps on every op's outputs and scratch, and on the graph's outputs together
-    (they are one ``run_graph``'s). Raises :class:`StoreError` (``limit_exceeded``) naming
-    the op. The inputs and constants first, then the ops in order, so that every op's inputs
-    have passed a cap before numpy shapes an array of theirs (a constant's, its scratch
-    counted on arrays of their shapes), which it refuses past its address space or 64
-    dimensions."""
-    declared = [(f"input {t.name!r}", t.meta) for t in graph.inputs]  # no op could make one
-    declared += [(f"constant #{c.id}", c.meta) for c in graph.constants]  # no upload either
-    for what, meta in declared:
-        try:
-            output_bytes([meta], outcomes.limits)
-        except StoreError as exc:
-            raise StoreError(exc.code, f"{what}: {exc}") from None
-    for index, (op, metas) in enumerate(zip(graph.ops, check.op_metas, strict=True)):
-        try:
-            shaped = [shaped_like(check.metas[i]) for i in op.inputs()]
-            output_bytes(metas, outcomes.limits, executor.scratch(op, metas[0], shaped))
-        except StoreError as exc:
-            raise StoreError(exc.code, f"op {index} ({op.describe()}): {exc}") from None
-    output_bytes([t.meta for t in graph.outputs], outcomes.limits)
-
-
-def _constant_buffers(graph: GraphDef, buffers: Sequence[Buffer], first: int) -> list[Buffer]:
-    """The buffers of ``graph``'s constants. Raises :class:`StoreError` (``bad_message``)
-    when the batch lacks them or one's size is not its constant's."""
-    if first + len(graph.constants) > len(buffers):
-        raise StoreError(
-            ErrorCode.BAD_MESSAGE,
-            f"the graph has {len(graph.constants)} constants from buffer {first}; the batch "
-            f"carries {len(buffers)} buffers",
-        )
-    data = list(buffers[first : first + len(graph.constants)])
-    for constant, buffer in zip(graph.constants, data, strict=True):
-        if buffer.nbytes != constant.nbytes:
-            raise StoreError(
-                ErrorCode.BAD_MESSAGE,
-                f"constant #{constant.id} ({constant.dtype}{list(constant.shape)}) needs "
-                f"{constant.nbytes} bytes; its buffer holds {buffer.nbytes}",
-            )
-    return data

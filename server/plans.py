@@ -80,7 +80,7 @@ class Plan:
     largest_step: int  # the most one op costs: a registration over --max-op-cost is refused
     scratch: int  # bytes reserved per replay: the peak of live bytes less inputs, constants,
     # plus the most one op allocates beside its results
-    held_bytes: int  # what the registration holds: its constants, OP_BYTES an op (graphs.py)
+    held_bytes: int  # what the registration holds: its constants, its structure (registration.py)
     op_counts: Counter[str]
 
 

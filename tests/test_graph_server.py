@@ -25,7 +25,7 @@ from protocol.ops import (
     RunGraph,
     Unary,
 )
-from server.graphs import OP_BYTES
+from server.registration import structure_bytes
 
 from .polling import wait_until
 from .servers import ServerProcess, run_server
@@ -278,8 +278,8 @@ def test_drop_graph_returns_the_stats_to_their_baseline(
     before = settled(dev)
     graph_id = register(dev, graph, c)
     held = dev.stats()
-    # the constants, and what each registered op holds in the server (server.graphs.OP_BYTES)
-    expected = c.nbytes + OP_BYTES * len(graph.ops)
+    # the constants, and what its plan holds in the server (server.registration)
+    expected = c.nbytes + structure_bytes(graph)
     assert held.server_tensor_bytes == before.server_tensor_bytes + expected
     dev.drop_graph(graph_id)
     after = dev.stats()
@@ -357,13 +357,13 @@ def test_registered_ops_count_against_the_bytes_limit(small: client.RemoteDevice
     """What a registered op holds in the server (about 1 KiB) counts as bytes: many small
     graphs of many ops cannot hold memory that nothing counts."""
     xp = client.namespace(small)
-    n = 17  # 17 ops of OP_BYTES each: over the 16 KiB of --max-graph-bytes, no constant
+    n = 17  # 17 ops of 1 KiB each: over the 16 KiB of --max-graph-bytes, no constant
     ops = [Unary(op="negative", out=1 + i, x=i) for i in range(n)]
     graph = GraphDef(inputs=[_tensor("x", 0, (2,))], ops=ops, outputs=[_tensor("y", n, (2,))])
     before = settled(small)
     (y,) = run(small, register(small, graph), graph, xp.asarray(np.ones(2)))
     error = remote_error(y)
-    assert error.code == ErrorCode.LIMIT_EXCEEDED and "for each of its 17 ops" in str(error)
+    assert error.code == ErrorCode.LIMIT_EXCEEDED and "what its 17 ops" in str(error)
     del y
     assert small.stats() == before
 

@@ -25,9 +25,10 @@ from protocol import Batch, ErrorCode, Read, Stats
 from protocol.codec import encode, to_frames
 from protocol.graphs import GraphConstant, GraphDef, GraphTensor, RegisterGraph
 from protocol.ops import AnyOp, Full, Join, Reduce, RunGraph
-from server.graphs import ERROR_TEXT, Graphs
+from server.graphs import Graphs
 from server.limits import Limits
 from server.outcome import Job, Outcomes
+from server.registration import ERROR_TEXT
 from server.store import FAILURE_BYTES, TensorStore
 
 from .ops_helpers import http_get
@@ -214,3 +215,46 @@ def test_a_failed_registration_is_charged_as_a_failure_record() -> None:
     assert FAILURE_BYTES < charged <= FAILURE_BYTES + ERROR_TEXT + 100
     graphs.drop(1)
     assert store.records.nbytes == 0
+
+
+# --- row 3: what a registered graph holds, charged --------------------------------------------
+
+INPUTS = 25_000  # declared inputs of a graph: a 1.4 MiB header, some 6 MiB held in the server
+
+
+def _many_inputs(graph_id: int) -> RegisterGraph:
+    inputs = [_tensor(f"x{i:05d}", i, (3,)) for i in range(INPUTS)]
+    ops = [Reduce(op="sum", out=INPUTS, x=0)]
+    graph = GraphDef(inputs=inputs, ops=ops, outputs=[_tensor("y", INPUTS, ())])
+    return RegisterGraph(graph_id=graph_id, graph=graph)
+
+
+@pytest.mark.server
+def test_what_registered_graphs_hold_is_charged_before_it_is_kept() -> None:
+    """Before: a graph was charged its constants and 1 KiB an op, not its declared inputs (the
+    issue's 12 graphs of 72k inputs: RSS +288 MiB, charged 12 KiB); here 16 graphs grew the
+    server 107 MiB past a 32 MiB quota, charged 16 KiB; 37 MiB since, charged 31 MiB."""
+    with run_server("--session-quota", "32MiB") as proc:
+        raw = Raw(proc.url, token=None)
+        try:
+            warm = Batch(graphs=[_many_inputs(100)], drop_graphs=[100])  # the parse's peak
+            (before,) = raw.request(warm.model_copy(update={"requests": [Stats(request_id=1)]}))
+            time.sleep(0.2)
+            grown = -rss(proc.pid)
+            for graph_id in range(1, 17):
+                (after,) = raw.request(
+                    Batch(graphs=[_many_inputs(graph_id)], requests=[Stats(request_id=1)])
+                )
+            time.sleep(0.2)
+            grown += rss(proc.pid)
+            runs = [RunGraph(out=10 + g, graph=g, args=(1,) * INPUTS) for g in (1, 16)]
+            ops = [Full(out=1, shape=(3,), dtype=F64, value=1.0), *runs]
+            reads = [Read(request_id=2, tensor=11), Read(request_id=3, tensor=26)]
+            first, last = raw.request(Batch(ops=ops, requests=reads))
+        finally:
+            raw.close()
+    charged = after.server_tensor_bytes - before.server_tensor_bytes
+    assert grown <= charged + 16 * MIB, f"grew {grown / MIB:.0f} MiB, charged {charged / MIB:.1f}"
+    assert charged <= 32 * MIB  # the quota refused the rest
+    assert first.type == "read_reply"  # the first graphs are kept and run
+    assert last.type == "request_failed" and last.error.code == ErrorCode.QUOTA_EXCEEDED
