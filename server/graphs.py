@@ -2,18 +2,19 @@
 
 Registration (:meth:`Graphs.register_all`, from ``Session.step``, before the batch's ops; on
 the event loop only within the inline cost, ``server/check_costs.py``, else in a worker
-thread): the graph is checked once, as its ops would be (:func:`~protocol.graphs.check_graph`:
+thread): the graph is held against the session's bounds (``Limits.max_graphs`` graphs,
+``Limits.max_graph_bytes`` of constants and of what its plan holds beside them,
+``server/registration.py``: ``limit_exceeded``), and those bytes are reserved in the store
+(``quota_exceeded``, ``server_memory_exhausted``) until it is dropped or the session closes;
+then it is checked once, as its ops would be (:func:`~protocol.graphs.check_graph`:
 ``invalid_op``; the per-op caps on its inputs and constants, which no op or upload could
 have made otherwise, on each op's outputs and scratch, on the graph's outputs together, and on
-each op's work (``--max-op-cost``): ``limit_exceeded``), then against the
-session's bounds (``Limits.max_graphs`` graphs, ``Limits.max_graph_bytes`` of constants:
-``limit_exceeded``); its constants' bytes are reserved in the store (``quota_exceeded``,
-``server_memory_exhausted``) until it is dropped or the session closes, and copied out of the
-message into read-only arrays. A registration that fails is remembered with its error (the
-:data:`FAILURES_KEPT` newest, each text bounded, ``server/registration.py``, charged as a
-failure record of the store's), and every ``run_graph`` of it fails with that error, as an op
-fails. A graph id in use refuses the new registration and
-leaves the graph alone (the error is answered on its own, as for a taken tensor id).
+each op's work (``--max-op-cost``): ``limit_exceeded``), and its constants are copied out of
+the message into read-only arrays. A registration that fails is remembered with its error (the
+:data:`FAILURES_KEPT` newest, each text bounded, charged as a failure record of the store's),
+and every ``run_graph`` of it fails with that error, as an op fails. A graph id in use refuses
+the new registration and leaves the graph alone (the error is answered on its own, as for a
+taken tensor id).
 
 What passes becomes a :class:`~server.plans.Plan`, which makes a replay cheap per op
 (``server/plans.py``).
