@@ -237,7 +237,9 @@ class TensorStore:
         if tensor_id in self._items:
             raise StoreError(ErrorCode.DUPLICATE_TENSOR, f"tensor id #{tensor_id} is in use")
         if isinstance(value, Failure):
-            if not self._keep_failure(value, forced):
+            if not self.keep_record(entry_bytes(value), forced):  # answered as unrecorded
+                self.unrecorded += 1
+                self._first_unrecorded = self._first_unrecorded or value.error
                 return
             self._items[tensor_id] = value
             self.failed += 1
@@ -254,15 +256,6 @@ class TensorStore:
         assert root.base is None and root.nbytes == reserved, (root.nbytes, reserved)
         self._roots[id(root)] = Root(root)
         self.nbytes += reserved
-
-    def _keep_failure(self, failure: Failure, forced: bool) -> bool:
-        """Charge ``failure``'s record (:meth:`keep_record`); if it does not fit, count it in
-        :attr:`unrecorded` and return False."""
-        if not self.keep_record(entry_bytes(failure), forced):
-            self.unrecorded += 1
-            self._first_unrecorded = self._first_unrecorded or failure.error
-            return False
-        return True
 
     def keep_record(self, nbytes: int, forced: bool = False) -> bool:
         """Charge ``nbytes`` of a failure's record (``records.remove`` gives them back):
