@@ -102,7 +102,12 @@ class Workers:
             )
 
     async def _runner(self, session: Session, job: Job, run: _Run) -> None:
-        pull = job.next < len(job.batch.ops) and isinstance(job.batch.ops[job.next], Pull)
+        # a pull thread only for a step that is the pull itself: the batch's graphs registered
+        pull = (
+            job.registered == len(job.batch.graphs)
+            and job.next < len(job.batch.ops)
+            and isinstance(job.batch.ops[job.next], Pull)
+        )
         try:
             async with self._pulls if pull else self._limiter:
                 job.op_started = time.monotonic()
