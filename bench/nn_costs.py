@@ -14,43 +14,38 @@ draws) at 64 Ki and 1 Mi elements.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import math
-import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
-from threadpoolctl import threadpool_limits
 
-from protocol import TensorMeta, from_numpy
 from protocol.ops import AnyOp, BatchNorm, Pool, PoolBackward, Random, Softmax
 from protocol.ops.nn import FloatDType
-from server import executor
 
 from ._nn_shapes import conv_problems, pool_problems
+from ._timing import add_timing_options, best_seconds, blas_held, count, run_op
 
 Array = np.ndarray[Any, Any]
 Row = tuple[str, AnyOp, list[Array]]  # (label, op, its inputs)
 
 
-def _conv_rows(everything: bool, dtype: str) -> Iterator[Row]:
+def conv_rows(everything: bool, dtype: str) -> Iterator[Row]:
     for p in conv_problems(everything, [dtype]):
         yield p.name, p.forward, [p.x, p.w]
         yield p.name, p.weight_grad, [p.x, p.y]
         yield p.name, p.transpose, [p.y, p.w]
 
 
-def _pool_rows(everything: bool, dtype: str) -> Iterator[Row]:
+def pool_rows(everything: bool, dtype: str) -> Iterator[Row]:
     for name, x, window in pool_problems(everything, [dtype]):
         for kind in ("max", "avg"):
             op = Pool(out=0, op=kind, x=1, **window)
             yield name, op, [x]
-            grad = _run(op, [x])
+            grad = run_op(op, [x])
             yield name, PoolBackward(out=0, op=kind, x=1, grad=2, **window), [x, grad]
 
 
-def _elementwise_rows(dtype: FloatDType) -> Iterator[Row]:
+def elementwise_rows(dtype: FloatDType) -> Iterator[Row]:
     rng = np.random.default_rng(0)
     for n in (1 << 16, 1 << 20):
         x = rng.standard_normal((n // 1024, 64, 16)).astype(dtype)
@@ -64,33 +59,12 @@ def _elementwise_rows(dtype: FloatDType) -> Iterator[Row]:
             yield label, Random(out=0, op=draw, state=1, shape=(n,), dtype=dtype), [state]
 
 
-def _run(op: AnyOp, args: Sequence[Array]) -> Array:
-    metas = op.infer_all(*(TensorMeta(a.shape, from_numpy(a.dtype)) for a in args))
-    result: Array = executor.run(op, args, (), metas)[0]
-    return result
-
-
-def _seconds(op: AnyOp, args: Sequence[Array], rounds: int) -> float:
-    """The best of ``rounds`` runs, after one untimed (first-call costs)."""
-    _run(op, args)
-    best = math.inf
-    for _ in range(rounds):
-        start = time.perf_counter()
-        _run(op, args)
-        best = min(best, time.perf_counter() - start)
-    return best
-
-
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.nn_costs", description=__doc__)
     parser.add_argument("--all", action="store_true", help="every shape, and float64 too")
-    parser.add_argument("--rounds", type=int, default=5, help="runs per row, the best kept")
-    parser.add_argument(
-        "--blas-threads", type=int, help="BLAS held to this many threads (default: its own)"
-    )
+    add_timing_options(parser, rounds=5)
     args = parser.parse_args(argv)
-    limit = args.blas_threads
-    with contextlib.nullcontext() if limit is None else threadpool_limits(limit, user_api="blas"):
+    with blas_held(args):
         _table(args.all, args.rounds)
 
 
@@ -99,22 +73,21 @@ def _table(everything: bool, rounds: int) -> None:
     rows: list[tuple[str, Row]] = [
         (dtype, row)
         for dtype in dtypes
-        for family in (_conv_rows(everything, dtype), _pool_rows(everything, dtype))
+        for family in (conv_rows(everything, dtype), pool_rows(everything, dtype))
         for row in family
     ]
-    rows += [(dtype, row) for dtype in dtypes for row in _elementwise_rows(dtype)]
+    rows += [(dtype, row) for dtype in dtypes for row in elementwise_rows(dtype)]
     for _, (_, op, inputs) in rows:  # the process's memory touched once, untimed
-        _run(op, inputs)
+        run_op(op, inputs)
     print(f"{'case':<14} {'dtype':<8} {'op':<22} {'ms':>8} {'count':>12} {'ns/unit':>8}")
     per_op: dict[str, list[float]] = {}
     for dtype, (label, op, inputs) in rows:
-        meta = op.infer_all(*(TensorMeta(a.shape, from_numpy(a.dtype)) for a in inputs))[0]
-        count = executor.cost(op, meta, inputs)
-        seconds = _seconds(op, inputs, rounds)
-        ratio = seconds * 1e9 / count
+        counted = count(op, inputs)
+        seconds = best_seconds(op, inputs, rounds)
+        ratio = seconds * 1e9 / counted
         per_op.setdefault(op.name(), []).append(ratio)
         print(
-            f"{label:<14} {dtype:<8} {op.name():<22} {seconds * 1e3:>8.3f} {count:>12,} "
+            f"{label:<14} {dtype:<8} {op.name():<22} {seconds * 1e3:>8.3f} {counted:>12,} "
             f"{ratio:>8.2f}",
             flush=True,
         )
