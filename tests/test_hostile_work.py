@@ -1,6 +1,6 @@
-"""Issue 17, findings 1 and 3, through real servers: ops whose work is far more than their
-output's size. Costly ops never run on the event loop, so another session's reads and
-``/healthz`` are answered while they run; an op whose work is over ``--max-op-cost`` is
+"""Issue 17, findings 1 and 3, and issue 30, row 5, through real servers: ops whose work is far
+more than their output's size. Costly ops never run on the event loop, so another session's
+reads and ``/healthz`` are answered while they run; an op whose work is over ``--max-op-cost`` is
 refused before numpy runs (``limit_exceeded``, the session goes on), so no worker slot is
 held for long whatever a client sends. The cost model itself: ``server/executor/costs.py``."""
 
@@ -16,7 +16,7 @@ import client
 from client.device import new_handle
 from protocol import ErrorCode, TensorMeta
 from protocol.graphs import GraphDef, GraphTensor
-from protocol.ops import FFT, AnyOp, Binary, Linalg, Reduce, RunGraph, Unary, Unique
+from protocol.ops import FFT, AnyOp, Binary, Join, Linalg, Reduce, Roll, RunGraph, Unary, Unique
 from server import executor
 from server.config import MAX_OP_COST
 from server.session import INLINE_COST
@@ -86,6 +86,32 @@ def test_costly_ops_leave_the_event_loop_to_other_sessions(
     assert max(waits) < 2.0, f"the longest read and /healthz took {max(waits):.2f} s"
 
 
+@pytest.mark.serial
+def test_an_op_of_many_small_pieces_leaves_the_event_loop(server: ServerProcess) -> None:
+    """``roll`` over 16 axes of 2 copies 65,536 one-element blocks, a Python slice assignment
+    each (about 0.1 s), where the model once counted its 65,536 elements: inline. Another
+    session's reads, which waited behind each (median 114 ms), are answered at once."""
+    with client.RemoteDevice(server.url) as victim, client.RemoteDevice(server.url) as attacker:
+        one = client.namespace(victim).asarray(np.ones(1))
+        one.numpy()
+        cube = client.namespace(attacker).ones((2,) * 16, dtype=client.namespace(attacker).bool)
+        attacker.sync()
+        for _ in range(60):  # some 6 s of numpy
+            attacker.submit(Roll(out=attacker.new_id(), x=cube.tensor_id, shift=(1,), axis=AXES))
+        attacker.flush()
+        waits: list[float] = []
+        until = time.monotonic() + 1.5
+        while time.monotonic() < until:
+            started = time.monotonic()
+            np.testing.assert_array_equal(one.numpy(), np.ones(1))
+            waits.append(time.monotonic() - started)
+    median = sorted(waits)[len(waits) // 2]
+    assert median < 0.02, f"the median read took {median * 1e3:.0f} ms ({len(waits)} reads)"
+
+
+AXES = tuple(range(16))
+
+
 # --- the work cap ------------------------------------------------------------------------------
 
 
@@ -111,9 +137,19 @@ def _broadcast_eigvalsh(xp: client.Namespace) -> client.RemoteArray:
     return xp.linalg.eigvalsh(xp.broadcast_to(xp.eye(64, dtype=xp.float32), (2**17, 64, 64)))
 
 
+def _broadcast_vecdot(xp: client.Namespace) -> client.RemoteArray:
+    """Issue 30, row 5: ``vecdot`` of (4096, 1, 4096) and (1, 4096, 4096), two broadcast views
+    of one element each, with a 128 MiB result: 6.9e10 multiply-adds (the issue's, 8 ms as
+    modeled, ran 2.5-10 s), which the model once counted as twice its largest input."""
+    a = xp.broadcast_to(xp.ones((), dtype=xp.float64), (4096, 1, 4096))
+    b = xp.broadcast_to(xp.ones((), dtype=xp.float64), (1, 4096, 4096))
+    return xp.vecdot(a, b)
+
+
 WORK_BOMBS: dict[str, Callable[[client.Namespace], client.RemoteArray]] = {
     "int64 matmul of broadcast views": _broadcast_matmul,
     "eigvalsh of a broadcast batch": _broadcast_eigvalsh,
+    "vecdot of broadcast views": _broadcast_vecdot,
 }
 
 
@@ -208,6 +244,23 @@ def test_costly_families_cost_at_least_what_the_issue_measured() -> None:
     assert _cost(acosh, TensorMeta((N,), "complex64"), np.zeros(N, np.complex64)) >= 11_000_000
     single = Unique(op="unique_values", out=1, x=0)  # about 10 us a call, even for one element
     assert _cost(single, TensorMeta((-1,), "int64"), np.zeros(1, np.int64)) >= 10_000
+
+
+def test_work_that_is_not_its_arrays_size_is_counted() -> None:
+    """Issue 30, row 5, and the audit (``python -m bench.op_costs``): each op's count is at
+    least its time where its work is not proportional to its largest array."""
+    a, b = np.zeros((256, 1, 256)), np.zeros((1, 256, 256))  # 1.5-7 ms, counted 131,072
+    vecdot = Linalg(op="vecdot", out=2, xs=(0, 1))
+    assert _cost(vecdot, TensorMeta((256, 256), "float64"), a, b) >= 256**3
+    cube = np.zeros((2,) * 14, dtype=bool)  # 16,384 blocks copied: 22-32 ms
+    roll = Roll(out=1, x=0, shift=(1,), axis=tuple(range(14)))
+    assert _cost(roll, TensorMeta(cube.shape, "bool"), cube) >= 32_000_000
+    ones = [np.ones(1)] * 4096  # 3.5-10 ms
+    stack = Join(out=4096, op="stack", xs=tuple(range(4096)))
+    assert _cost(stack, TensorMeta((4096, 1), "float64"), *ones) >= 8_000_000
+    tall = np.zeros((1 << 17, 2))  # one run of numpy's inner loop per row: 1.4-3.7 ms
+    maximum = Reduce(op="max", out=1, x=0, axis=(-1,))
+    assert _cost(maximum, TensorMeta((1 << 17,), "float64"), tall) >= 3_700_000
 
 
 def test_the_default_work_cap_passes_large_work_and_refuses_the_bombs() -> None:
