@@ -25,7 +25,8 @@ Upload holds: the buffer of an upload is counted from the moment the decoder all
 (:meth:`MemoryBudget.hold`) until the op that stores it takes its bytes over
 (:meth:`MemoryBudget.take`) or the buffer is dropped (a finalizer gives them back), so that
 uploads queued behind each other cannot all be allocated against the same free bytes
-(bench/REASONS.md, 'Upload holds').
+(bench/REASONS.md, 'Upload holds'). The memory a store moved a root away from, which a read
+reply still sends, is held the same way until it dies (:meth:`MemoryBudget.hold_while`).
 
 Threads: shared by every session, on the event loop and in worker threads, so it locks. The
 lock is reentrant: a hold's finalizer runs wherever its buffer dies, which may be inside a
@@ -56,9 +57,10 @@ GRANULE = 1 << 15  # bookkeeping bytes a session charges the budget at a time (B
 
 
 class Holds:
-    """One session's upload buffers whose bytes the budget holds (:meth:`MemoryBudget.hold`):
+    """Arrays of one session whose bytes the budget holds while they live (its upload buffers,
+    :meth:`MemoryBudget.hold`; the memory of its moved roots, :meth:`MemoryBudget.hold_while`):
     their sum, counted in the session's quota, and each one's size and finalizer, by ``id``
-    of the buffer. Changed only under the budget's lock."""
+    of the array. Changed only under the budget's lock."""
 
     __slots__ = ("nbytes", "by_buffer")
 
@@ -206,13 +208,18 @@ class MemoryBudget:
             raise StoreError(
                 ErrorCode.SERVER_MEMORY_EXHAUSTED, f"no memory for an upload of {nbytes} bytes"
             ) from None
+        self.hold_while(buffer, nbytes, holds)
+        return buffer
+
+    def hold_while(self, owner: np.ndarray[Any, Any], nbytes: int, holds: Holds) -> None:
+        """Count ``nbytes``, already reserved, in ``holds`` until ``owner`` dies (then they are
+        given back) or :meth:`release_holds`: memory that lives as long as an array does."""
         with self._lock:
             holds.nbytes += nbytes
-            key = id(buffer)
-            finalizer = weakref.finalize(buffer, self._unhold, holds, key, nbytes)
+            key = id(owner)
+            finalizer = weakref.finalize(owner, self._unhold, holds, key, nbytes)
             finalizer.atexit = False  # nothing to give back when the process ends
             holds.by_buffer[key] = (nbytes, finalizer)
-        return buffer
 
     def take(self, buffer: object, nbytes: int, holds: Holds) -> bool:
         """Whether the ``nbytes`` held for ``buffer`` (an array :meth:`hold` made) were taken

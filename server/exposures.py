@@ -40,7 +40,8 @@ from protocol import ErrorCode, TensorMeta
 from protocol.ops import Pull
 
 from .errors import StoreError
-from .store import Failure, TensorStore, root_of, sent_view
+from .roots import copy_cost, root_of, sent_view
+from .store import Failure, Stored, TensorStore
 
 MAX_OPEN = 256  # capabilities one session may hold open
 TOMBSTONES = 65_536  # used, expired and withdrawn capabilities remembered, to say why
@@ -77,21 +78,22 @@ class Exposures:
         self._lock = threading.Lock()
 
     def expose(self, store: TensorStore, tensor_id: int, audience: str) -> str:
-        """A capability for ``tensor_id`` of ``store``, claimable once by ``audience``.
+        """A capability for ``tensor_id`` of ``store``, claimable once by ``audience``. Its
+        bytes are charged before a compact copy is made (:meth:`copy_cost` says what that
+        costs: the caller runs a costly one off the event loop).
 
         Raises:
             StoreError: ``unknown_tensor``; the failure of a failed tensor (its own code);
                 ``quota_exceeded`` (the session's quota, or :data:`MAX_OPEN`) or
-                ``server_memory_exhausted`` (the budget) for the exposure's bytes.
+                ``server_memory_exhausted`` (the budget, or no memory for the copy) for the
+                exposure's bytes.
         """
         value = store.get(tensor_id)
         if isinstance(value, Failure):
             raise StoreError(value.error.code, value.error.message)
-        array, shared = value.array, True
-        if 2 * array.nbytes < root_of(array).nbytes:  # a small view: its own bytes, no more
-            array, shared = np.array(array, order="C"), False
-        sent = sent_view(array)
-        nbytes = root_of(array).nbytes  # what the exposure keeps alive, however it is freed
+        array = value.array
+        compact = _compacted(array)
+        nbytes = array.nbytes if compact else root_of(array).nbytes  # what it keeps alive
         with self._lock:
             self._expire_locked()
             if self._per_store[store] >= MAX_OPEN:
@@ -106,16 +108,35 @@ class Exposures:
                     f"exposing #{tensor_id} needs {nbytes} bytes of the session's quota until it "
                     f"is claimed; {store.free_quota()} are left",
                 )
-            store.budget.reserve(nbytes)
-            store.exposed += nbytes
-            self._per_store[store] += 1
-            capability = secrets.token_urlsafe(32)
+            self._charge_locked(store, nbytes)
+        if compact:  # its own bytes, no more: charged above, copied now
+            try:
+                array = np.array(array, order="C")
+            except MemoryError:
+                with self._lock:
+                    self._charge_locked(store, nbytes, opened=-1)
+                raise StoreError(
+                    ErrorCode.SERVER_MEMORY_EXHAUSTED, f"no memory for a copy of {nbytes} bytes"
+                ) from None
+        sent = sent_view(array)
+        capability = secrets.token_urlsafe(32)
+        expires = self._clock() + self.ttl
+        with self._lock:
             self._open[capability] = Exposure(
-                array, value.meta, sent, audience, self._clock() + self.ttl, store, nbytes
+                array, value.meta, sent, audience, expires, store, nbytes
             )
-        if shared:
-            store.share(tensor_id, sent)  # a later write moves the tensor, not these bytes
+        if not compact:
+            store.share(tensor_id, sent, counted=True)  # a later write moves the tensor
         return capability
+
+    @staticmethod
+    def copy_cost(store: TensorStore, tensor_id: int) -> int:
+        """The work, as ``executor.cost`` counts it, of the compact copy that exposing
+        ``tensor_id`` makes (0 if it makes none: not a small view, or not a stored tensor)."""
+        value = store.lookup(tensor_id)
+        if not isinstance(value, Stored) or not _compacted(value.array):
+            return 0
+        return copy_cost(value.array.nbytes)
 
     def claim(self, capability: str, claimant: str, meta: TensorMeta) -> Exposure:
         """The exposure behind ``capability``, taken out for good (refused or not, once found
@@ -172,14 +193,31 @@ class Exposures:
                 return  # the rest were made later
             self._close_locked(capability, f"expired ({self.ttl:g} s after it was made)")
 
+    def _charge_locked(self, store: TensorStore, nbytes: int, opened: int = 1) -> None:
+        """Count a capability of ``nbytes`` for ``store``: ``opened`` 1, charged; -1, given
+        back.
+
+        Raises:
+            StoreError: ``server_memory_exhausted``, the budget has no room (nothing charged).
+        """
+        if opened > 0:
+            store.budget.reserve(nbytes)
+        else:
+            store.budget.release(nbytes)
+        store.exposed += opened * nbytes
+        self._per_store[store] += opened
+        if not self._per_store[store]:
+            del self._per_store[store]
+
     def _close_locked(self, capability: str, why: str) -> None:
         exposure = self._open.pop(capability)
-        nbytes = exposure.nbytes
-        exposure.store.exposed -= nbytes
-        exposure.store.budget.release(nbytes)
-        self._per_store[exposure.store] -= 1
-        if not self._per_store[exposure.store]:
-            del self._per_store[exposure.store]
+        self._charge_locked(exposure.store, exposure.nbytes, opened=-1)
         self._gone[capability] = why
         while len(self._gone) > TOMBSTONES:
             self._gone.popitem(last=False)
+
+
+def _compacted(array: np.ndarray[Any, Any]) -> bool:
+    """Whether an exposure of ``array`` keeps a compact copy, not its root: a small view (under
+    half its root), whose root may be far larger than what is sent."""
+    return 2 * array.nbytes < root_of(array).nbytes

@@ -223,12 +223,18 @@ class Graphs:
         """Check and replay ``op``, settling its outputs. False: it is too costly to run
         ``inline`` (nothing changed). The caller holds ``np.errstate(all="ignore")``."""
         plan = self._plans.get(op.graph)
-        if inline and plan is not None and plan.cost > self._inline_cost:
+        if inline and plan is not None and self._cost(op, plan) > self._inline_cost:
             return False
         args = self._check(op, plan, job)
         if args is not None and plan is not None:
             self._execute(op, plan, args, job)
         return True
+
+    def _cost(self, op: RunGraph, plan: Plan) -> int:
+        """The replay's work: its ops', and for a graph that writes in place the moves of the
+        inputs that a reply or an exposure still sends (:meth:`_guard` makes them safe)."""
+        moves = sum(map(self._store.move_cost, op.args)) if plan.guarded else 0
+        return plan.cost + moves
 
     def _check(self, op: RunGraph, plan: Plan | None, job: Job) -> list[Array] | None:
         """The input arrays of ``op``, or None when its outputs are settled (it failed, or

@@ -38,7 +38,8 @@ from . import executor
 from .errors import StoreError
 from .limits import Limits
 from .logs import fields
-from .store import Failure, Stored, TensorStore, root_of
+from .roots import root_of
+from .store import Failure, Stored, TensorStore
 
 log = logging.getLogger("tensorwire.session")
 
@@ -59,6 +60,10 @@ class Job:
     # the batch's frees (server/frees.py): to plan or apply before the next op, and once all ran
     chores: Iterator[None] | None = None
     ending: Iterator[None] | None = None
+    # its exposes, made once its ops and frees ran (server/requests.py): the positions of those
+    # left in its requests, and what each made (a capability, or why not) by position
+    exposing: list[int] | None = None
+    exposed: dict[int, str | StoreError] = field(default_factory=dict)
 
     def running(self) -> str:
         """What runs now (for the per-op deadline's message): a registration or an op."""

@@ -2,10 +2,16 @@
 syncs, and the two requests of direct transfers (``server/exposures.py``): an expose, which
 makes a capability, and a claim, which sends the exposed bytes to the peer server that presents
 it. No I/O here: the replies are messages and the byte views they send.
+
+An expose is made before the replies, as the batch's last step (:meth:`Requests.expose`,
+called by ``Session.step``), because it may copy: a small view's exposure keeps a compact copy
+of its bytes, whose cost (``Exposures.copy_cost``) is counted as an op's, so that a large one
+is made in a worker thread, never on the event loop.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 from protocol import (
@@ -30,7 +36,9 @@ from protocol.messages import Request
 
 from .errors import StoreError
 from .exposures import Exposures
-from .store import Failure, Stored, TensorStore, sent_view
+from .outcome import Job
+from .roots import sent_view
+from .store import Failure, Stored, TensorStore
 
 Reply = tuple[
     ReadReply | SyncReply | StatsReply | DescribeReply | ExposeReply | RequestFailed | SessionError,
@@ -58,7 +66,36 @@ class Requests:
                 total += self.exposures.nbytes(request.capability)
         return total
 
-    def answer(self, request: Request) -> Reply:
+    def expose(self, job: Job, inline_cost: int | None, pause_at: float) -> bool:
+        """Make ``job``'s exposes, in order (:attr:`Job.exposed`, by position in its requests);
+        True once all are made. False, to go on later from the next one: its compact copy
+        costs more than ``inline_cost`` (None: any cost may run here; ``job.op_started`` is set
+        for the deadline watch), or ``time.monotonic()`` passed ``pause_at`` (``job.paused``)."""
+        requests = job.batch.requests
+        if job.exposing is None:
+            job.exposing = [i for i, r in enumerate(requests) if type(r) is Expose][::-1]
+        while job.exposing:
+            request = requests[job.exposing[-1]]
+            assert isinstance(request, Expose)
+            exposures = self.exposures
+            cost = 0 if exposures is None else exposures.copy_cost(self.store, request.tensor)
+            if inline_cost is not None and cost > inline_cost:
+                return False
+            if time.monotonic() > pause_at:
+                job.paused = True
+                return False
+            job.op_started = time.monotonic()
+            try:
+                made: str | StoreError = self._transfers().expose(
+                    self.store, request.tensor, request.audience
+                )
+            except StoreError as exc:
+                made = exc
+            job.exposed[job.exposing.pop()] = made
+        return True
+
+    def answer(self, request: Request, made: str | StoreError | None = None) -> Reply:
+        """The reply to ``request``; an expose's is what :meth:`expose` ``made`` of it."""
         if isinstance(request, Read):
             return self._read(request)
         if isinstance(request, Describe):
@@ -74,8 +111,15 @@ class Requests:
                 connections=store.budget.sessions,
             )
             return reply, ()
-        if isinstance(request, Expose | Claim):
-            return self._transfer(request)
+        if isinstance(request, Expose):
+            if made is None:  # only a closed session's batch is left unfinished
+                made = StoreError(ErrorCode.INTERNAL, "the expose was not made")
+            if isinstance(made, StoreError):
+                return _failed(request.request_id, made)
+            ttl = self._transfers().ttl  # there are some: one was made
+            return ExposeReply(request_id=request.request_id, capability=made, ttl=ttl), ()
+        if isinstance(request, Claim):
+            return self._claim(request)
         return SyncReply(request_id=request.request_id), ()
 
     def _stored(self, request: Read | Describe) -> Stored | Reply:
@@ -107,22 +151,21 @@ class Requests:
         )
         return reply, (view,)
 
-    def _transfer(self, request: Expose | Claim) -> Reply:
-        """A capability for an expose; the exposed bytes, as a read reply, for a claim."""
+    def _transfers(self) -> Exposures:
+        """The server's exposures. Raises :class:`StoreError` (``transfer_failed``) where there
+        are none."""
+        if self.exposures is None:
+            raise StoreError(
+                ErrorCode.TRANSFER_FAILED,
+                "this device runs in the client's process: it has no transfers",
+            )
+        return self.exposures
+
+    def _claim(self, request: Claim) -> Reply:
+        """The exposed bytes, as a read reply."""
         try:
-            if self.exposures is None:
-                raise StoreError(
-                    ErrorCode.TRANSFER_FAILED,
-                    "this device runs in the client's process: it has no transfers",
-                )
-            if isinstance(request, Expose):
-                capability = self.exposures.expose(self.store, request.tensor, request.audience)
-                ttl = self.exposures.ttl
-                return ExposeReply(
-                    request_id=request.request_id, capability=capability, ttl=ttl
-                ), ()
             meta = TensorMeta(request.shape, request.dtype)
-            exposure = self.exposures.claim(request.capability, request.claimant, meta)
+            exposure = self._transfers().claim(request.capability, request.claimant, meta)
         except StoreError as exc:
             return _failed(request.request_id, exc)
         meta = exposure.meta

@@ -29,10 +29,12 @@ copied first. An in-place op (``setitem``) writes into its target's memory, so t
 share it see the write, as in numpy; the store first moves memory that a read reply still
 sends from, and only a read-only view is written into a counted copy
 (:meth:`TensorStore.prepare_write`).
-Work (:meth:`_over_cost`): an op whose estimated work (:func:`executor.cost`) is over
+Work (:meth:`_over_cost`): an op whose estimated work (:func:`executor.cost`, and for an
+in-place op the move of a root that is still sent, :meth:`TensorStore.move_cost`) is over
 ``Limits.max_op_cost`` fails (``limit_exceeded``); one over :data:`INLINE_COST` runs in a thread,
 as does one whose check alone would cost the loop more (``server/check_costs.py``: a ``stack``
-of a million inputs), and a registration whose check and plan would.
+of a million inputs), a registration whose check and plan would, and a costly expose, the
+batch's last step (``Requests.expose``).
 Deadline: :attr:`Job.op_started` is the monotonic time the running op began; the transport
 watches it and, past the deadline, closes the session (:meth:`close`): the op itself cannot be
 interrupted, so its result is discarded when numpy returns, which the work cap bounds.
@@ -173,7 +175,8 @@ class Session:
         the loop) once it ran for :data:`INLINE_SLICE` seconds (:data:`FIRST_SLICE` from a
         batch's first op, so that a client's batch rarely pauses). Without ``inline``, a pull
         runs alone, as the step's first op (a pull thread runs it: ``server.workers``). Returns
-        True when every op has run and the batch's frees are applied.
+        True when every op has run, the batch's frees are applied and its exposes made
+        (``Requests.expose``).
         """
         ops = job.batch.ops
         first, job.paused = job.next, False
@@ -215,8 +218,9 @@ class Session:
                     return False  # the ops after it run in a step of their own
         if job.ending is not None and not self.closed:
             job.chores, job.ending = job.ending, None
-            return frees.run_chores(job, pause_at)
-        return True
+            if not frees.run_chores(job, pause_at):
+                return False
+        return self.closed or self.requests.expose(job, INLINE_COST if inline else None, pause_at)
 
     def _general(self, op: AnyOp, job: Job, inline: bool) -> bool:
         """Check and run ``op`` (any op). False: it is too costly to run ``inline``."""
@@ -250,6 +254,8 @@ class Session:
         False, it is over :data:`INLINE_COST` and ``inline`` (a worker thread runs it).
         ``resized``: lengths were resolved; the byte cap, whose message says more, goes first."""
         work = executor.cost(op, metas[0], args)
+        if op.inplace:  # a root that a reply or an exposure still sends is moved first
+            work += self.store.move_cost(op.out)
         try:
             if resized:
                 output_bytes(metas, self.limits)
@@ -336,7 +342,10 @@ class Session:
             self.graphs.drop(graph_id)
         errors = [*job.errors, *self.store.take_unrecorded()]  # failures kept nowhere
         yield from ((SessionError(error=e), ()) for e in errors)
-        yield from (self.requests.answer(request) for request in job.batch.requests)
+        exposed = job.exposed
+        yield from (
+            self.requests.answer(r, exposed.get(i)) for i, r in enumerate(job.batch.requests)
+        )
 
     def reply_bytes(self, batch: Batch) -> int:
         """The tensor bytes the replies to ``batch``'s reads will carry (as stored now)."""

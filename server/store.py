@@ -19,15 +19,13 @@ that its outputs stay unknown ids, and :meth:`TensorStore.take_unrecorded` says 
 buffer is counted from its allocation (:meth:`TensorStore.hold_upload`) until its op takes it.
 
 Views share memory, as in numpy (docs/array-api.md): an in-place op writes into its target's
-memory, so every tensor that views the same root sees the write. Two things must never see
-it, and :meth:`TensorStore.prepare_write` keeps them apart: a read reply whose bytes are not
-sent yet (:meth:`TensorStore.share` records the array it sends from, weakly; while that array
-lives, the root is *moved*: its bytes are copied to fresh memory and every tensor that used it
-is re-pointed there, so the reply keeps the old bytes and the tensors stay one family), and a
-read-only view (``broadcast_to``), which numpy cannot write: that one tensor is written into a
-copy. Moving a root changes no count: the new memory replaces the old under the same tensors,
-and the old is the reply's until it is sent, as the memory of a tensor freed before its reply
-is sent.
+memory, so every tensor that views the same root sees the write. :meth:`TensorStore.prepare_write`
+keeps two things apart from it: a read reply or an exposure that still sends the root's bytes
+(:meth:`TensorStore.share`): the root is *moved* first (``server/roots.py``: a copy of all of
+it, which the writing op counts in its work, :meth:`TensorStore.move_cost`), and the old memory
+is charged while it lives (an exposure's by the exposure; a read reply's by the store, in
+:attr:`TensorStore.moved`, from before the copy is made); and a read-only view
+(``broadcast_to``), which numpy cannot write: that one tensor is written into a copy.
 
 Threads: a store is changed by one thread at a time — the event loop, or the worker thread
 running its session's ops (the session defers :meth:`TensorStore.close` until that thread has
@@ -38,29 +36,22 @@ shutdown) is discarded and its reservation given back.
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from protocol import ErrorCode, ErrorInfo, MessageLimitError, TensorMeta, byte_view
+from protocol import ErrorCode, ErrorInfo, MessageLimitError, TensorMeta
 
 from .budget import Bookkeeping, Holds, MemoryBudget
 from .errors import StoreError
+from .roots import Root, copy_cost, root_of
 
 ENTRY_BYTES = 640  # a stored tensor's bookkeeping: its id, record, array header and root
 FAILURE_BYTES = 768  # a failure record's, before the text of its error
 FAILURE_HEADROOM = 4 << 20  # failure records kept past full bookkeeping or budget (~4000)
 ENTRY_MIN = 1 << 20  # the bookkeeping a session may hold under the smallest quota (~1600)
-
-
-def sent_view(array: np.ndarray[Any, Any]) -> memoryview:
-    """What a read reply sends of ``array``: its bytes, or if it is strided a view of its own
-    (which :meth:`TensorStore.share` follows) that the sender copies a fragment at a time
-    (``server/sending.py``), never the whole (24 reads of a 63 MiB view took 1.5 GiB)."""
-    return byte_view(array) if array.flags.c_contiguous else array.view().data
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,35 +76,6 @@ def entry_bytes(value: Stored | Failure) -> int:
     return ENTRY_BYTES
 
 
-def root_of(array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
-    """The last ndarray in ``array``'s chain of bases (``array`` itself if it has none)."""
-    root = array
-    while isinstance(root.base, np.ndarray):
-        root = root.base
-    return root
-
-
-class Root:
-    """Memory that stored tensors use: the owning array, how many tensors use it, and the
-    arrays that read replies send from (weakly: a reply is sent once they are gone; None until
-    the first read). Made once per op result: kept light (no set of users; a move, which is
-    rare, finds them)."""
-
-    __slots__ = ("array", "users", "readers")
-
-    def __init__(self, array: np.ndarray[Any, Any]) -> None:
-        self.array = array
-        self.users = 1
-        self.readers: list[weakref.ref[np.ndarray[Any, Any]]] | None = None
-
-    def being_sent(self) -> bool:
-        """Whether a read reply may still send these bytes."""
-        if not self.readers:
-            return False
-        self.readers = [r for r in self.readers if r() is not None]
-        return bool(self.readers)
-
-
 class TensorStore:
     """Tensors by client-allocated id, with byte accounting against a quota and a budget."""
 
@@ -127,6 +89,7 @@ class TensorStore:
         # what the entries cost (entry_bytes), in the budget; the quota's size again at most
         self.records = Bookkeeping(self.budget, 2**63 if quota is None else max(quota, ENTRY_MIN))
         self.uploads = Holds()  # upload buffers allocated and not yet taken by their ops
+        self.moved = Holds()  # memory moved away from (prepare_write) that read replies send
         self.exposed = 0  # bytes of open transfer capabilities (server/exposures.py changes it)
         self.failed = 0
         self.unrecorded = 0  # failure records not kept since take_unrecorded
@@ -161,7 +124,8 @@ class TensorStore:
         """Bytes this session may still reserve (ignoring the server-wide budget)."""
         if self.quota is None:
             return 2**63
-        return self.quota - self.nbytes - self.reserved - self.uploads.nbytes - self.exposed
+        held = self.uploads.nbytes + self.moved.nbytes + self.exposed
+        return self.quota - self.nbytes - self.reserved - held
 
     def entry_room(self) -> int:
         """Bookkeeping bytes this session may still add (see the module docstring)."""
@@ -280,30 +244,40 @@ class TensorStore:
         )
         return [ErrorInfo(code=code, message=message, op=first.op)]
 
-    def share(self, tensor_id: int, sent: memoryview) -> None:
-        """Record that a read reply of ``tensor_id`` sends ``sent`` (a byte view, as
-        ``protocol.codec.byte_view`` makes) later: while the array it exports lives, no write
-        reaches its bytes (:meth:`prepare_write` moves the root first). A view of a copy is no
-        concern of the store's."""
+    def share(self, tensor_id: int, sent: memoryview, counted: bool = False) -> None:
+        """Record that a read reply of ``tensor_id`` (an exposure, ``counted``: it charges the
+        bytes it keeps) sends ``sent`` (a byte view, as ``protocol.codec.byte_view`` makes)
+        later: while the array it exports lives, no write reaches its bytes
+        (:meth:`prepare_write` moves the root first). A view of a copy is no concern of the
+        store's."""
         value = self._items.get(tensor_id)
         exporter = sent.obj
         if isinstance(value, Stored) and isinstance(exporter, np.ndarray):
             entry = self._roots[id(root_of(value.array))]
             if root_of(exporter) is entry.array:
-                if entry.readers and not len(entry.readers) & (len(entry.readers) - 1):
-                    entry.being_sent()  # drops the replies sent since, at 1, 2, 4... readers (at
-                entry.readers = entry.readers or []  # each, 100k reads of one tensor in one
-                entry.readers.append(weakref.ref(exporter))  # batch held the loop 20 s+)
+                entry.share(exporter, counted)
+
+    def move_cost(self, tensor_id: int) -> int:
+        """The work, as ``executor.cost`` counts it, that :meth:`prepare_write` of
+        ``tensor_id`` adds to its op: a move of its root if a reply or an exposure still sends
+        it (0 if none does, or the id is unknown, failed or read-only)."""
+        value = self._items.get(tensor_id)
+        if not isinstance(value, Stored) or not value.array.flags.writeable:
+            return 0
+        entry = self._roots[id(root_of(value.array))]
+        return copy_cost(entry.array.nbytes) if entry.being_sent() else 0
 
     def prepare_write(self, tensor_id: int) -> np.ndarray[Any, Any] | None:
-        """The array of ``tensor_id``, made safe to write in place: a root that a read reply
-        still sends from is moved first (every tensor on it is re-pointed to the same view of
-        fresh memory, so an array taken before this call may be stale). None for a read-only
-        view (numpy's ``broadcast_to``), and an unknown or failed id: the caller writes into a
-        copy.
+        """The array of ``tensor_id``, made safe to write in place: a root that a read reply or
+        an exposure still sends from is moved first (every tensor on it is re-pointed to the
+        same view of fresh memory, so an array taken before this call may be stale). None for a
+        read-only view (numpy's ``broadcast_to``), and an unknown or failed id: the caller
+        writes into a copy.
 
         Raises:
-            StoreError: ``server_memory_exhausted``, the process has no memory for the move.
+            StoreError: ``quota_exceeded`` or ``server_memory_exhausted``: the quota or the
+                budget has no room for the memory that read replies keep (:attr:`moved`), or
+                the process none for the move.
         """
         value = self._items.get(tensor_id)
         if not isinstance(value, Stored) or not value.array.flags.writeable:
@@ -317,17 +291,26 @@ class TensorStore:
 
     def _move(self, entry: Root) -> None:
         """Copy ``entry``'s bytes to fresh memory and re-point its tensors there, each to the
-        same offset and strides (so views stay views of one another). Counts do not change."""
+        same offset and strides (so views stay views of one another). The old memory, if a
+        read reply still sends it, is held in :attr:`moved` (reserved before the copy) until
+        it dies; the store's counts do not change."""
         old = entry.array
+        unsent = old.nbytes if entry.replies_pending() else 0  # an exposure's are counted
+        if unsent > self.free_quota():
+            raise self._quota_full(unsent)
+        self.budget.reserve(unsent)
         try:
             fresh = np.empty(old.nbytes, dtype=np.uint8)
         except MemoryError:
+            self.budget.release(unsent)
             raise StoreError(
                 ErrorCode.SERVER_MEMORY_EXHAUSTED,
                 f"no memory to move {old.nbytes} bytes that a read reply still sends",
             ) from None
         # An owning array is dense with non-negative strides: ravel("K") is its memory in order.
         fresh[...] = old.ravel(order="K").view(np.uint8)
+        if unsent:
+            self.budget.hold_while(old, unsent, self.moved)
         start = old.ctypes.data
         users = [
             (i, v)
@@ -348,7 +331,7 @@ class TensorStore:
             self._items[tensor_id] = Stored(moved, value.meta)
         del self._roots[id(old)]
         entry.array = fresh
-        entry.readers = None
+        entry.readers = entry.exposed = None
         self._roots[id(fresh)] = entry
 
     def replace(self, tensor_id: int, value: Stored | Failure, reserved: int = 0) -> None:
@@ -394,5 +377,6 @@ class TensorStore:
         self.nbytes = 0
         self.failed = 0
         self.budget.release_holds(self.uploads)  # not when their buffers die: that can wait
+        self.budget.release_holds(self.moved)
 
     clear = close

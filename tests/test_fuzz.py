@@ -31,8 +31,9 @@ from protocol.ops import (
     Unique,
 )
 from server.budget import MemoryBudget
+from server.roots import root_of
 from server.session import Limits, Session
-from server.store import Failure, Stored, TensorStore, root_of
+from server.store import Failure, Stored, TensorStore
 
 FUZZ = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

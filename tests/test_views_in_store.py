@@ -1,6 +1,8 @@
 """In-place ops against the store's roots, in memory (no server): an update writes into its
-target's memory, which its views share, as numpy does; a read reply not sent yet never sees
-it (the root moves), a read-only view is written into a copy, and every byte is counted once."""
+target's memory, which its views share, as numpy does; a read reply not sent yet or an
+exposure never sees it (the root moves, a copy costed as an op's work), a read-only view is
+written into a copy, and every byte is counted once: the old memory a reply keeps is charged
+before the move is made, until it dies."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from protocol import Batch, Read, TensorMeta
+from protocol import Batch, ErrorCode, Expose, Read, TensorMeta
 from protocol.ops import (
     AnyOp,
     Binary,
@@ -23,8 +25,11 @@ from protocol.ops import (
     SliceSpec,
 )
 from server import executor
+from server.exposures import Exposures
+from server.pulls import Transfers
+from server.roots import copy_cost
 from server.session import Reply, Session
-from server.store import Stored
+from server.store import Failure, Stored, TensorStore
 
 
 def run(session: Session, ops: Sequence[AnyOp], reads: Sequence[int] = ()) -> list[Reply]:
@@ -65,11 +70,14 @@ def test_pending_read_reply_never_sees_a_later_write() -> None:
     run(session, update(1, 0, 2, 7))  # the reply's bytes are not sent yet
     assert bytes(view) == bytes(32)  # the root moved: the reply still holds the zeros
     assert array(session, 1).tolist() == [7, 0, 0, 0]
-    assert session.store.nbytes == 32 + 8  # the old memory is no tensor's: not counted
+    assert session.store.nbytes == 32 + 8  # the old memory is no tensor's ...
+    assert session.store.moved.nbytes == 32  # ... but the reply's, charged while it lives
+    assert session.store.budget.used == 32 + 8 + 32
     moved = array(session, 1)
     run(session, update(1, 1, 3, 8))  # the reply still lives, but the new memory is not its
     assert array(session, 1) is moved and bytes(view) == bytes(32)
     del reply, view
+    assert session.store.moved.nbytes == 0 and session.store.budget.used == 32 + 8 + 8
     run(session, [], [1])  # a second read, whose reply is dropped at once (sent)
     run(session, update(1, 2, 4, 9))
     assert array(session, 1) is moved  # nothing sends from it any more: written in place
@@ -152,7 +160,7 @@ def test_replies_sent_are_forgotten_when_the_next_read_is_recorded() -> None:
     for _ in range(100):
         run(session, [], [1])  # each reply is dropped (sent) at once
     (entry,) = session.store._roots.values()
-    assert len(entry.readers) == 1
+    assert entry.readers is not None and len(entry.readers) == 1
 
 
 def test_an_in_place_matmul_costs_what_a_matmul_costs() -> None:
@@ -162,3 +170,55 @@ def test_an_in_place_matmul_costs_what_a_matmul_costs() -> None:
     binary = executor.cost(Binary(op="matmul", out=3, x1=1, x2=2), meta, [x, x])
     in_place = executor.cost(InPlaceBinary(op="matmul", out=1, x2=2), meta, [x, x])
     assert in_place == binary >= 256**3 // 8  # float64 BLAS: 1/8 of an element op a multiply-add
+
+
+def test_the_memory_a_reply_keeps_is_charged_before_a_move() -> None:
+    """A write that would move a root the session's quota cannot hold twice fails
+    (``quota_exceeded``) before anything is copied, and the target keeps its value."""
+    session = Session("s", 0, store=TensorStore(quota=3 * 8192))
+    ((_, (view,)),) = run(session, [Full(out=1, shape=(1024,), dtype="int64", value=0)], [1])
+    assert session.store.move_cost(1) == copy_cost(8192)
+    run(session, update(1, 0, 2, 7))  # 8 KiB more fit: 16 KiB and 8 bytes
+    assert session.store.moved.nbytes == 8192 and array(session, 1)[0] == 7
+    ((_, (again,)),) = run(session, [], [1])
+    run(session, update(1, 0, 3, 9))  # a third 8 KiB does not fit
+    value = session.store.get(1)
+    assert isinstance(value, Failure) and value.error.code == ErrorCode.QUOTA_EXCEEDED
+    assert bytes(view) == bytes(8192) and np.frombuffer(again, np.int64)[0] == 7
+    del view, again
+    assert session.store.moved.nbytes == 0
+
+
+def test_an_exposed_root_moves_charged_once() -> None:
+    """An exposure charges its root's bytes already: the move that a write makes adds nothing
+    to the charge, and the exposure still sends the value it was made with."""
+    session = Session("s", 0)
+    exposures = Exposures(ttl=60.0)
+    run(session, [Full(out=1, shape=(1024,), dtype="int64", value=0)])
+    run(session, [Reshape(out=2, x=1, shape=(32, 32))])
+    capability = exposures.expose(session.store, 1, "0123456789abcdef")
+    assert session.store.move_cost(2) == copy_cost(8192)  # its view's root is sent
+    run(session, update(2, 0, 3, 7))  # the view's first row
+    assert session.store.moved.nbytes == 0 and session.store.exposed == 8192
+    assert session.store.budget.used == 8192 + 8 + 8192  # the tensor, the 7, the exposure
+    assert array(session, 1)[:33].tolist() == [7] * 32 + [0]
+    assert array(session, 2)[0].tolist() == [7] * 32
+    exposure = exposures.claim(capability, "0123456789abcdef", TensorMeta((1024,), "int64"))
+    assert bytes(exposure.sent) == bytes(8192)
+    assert session.store.move_cost(2) == 0  # the new memory is sent by nothing
+
+
+def test_exposes_are_made_as_the_batch_ends_and_answered_in_order() -> None:
+    """A batch's exposes are made once its ops ran, off the event loop when one copies much
+    (a small view's compact copy): ``step(inline=True)`` stops before it; each is answered in
+    its place, two of one request id too."""
+    session = Session("s", 0, transfers=Transfers(Exposures(ttl=60.0), "self"))
+    run(session, [Full(out=1, shape=(1 << 16,), dtype="int64", value=3)])
+    run(session, [GetItem(out=2, x=1, key=(SliceSpec(stop=1 << 14),))])  # 128 KiB of 512
+    requests = [Expose(request_id=7, tensor=2, audience="0123456789abcdef")] * 2
+    job = session.start(Batch(ops=[], requests=[*requests, Read(request_id=8, tensor=2)]), [])
+    assert not session.step(job, inline=True)  # a copy of 128 KiB: over the inline cost
+    assert session.step(job, inline=False)
+    replies = [reply for reply, _ in session.finish(job)]
+    assert [r.type for r in replies] == ["expose_reply", "expose_reply", "read_reply"]
+    assert session.store.exposed == 2 * 8 * (1 << 14)  # two compact copies, charged

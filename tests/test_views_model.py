@@ -2,7 +2,8 @@
 writes, reads whose replies are held unsent, frees, in any order. After every step each tensor
 equals its numpy twin (built by the same numpy calls, so numpy's own view-or-copy decisions
 are the model), every held reply still holds the bytes it was read with, and the session's
-bytes are exactly the memory its tensors use, counted once."""
+bytes are exactly the memory its tensors use, counted once, and the memory that held replies
+keep of a root moved before a write (charged until they are gone)."""
 
 from __future__ import annotations
 
@@ -27,8 +28,9 @@ from protocol.ops import (
     SetItem,
     SliceSpec,
 )
+from server.roots import root_of
 from server.session import Reply, Session
-from server.store import Stored, root_of
+from server.store import Stored
 
 
 def _slice(length: int, data: st.DataObject) -> tuple[slice, SliceSpec]:
@@ -175,11 +177,17 @@ class Views(RuleBasedStateMachine):
             root = root_of(value.array)
             roots[id(root)] = root
         assert all(r.base is None for r in roots.values())
-        assert store.nbytes == sum(r.nbytes for r in roots.values()) == store.budget.used
+        assert store.nbytes == sum(r.nbytes for r in roots.values())
+        assert store.budget.used == store.nbytes + store.moved.nbytes
+        sent = [root_of(cast(np.ndarray[Any, Any], v.obj)) for v, _ in self.replies]
+        kept = {id(r): r for r in sent}
+        left = sum(r.nbytes for key, r in kept.items() if key not in roots)  # moved, or freed
+        assert store.moved.nbytes <= left
         assert store.reserved == 0
 
     def teardown(self) -> None:
         if hasattr(self, "session"):
+            self.replies.clear()  # sent: what they kept dies, and its charge with it
             self._run([], frees=tuple(self.twins))
             assert (self.session.store.nbytes, self.session.store.budget.used) == (0, 0)
 
