@@ -66,11 +66,14 @@ class Job:
     exposed: dict[int, str | StoreError] = field(default_factory=dict)
 
     def running(self) -> str:
-        """What runs now (for the per-op deadline's message): a registration or an op."""
+        """What runs now (for the per-op deadline's message): a registration, an op, or once
+        its ops ran, its frees or an expose (its compact copy: ``Requests.expose``)."""
         graphs, ops = self.batch.graphs, self.batch.ops
         if self.registered < len(graphs):
             return f"registering graph #{graphs[self.registered].graph_id}"
-        return ops[min(self.next, len(ops) - 1)].describe() if ops else "the batch's frees"
+        if self.next < len(ops):
+            return ops[self.next].describe()
+        return "an expose of the batch" if self.exposing else "the batch's frees"
 
 
 class Outcomes:

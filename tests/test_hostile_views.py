@@ -16,7 +16,10 @@ import numpy as np
 import pytest
 
 import client
-from protocol import ErrorCode
+from protocol import Batch, ErrorCode, Expose
+from protocol.ops import Full
+from server.outcome import Job
+from server.workers import running
 
 from .ops_helpers import http_get
 from .servers import ServerProcess, run_server
@@ -124,3 +127,17 @@ def test_a_move_counts_against_the_work_cap() -> None:
         assert info.value.code == ErrorCode.LIMIT_EXCEEDED
         assert "--max-op-cost" in str(info.value)
         assert float(xp.sum(x).numpy()) == 1.0  # the refused write never ran
+
+
+def test_the_deadline_names_an_expose_or_the_frees_once_the_ops_ran() -> None:
+    """An expose's compact copy runs in a worker step, watched by the per-op deadline, in a
+    batch that may hold no op: the deadline's message names it (it indexed the batch's ops:
+    past the deadline, an expose-only batch closed its connection with 1011)."""
+    expose = Expose(request_id=1, tensor=1, audience="0123456789abcdef")
+    job = Job(Batch(ops=[], requests=[expose]), [])
+    job.exposing = [0]
+    assert running(job) == "an expose of the batch"
+    job.exposing = []
+    assert running(job) == "the batch's frees"
+    job = Job(Batch(ops=[Full(out=1, shape=(), dtype="int64", value=0)], requests=[]), [])
+    assert running(job) == "full() -> #1"
