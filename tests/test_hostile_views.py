@@ -19,7 +19,6 @@ import client
 from protocol import Batch, ErrorCode, Expose
 from protocol.ops import Full
 from server.outcome import Job
-from server.workers import running
 
 from .ops_helpers import http_get
 from .servers import ServerProcess, run_server
@@ -136,8 +135,8 @@ def test_the_deadline_names_an_expose_or_the_frees_once_the_ops_ran() -> None:
     expose = Expose(request_id=1, tensor=1, audience="0123456789abcdef")
     job = Job(Batch(ops=[], requests=[expose]), [])
     job.exposing = [0]
-    assert running(job) == "an expose of the batch"
+    assert job.running() == "an expose of the batch"
     job.exposing = []
-    assert running(job) == "the batch's frees"
+    assert job.running() == "the batch's frees"
     job = Job(Batch(ops=[Full(out=1, shape=(), dtype="int64", value=0)], requests=[]), [])
-    assert running(job) == "full() -> #1"
+    assert job.running() == "full() -> #1"
