@@ -18,9 +18,9 @@ in a process of its own; a refused or broken session is opened again.
   fails its check with a long error;
 - wide graphs: 64 registered graphs of 50,000 declared inputs and one op each;
 - exposed writes: writes of one element through a view of a 16 MiB array just exposed for a
-  transfer;
-- broadcast vecdot: ``vecdot`` of (L, 1, L) and (1, L, L) float32 operands, L = 2048: 2**33
-  multiply-adds from 32 MiB;
+  transfer, or whose read is still being answered;
+- broadcast vecdot: ``vecdot`` of (L, 1, L) and (1, L, L) broadcast views of one element,
+  L = 2048 (2**33 multiply-adds from no memory) and 4096 (over the work cap);
 - lying peers: pulls of 8 bytes from peer servers on loopback (``bench/fake_peers.py``) that
   answer with a reply declaring 1 GiB, for the claim or for no request at all.
 """
@@ -51,7 +51,7 @@ PEERS = ("--peers", "ws://127.0.0.1:*")  # the server may pull from the lying pe
 WIDE_INPUTS = 1_000_000  # inputs of the wide ops' stack: about 2 MiB of header
 FAILING_INPUTS = 200_000  # inputs of a failing registration's stack: a long error
 DECLARED_INPUTS = 50_000  # declared inputs of each wide graph: a 3.2 MiB header
-VECDOT_SIDE = 2048  # the broadcast vecdot's L: 16 MiB operands, 2**33 multiply-adds
+VECDOT_SIDE = 2048  # the broadcast vecdot's L: 2**33 multiply-adds
 
 
 def _until(deadline: float, attack: Callable[[], None]) -> None:
@@ -182,27 +182,36 @@ def _wide_graphs(url: str) -> None:
 
 
 def _exposed_writes(url: str) -> None:
-    """Writes of one element through a view of a 16 MiB array just exposed for a transfer:
-    each makes the server keep the exposed value apart from the written one."""
+    """Writes of one element through a view of a 16 MiB array just exposed for a transfer, or
+    whose read is still being answered: each makes the server move the array's memory first."""
     with client.RemoteDevice(url) as dev:
         xp = client.namespace(dev)
         root = xp.zeros(2 * MIB)  # 16 MiB of float64
-        for _ in range(3):
-            dev.expose(root.tensor_id, "feed")  # any server.result()
-            view = root[:8]
+        view = root[:8]
+        for _ in range(2):  # an exposure holds its value until claimed or expired
+            dev.expose(root.tensor_id, "feed").result()  # any server's id
             view[0] = 1.0
             dev.sync()
+        for _ in range(8):
+            read = dev.submit_read(root.tensor_id)
+            view[0] = 2.0
+            dev.sync()
+            read.result()
 
 
 def _broadcast_vecdot(url: str) -> None:
-    """``vecdot`` of two (L, 1, L) and (1, L, L) operands: L**3 multiply-adds from arrays of
-    L**2 elements."""
+    """``vecdot`` of (L, 1, L) and (1, L, L) broadcast views of one element each: L**3
+    multiply-adds from no memory at all, at L under the work cap and at 2L over it."""
     with client.RemoteDevice(url) as dev:
         xp = client.namespace(dev)
-        side = VECDOT_SIDE
-        a = xp.ones((side, 1, side), dtype=xp.float32)
-        b = xp.ones((1, side, side), dtype=xp.float32)
-        float(xp.sum(xp.linalg.vecdot(a, b)))
+        for side in (VECDOT_SIDE, 2 * VECDOT_SIDE):
+            one = xp.ones((), dtype=xp.float32)
+            a = xp.broadcast_to(one, (side, 1, side))
+            b = xp.broadcast_to(one, (1, side, side))
+            try:
+                float(xp.sum(xp.linalg.vecdot(a, b)))
+            except client.RemoteError:
+                pass  # over the work cap: refused, what the server should do
 
 
 def _lying_peers(url: str) -> None:
