@@ -4,8 +4,6 @@ fast: that every op has a case, that each prints a ratio, that the summary state
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from typing import Any, get_args
 
 import pytest
@@ -14,7 +12,7 @@ from bench import op_costs
 from bench._op_cases import FAMILIES
 from protocol.ops import AnyOp, BinaryScalar, FromBuffer, InPlaceBinaryScalar, Pull, RunGraph
 
-from .servers import ROOT
+from .test_bench_nn import run_bench
 
 NOT_RUN_BY_THE_EXECUTOR = (FromBuffer, RunGraph, Pull)  # costs 0, its ops summed, a transfer
 NO_SCALAR_MATMUL = {(BinaryScalar, "matmul"), (InPlaceBinaryScalar, "matmul")}  # refused
@@ -43,20 +41,13 @@ def test_the_audit_has_a_case_for_every_op_of_the_catalogue() -> None:
 
 @pytest.mark.e2e
 def test_the_audit_prints_a_ratio_for_every_op_and_its_bound() -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "bench.op_costs", "--rounds", "1", "--blas-threads", "1"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr
-    lines = done.stdout.splitlines()
+    out = run_bench("bench.op_costs", "--rounds", "1", "--blas-threads", "1")
+    lines = out.splitlines()
     header = lines[0].split()
     assert header[:3] == ["family", "case", "op"], lines[0]
     summary = lines.index("the most ns per counted unit, by op (and its case)")
     printed = {line.split()[0] for line in lines[summary + 1 :] if line.strip()}
     for op_type, name in _catalogue():
         label = op_type.model_construct(**({} if name is None else {"op": name})).name()
-        assert label in printed, (label, done.stdout[-2000:])
-    assert any(line.startswith("bound: time <= ") for line in lines), done.stdout[-2000:]
+        assert label in printed, (label, out[-2000:])
+    assert any(line.startswith("bound: time <= ") for line in lines), out[-2000:]

@@ -14,7 +14,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _run_bench(*argv: str) -> str:
+def run_bench(*argv: str) -> str:
+    """The output of ``python -m ARGV...`` run from the checkout, which must exit 0."""
     done = subprocess.run(
         [sys.executable, "-m", *argv], cwd=ROOT, capture_output=True, text=True, timeout=120
     )
@@ -24,16 +25,18 @@ def _run_bench(*argv: str) -> str:
 
 @pytest.mark.e2e
 def test_conv_formulations_agree_and_print_every_ops_ratios() -> None:
-    out = _run_bench("bench.conv_formulations", "--seconds", "0.01")
+    out = run_bench("bench.conv_formulations", "--seconds", "0.01")
     for op in ("conv", "weight grad", "transpose", "max pool", "avg pool", "max backward"):
         assert any(line.startswith(f"{op} ") for line in out.splitlines()), (op, out)
 
 
 @pytest.mark.e2e
 def test_nn_costs_prints_a_ratio_for_every_op() -> None:
-    out = _run_bench("bench.nn_costs", "--rounds", "1")
-    ops = ("conv", "conv_transpose", "conv_weight_grad", "max_pool", "avg_pool", "batch_norm")
-    ops += ("softmax", "log_softmax", "random_uniform", "random_normal")
+    out = run_bench("bench.nn_costs", "--rounds", "1")
+    ops = [
+        *("conv", "conv_transpose", "conv_weight_grad", "max_pool", "avg_pool", "batch_norm"),
+        *("softmax", "log_softmax", "random_uniform", "random_normal"),
+    ]
     summary = {line.split()[0]: line for line in out.splitlines() if line.strip()}
     for op in ops:
         assert op in summary, (op, out)

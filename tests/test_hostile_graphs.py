@@ -10,7 +10,6 @@ it, with no traceback in the log.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterator
 
@@ -31,9 +30,9 @@ from server.outcome import Job, Outcomes
 from server.registration import ERROR_TEXT
 from server.store import FAILURE_BYTES, TensorStore
 
-from .ops_helpers import http_get
 from .raw import Raw
 from .servers import ServerProcess, run_server
+from .victims import waits_meanwhile
 
 F64 = "float64"
 MIB = 2**20
@@ -125,29 +124,13 @@ def _longest_wait(server: ServerProcess, attack: bytes) -> float:
     """The longest another session's one-element read and ``/healthz`` took together while
     ``attack`` was sent and answered (its read is checked)."""
     message = attack  # encoded before the clock starts: this process's own work is not timed
-    with client.RemoteDevice(server.url) as victim:
-        one = client.namespace(victim).asarray(np.ones(1))
-        one.numpy()
-        attacker = Raw(server.url, token=None)
-        waits: list[float] = []
-        done = threading.Event()
-
-        def probe() -> None:
-            while not done.is_set():
-                started = time.monotonic()
-                np.testing.assert_array_equal(one.numpy(), np.ones(1))
-                assert http_get(server.port, "/healthz")[0] == 200
-                waits.append(time.monotonic() - started)
-
-        prober = threading.Thread(target=probe)
-        prober.start()
-        try:
+    attacker = Raw(server.url, token=None)
+    try:
+        with waits_meanwhile(server) as waits:
             attacker.send_raw(message)
             reply = attacker.recv(timeout=60)
-        finally:
-            done.set()
-            prober.join()
-            attacker.close()
+    finally:
+        attacker.close()
     assert reply.type == "read_reply" and reply.shape == (WIDE,), reply
     return max(waits)
 

@@ -8,11 +8,9 @@ against ``--max-op-cost``. Their memory is charged before the copy is made
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable, Iterator
 
-import numpy as np
 import pytest
 
 import client
@@ -20,8 +18,8 @@ from protocol import Batch, ErrorCode, Expose
 from protocol.ops import Full
 from server.outcome import Job
 
-from .ops_helpers import http_get
 from .servers import ServerProcess, run_server
+from .victims import waits_meanwhile
 
 MIB = 1 << 20
 ROOT = 192 * MIB  # the tensor written or exposed: its copy takes 0.1-0.5 s here
@@ -82,27 +80,10 @@ def test_a_large_copy_leaves_the_event_loop_to_other_sessions(
 ) -> None:
     """Another session's one-element read and ``/healthz``, sent over and over, wait far less
     than the attacker's copying call takes (before: as long, the event loop copying)."""
-    with client.RemoteDevice(server.url) as victim, client.RemoteDevice(server.url) as attacker:
-        one = client.namespace(victim).asarray(np.ones(1))
-        one.numpy()
-        run = ATTACKS[attack](attacker, victim.server_id)
-        waits: list[float] = []
-        done = threading.Event()
-
-        def read_meanwhile() -> None:
-            while not done.is_set():
-                started = time.monotonic()
-                np.testing.assert_array_equal(one.numpy(), np.ones(1))
-                assert http_get(server.port, "/healthz")[0] == 200
-                waits.append(time.monotonic() - started)
-
-        reader = threading.Thread(target=read_meanwhile)
-        reader.start()
-        try:
+    with client.RemoteDevice(server.url) as attacker:
+        run = ATTACKS[attack](attacker, attacker.server_id)  # one server: one id
+        with waits_meanwhile(server) as waits:
             calls = [run() for _ in range(3)]
-        finally:
-            done.set()
-            reader.join()
     assert max(waits) < max(calls) / 2, f"reads waited {max(waits):.3f} s, calls took {calls}"
 
 
