@@ -28,7 +28,7 @@ from .incoming import MessageBeingRead, Received, step_header
 from .websocket import WebSocket
 
 QUEUE_HIGH = 8  # default of max_waiting
-STEPWISE_HEADER = 1 << 20  # a longer header is validated in slices (~11k ops; a client sends 2048)
+STEPWISE_HEADER = 1 << 18  # a longer header is validated in slices (a client sends 2048 ops: less)
 HEADER_SLICE = 0.001  # seconds of validating a header before other callbacks have a turn
 OWNER_TURN = 0.02  # seconds the owner may take queued messages before the loop has a turn
 # Parsed items (ops, frees, requests, graphs) of the messages waiting, before reading stops:

@@ -77,10 +77,14 @@ class MultiOutputOp(BaseOp):
 
     @model_validator(mode="after")
     def _distinct_outputs(self) -> MultiOutputOp:
-        """Two outputs cannot share an id: the message is malformed (refused at decode)."""
+        self.check_joined()
+        return self
+
+    def check_joined(self) -> None:
+        """Two outputs cannot share an id: the message is malformed (refused at decode; also
+        when the op was validated in parts, ``protocol/stepwise.py``). Raises ValueError."""
         if len(set(self.outputs())) != len(self.outputs()):
             raise ValueError(f"output ids {list(self.outputs())} are not distinct")
-        return self
 
     def outputs(self) -> tuple[int, ...]:
         return (self.out, *self.more)

@@ -65,8 +65,9 @@ def reduce_rule(name: str, dtype: DType) -> tuple[DType, DType | None]:
 
 
 def result_dtype(*dtypes: DType) -> DType:
-    """numpy's promotion of array dtypes (the standard's table where it defines one)."""
-    return from_numpy(np.result_type(*(to_numpy(d) for d in dtypes)))
+    """numpy's promotion of array dtypes (the standard's table where it defines one). Each
+    dtype once: numpy holds the GIL through one call, and a join may name a million."""
+    return from_numpy(np.result_type(*(to_numpy(d) for d in dict.fromkeys(dtypes))))
 
 
 def float_dtype(dtype: DType) -> DType:

@@ -3,6 +3,7 @@ tril/triu. Many results are views of their input (the session keeps them zero-co
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import numpy as np
@@ -24,6 +25,7 @@ from protocol.ops import (
 from .base import Array, Runner
 
 CHUNK = 1 << 20  # repeats summed at a time (a temporary of 8 MiB at most)
+JOIN_CHUNK = 4096  # inputs of a join given to one numpy call (see join)
 
 
 def reshape(op: Reshape, args: Sequence[Array], buffers: Sequence[Buffer]) -> Array:
@@ -35,9 +37,41 @@ def permute_dims(op: PermuteDims, args: Sequence[Array], buffers: Sequence[Buffe
 
 
 def join(op: Join, args: Sequence[Array], buffers: Sequence[Buffer]) -> Array:
+    """``stack`` or ``concat``; of more than :data:`JOIN_CHUNK` inputs, a chunk at a time into
+    the result (numpy holds the GIL through one call: one over a million inputs would stop
+    every other thread, the event loop's included, for as long as it runs)."""
+    if len(args) > JOIN_CHUNK:
+        return _join_by_chunks(op, args)
     if op.op == "stack":
         return np.stack(args, axis=op.axis or 0)
     return np.concatenate(args, axis=op.axis)
+
+
+def _join_by_chunks(op: Join, args: Sequence[Array]) -> Array:
+    chunks = [args[i : i + JOIN_CHUNK] for i in range(0, len(args), JOIN_CHUNK)]
+    dtype = functools.reduce(np.result_type, [np.result_type(*chunk) for chunk in chunks])
+    if op.op == "stack":
+        axis = (op.axis or 0) % (args[0].ndim + 1)  # in range: the op's inference checked it
+        lengths = [len(chunk) for chunk in chunks]
+        shape = (*args[0].shape[:axis], len(args), *args[0].shape[axis:])
+    elif op.axis is None:  # each input flattened
+        axis = 0
+        lengths = [sum(a.size for a in chunk) for chunk in chunks]
+        shape = (sum(lengths),)
+    else:
+        axis = op.axis % args[0].ndim
+        lengths = [sum(a.shape[axis] for a in chunk) for chunk in chunks]
+        shape = (*args[0].shape[:axis], sum(lengths), *args[0].shape[axis + 1 :])
+    out = np.empty(shape, dtype)
+    start = 0
+    for chunk, length in zip(chunks, lengths, strict=True):
+        part = out[(slice(None),) * axis + (slice(start, start + length),)]
+        if op.op == "stack":
+            np.stack(chunk, axis=axis, out=part)
+        else:
+            np.concatenate(chunk, axis=op.axis, out=part)
+        start += length
+    return out
 
 
 def axes(op: Axes, args: Sequence[Array], buffers: Sequence[Buffer]) -> Array:
