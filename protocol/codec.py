@@ -84,6 +84,12 @@ class MessageDecoder(Generic[M]):
     written before :meth:`finish` returns. After any error the caller must stop feeding this decoder
     (and drain the rest of the websocket message to keep the stream intact).
 
+    ``hold_header(header)``, if given, is called with a header before it is validated,
+    and may raise :class:`MessageLimitError` to refuse it (the message is drained unread);
+    what it returns is kept in :attr:`header_hold` once the header is valid, for the caller
+    to keep as long as the message (the server counts a decoded header's objects in its
+    budget while that object lives), and dropped if it is not.
+
     A header longer than ``stepwise_over`` bytes is validated in steps
     (``protocol/stepwise.py``), so that the caller can do other work between them: while
     :attr:`stepping`, call :meth:`step` until it returns False, and feed nothing meanwhile.
@@ -103,8 +109,11 @@ class MessageDecoder(Generic[M]):
         max_buffers: int = MAX_BUFFERS,
         allocate: Callable[[int], np.ndarray[Any, np.dtype[np.uint8]]] | None = None,
         stepwise_over: int | None = None,
+        hold_header: Callable[[memoryview], object | None] | None = None,
     ) -> None:
         self._adapter = adapter
+        self._hold_header = hold_header
+        self.header_hold: object | None = None
         self._stepwise_over = stepwise_over
         self._steps: Generator[None, None, M] | None = None  # while the header is validated
         self._rest = memoryview(b"")  # what followed it in the first chunk
@@ -148,6 +157,7 @@ class MessageDecoder(Generic[M]):
             self.message = done.value
         except BaseException:
             self._steps = None  # a bad header: nothing more to step
+            self.header_hold = None
             raise
         self._steps = None
         rest, self._rest = self._rest, memoryview(b"")
@@ -164,6 +174,8 @@ class MessageDecoder(Generic[M]):
             raise DecodeError("the header must arrive whole in the first fragment")
         header = view[_LEN.size : _LEN.size + length]
         rest = view[_LEN.size + length :]
+        if self._hold_header is not None:
+            self.header_hold = self._hold_header(header)
         if self._stepwise_over is not None and length > self._stepwise_over:
             self._steps = validate_stepwise(self._adapter, header)
             self._rest = memoryview(bytes(rest))  # the chunk may be the caller's buffer
@@ -171,6 +183,7 @@ class MessageDecoder(Generic[M]):
         try:
             self.message = self._adapter.validate_json(bytes(header))
         except ValidationError as exc:
+            self.header_hold = None
             raise DecodeError(f"invalid message: {describe(exc)}") from None
         return self._begin(rest)
 

@@ -59,6 +59,7 @@ class Answering:
         done = item.answered and not ws.write_paused  # else the task waits until it is taken
         if done:
             self._metrics.messages.answered_on_arrival += 1
+            item.header_hold = None  # its charge given back
         return done
 
     def start(self, live: Live, item: Received) -> None:

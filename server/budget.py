@@ -51,6 +51,8 @@ from .errors import StoreError
 
 SPARE_MIN = 1 << 20  # smaller freed arrays are not kept: malloc reuses its own heap for them
 SPARE_TTL = 10.0  # seconds a spare array is kept unused
+SMALL_RESERVE_PART = 8  # the budget's last eighth is kept for sessions that hold little ...
+SMALL_SESSION_PART = 64  # ... a sixty-fourth of it at most (see MemoryBudget.ceiling)
 
 Spare = collections.deque[Pooled[np.ndarray[Any, Any]]]  # stamped when freed, oldest first
 GRANULE = 1 << 15  # bookkeeping bytes a session charges the budget at a time (Bookkeeping)
@@ -83,13 +85,14 @@ class Bookkeeping:
         self.nbytes = self._charged = 0
         self._granule = max(1, min(GRANULE, budget.limit >> 8))
 
-    def add(self, nbytes: int, headroom: int | None = None) -> bool:
+    def add(self, nbytes: int, headroom: int | None = None, in_use: int | None = None) -> bool:
         """Count ``nbytes`` more; False, and nothing counted, if the budget refuses them
-        (``headroom``: as :meth:`MemoryBudget.charge` takes it; None: always counted)."""
+        (``headroom``, ``in_use``: as :meth:`MemoryBudget.charge` takes them; ``headroom``
+        None: always counted)."""
         need = self.nbytes + nbytes - self._charged
         if need > 0:
             more = -(-need // self._granule) * self._granule
-            if not self.budget.charge(more, headroom):
+            if not self.budget.charge(more, headroom, in_use):
                 return False
             self._charged += more
         self.nbytes += nbytes
@@ -151,19 +154,40 @@ class MemoryBudget:
         self._clock = clock
         self._lock = threading.RLock()  # reentrant: see the module docstring
         self.reservations = 0  # bumped without the lock: read only to see whether it moved
+        self.small_reserve = limit // SMALL_RESERVE_PART
+        self.small_session = limit // SMALL_SESSION_PART
 
-    def reserve(self, nbytes: int) -> None:
-        """Raises :class:`StoreError` (``server_memory_exhausted``) when ``nbytes`` do not fit."""
+    def ceiling(self, nbytes: int, in_use: int | None) -> int:
+        """How full ``nbytes`` more may make the budget, for a session that holds ``in_use``
+        bytes (None: a reservation of no session's): all of it while the session would hold at
+        most :attr:`small_session`, else all but :attr:`small_reserve`. So sessions that hold
+        many bytes, however many of them and each within its quota, cannot take the memory
+        that a session holding little needs to go on (bench/REASONS.md, 'Memory kept for small
+        sessions')."""
+        if in_use is None or in_use + nbytes <= self.small_session:
+            return self.limit
+        return self.limit - self.small_reserve
+
+    def reserve(self, nbytes: int, in_use: int | None = None) -> None:
+        """Raises :class:`StoreError` (``server_memory_exhausted``) when ``nbytes`` do not fit
+        (under :meth:`ceiling` for a session holding ``in_use``)."""
         self.reservations += 1  # every op reserves: how the server tells that it is idle
         with self._lock:
-            if self.used + self.overhead + nbytes > self.limit:
-                fits = self.used + nbytes <= self.limit  # but for the records: say so
+            ceiling = self.ceiling(nbytes, in_use)
+            if self.used + self.overhead + nbytes > ceiling:
+                fits = self.used + nbytes <= ceiling  # but for the records: say so
                 records = f" and {self.overhead} by tensors' records" if fits else ""
+                kept = (
+                    f", {self.small_reserve} of them kept for sessions that hold under "
+                    f"{self.small_session}"
+                    if ceiling < self.limit
+                    else ""
+                )
                 raise StoreError(
                     ErrorCode.SERVER_MEMORY_EXHAUSTED,
                     f"the server's memory budget is full ({self.used} of {self.limit} bytes in "
-                    f"use{records}, {nbytes} more needed); retry after tensors are freed, or "
-                    "raise --memory-budget",
+                    f"use{records}{kept}, {nbytes} more needed); retry after tensors are "
+                    "freed, or raise --memory-budget",
                 )
             self.used += nbytes
             self._drop_spare(self.used + self.overhead + self.spare_bytes - self.limit, None)
@@ -172,16 +196,18 @@ class MemoryBudget:
         with self._lock:
             self.used -= nbytes
 
-    def free_bytes(self) -> int:
-        return self.limit - self.used - self.overhead
+    def free_bytes(self, in_use: int | None = None, nbytes: int = 0) -> int:
+        """What a session holding ``in_use`` may still reserve, ``nbytes`` of it at once (see
+        :meth:`ceiling`)."""
+        return self.ceiling(nbytes, in_use) - self.used - self.overhead
 
-    def charge(self, nbytes: int, headroom: int | None = None) -> bool:
+    def charge(self, nbytes: int, headroom: int | None = None, in_use: int | None = None) -> bool:
         """Count ``nbytes`` of bookkeeping (``overhead``). With ``headroom``, only if they fit
-        under the limit plus ``headroom``: False, and nothing counted, if not; without, always
-        (a record that must be kept)."""
+        under :meth:`ceiling` (for a session holding ``in_use``) plus ``headroom``: False, and
+        nothing counted, if not; without, always (a record that must be kept)."""
         with self._lock:
             total = self.used + self.overhead + nbytes
-            if headroom is not None and total > self.limit + headroom:
+            if headroom is not None and total > self.ceiling(nbytes, in_use) + headroom:
                 return False
             self.overhead += nbytes
             self._drop_spare(total + self.spare_bytes - self.limit, None)
@@ -192,7 +218,9 @@ class MemoryBudget:
         with self._lock:
             self.overhead -= nbytes
 
-    def hold(self, nbytes: int, holds: Holds) -> np.ndarray[Any, np.dtype[np.uint8]]:
+    def hold(
+        self, nbytes: int, holds: Holds, in_use: int | None = None
+    ) -> np.ndarray[Any, np.dtype[np.uint8]]:
         """Reserve ``nbytes`` and allocate an upload's buffer of that size (:meth:`allocate`),
         held for ``holds`` until :meth:`take` or until the buffer is dropped, which gives them
         back.
@@ -200,7 +228,7 @@ class MemoryBudget:
         Raises:
             StoreError: ``server_memory_exhausted``, the budget or the process has no room.
         """
-        self.reserve(nbytes)
+        self.reserve(nbytes, in_use)
         try:
             buffer = self.allocate(nbytes, reserved=True)
         except MemoryError:
@@ -211,9 +239,10 @@ class MemoryBudget:
         self.hold_while(buffer, nbytes, holds)
         return buffer
 
-    def hold_while(self, owner: np.ndarray[Any, Any], nbytes: int, holds: Holds) -> None:
+    def hold_while(self, owner: object, nbytes: int, holds: Holds) -> None:
         """Count ``nbytes``, already reserved, in ``holds`` until ``owner`` dies (then they are
-        given back) or :meth:`release_holds`: memory that lives as long as an array does."""
+        given back) or :meth:`release_holds`: memory that lives as long as an object (an
+        array, a decoded message) does."""
         with self._lock:
             holds.nbytes += nbytes
             key = id(owner)

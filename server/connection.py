@@ -288,6 +288,8 @@ class Connections:
                     await self._answer(live, item)
                 except ConnectionClosed:
                     return False  # a session that cannot resume: it ends with its connection
+                finally:
+                    item.header_hold = None  # its charge given back
                 await self._settled(live)
         except Drop as drop:
             self.refused(_DROP_LIMIT.get(drop.code, drop.code.value), ws, drop.reason)

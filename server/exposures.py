@@ -201,7 +201,7 @@ class Exposures:
             StoreError: ``server_memory_exhausted``, the budget has no room (nothing charged).
         """
         if opened > 0:
-            store.budget.reserve(nbytes)
+            store.budget.reserve(nbytes, store.in_use())
         else:
             store.budget.release(nbytes)
         store.exposed += opened * nbytes

@@ -7,6 +7,8 @@ Below ``server/connection.py``, which sends what these build and makes the sessi
 
 from __future__ import annotations
 
+from functools import partial
+
 from protocol import (
     CLIENT_ADAPTER,
     FEATURE_NN,
@@ -21,6 +23,7 @@ from protocol import (
 )
 
 from .config import ServerConfig
+from .header_memory import hold_header
 from .receiving import STEPWISE_HEADER
 from .session import Session
 from .wire import WireConnection
@@ -87,6 +90,7 @@ def decode_for(ws: WireConnection, session: Session, config: ServerConfig) -> No
         max_buffers=config.max_buffers,
         allocate=session.store.hold_upload,  # counted from allocation (server/budget.py)
         stepwise_over=STEPWISE_HEADER,  # a longer header: validated in slices of the loop
+        hold_header=partial(hold_header, session.store),  # its objects counted while it lives
     )
 
 

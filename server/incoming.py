@@ -42,6 +42,9 @@ class Received:
     answered: bool = False
     failure: Exception | None = None
     ack_due: bool = False  # acknowledge it once it ran (server/live.py, Live.took)
+    # The charge of its decoded header's objects (server/header_memory.py): dropped, which
+    # gives it back, once the message is answered
+    header_hold: object | None = None
 
 
 @dataclass(slots=True)
@@ -71,10 +74,18 @@ def received(decoder: Decoder, error: DecodeError | None, nbytes: int) -> Receiv
             raise error
         message, buffers = decoder.finish()
     except MessageLimitError as exc:
-        return Received(decoder.message, [], ErrorInfo(code=exc.code, message=str(exc)), nbytes)
+        refused = ErrorInfo(code=exc.code, message=str(exc))
+        return Received(decoder.message, [], refused, nbytes, header_hold=_hold(decoder))
     except DecodeError as exc:
+        decoder.header_hold = None
         return Received(None, [], ErrorInfo(code=ErrorCode.BAD_MESSAGE, message=str(exc)), nbytes)
-    return Received(message, buffers, nbytes=nbytes)
+    return Received(message, buffers, nbytes=nbytes, header_hold=_hold(decoder))
+
+
+def _hold(decoder: Decoder) -> object | None:
+    """The decoder's header charge, moved from it to the message's :class:`Received`."""
+    hold, decoder.header_hold = decoder.header_hold, None
+    return hold
 
 
 def step_header(message: MessageBeingRead, until: float) -> bool:

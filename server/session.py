@@ -161,10 +161,10 @@ class Session:
                 f"{self.store.free_quota()} left",
                 ErrorCode.QUOTA_EXCEEDED,
             )
-        if total > self.store.budget.free_bytes():
+        room = self.store.budget.free_bytes(self.store.in_use(), total)
+        if total and total > room:
             raise MessageLimitError(
-                f"the batch uploads {total} bytes; the server's memory budget has "
-                f"{self.store.budget.free_bytes()} left",
+                f"the batch uploads {total} bytes; the server's memory budget has {room} left",
                 ErrorCode.SERVER_MEMORY_EXHAUSTED,
             )
 

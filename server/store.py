@@ -89,6 +89,7 @@ class TensorStore:
         # what the entries cost (entry_bytes), in the budget; the quota's size again at most
         self.records = Bookkeeping(self.budget, 2**63 if quota is None else max(quota, ENTRY_MIN))
         self.uploads = Holds()  # upload buffers allocated and not yet taken by their ops
+        self.headers = Holds()  # decoded message headers' objects (server/header_memory.py)
         self.moved = Holds()  # memory moved away from (prepare_write) that read replies send
         self.exposed = 0  # bytes of open transfer capabilities (server/exposures.py changes it)
         self.failed = 0
@@ -124,8 +125,13 @@ class TensorStore:
         """Bytes this session may still reserve (ignoring the server-wide budget)."""
         if self.quota is None:
             return 2**63
-        held = self.uploads.nbytes + self.moved.nbytes + self.exposed
-        return self.quota - self.nbytes - self.reserved - held
+        return self.quota - self.in_use() + self.records.nbytes
+
+    def in_use(self) -> int:
+        """Bytes this session holds in the budget: its tensors, reservations, held buffers,
+        exposed copies and records (``MemoryBudget.ceiling`` tells a small session by them)."""
+        held = self.uploads.nbytes + self.moved.nbytes + self.headers.nbytes + self.exposed
+        return self.nbytes + self.reserved + held + self.records.nbytes
 
     def entry_room(self) -> int:
         """Bookkeeping bytes this session may still add (see the module docstring)."""
@@ -148,7 +154,7 @@ class TensorStore:
                 f"the session holds {len(self._items)} tensors and failure records, as many as "
                 "its quota allows (their records take its size again); free tensors first",
             )
-        self.budget.reserve(nbytes)
+        self.budget.reserve(nbytes, self.in_use())
         self.reserved += nbytes
 
     def _quota_full(self, nbytes: int) -> StoreError:
@@ -166,7 +172,7 @@ class TensorStore:
         try:
             if nbytes > self.free_quota():
                 raise self._quota_full(nbytes)
-            return self.budget.hold(nbytes, self.uploads)
+            return self.budget.hold(nbytes, self.uploads, self.in_use())
         except StoreError as exc:
             raise MessageLimitError(str(exc), exc.code) from None
 
@@ -226,7 +232,9 @@ class TensorStore:
         ``forced``, or if they fit the quota and the budget plus :data:`FAILURE_HEADROOM`;
         False, and nothing charged, if not."""
         fits = forced or nbytes <= self.entry_room() + FAILURE_HEADROOM
-        return fits and self.records.add(nbytes, None if forced else FAILURE_HEADROOM)
+        return fits and self.records.add(
+            nbytes, None if forced else FAILURE_HEADROOM, self.in_use()
+        )
 
     def take_unrecorded(self) -> list[ErrorInfo]:
         """The error to answer for the failure records not kept since the last call, if any."""
@@ -298,7 +306,7 @@ class TensorStore:
         unsent = old.nbytes if entry.replies_pending() else 0  # an exposure's are counted
         if unsent > self.free_quota():
             raise self._quota_full(unsent)
-        self.budget.reserve(unsent)
+        self.budget.reserve(unsent, self.in_use())
         try:
             fresh = np.empty(old.nbytes, dtype=np.uint8)
         except MemoryError:
@@ -378,5 +386,6 @@ class TensorStore:
         self.failed = 0
         self.budget.release_holds(self.uploads)  # not when their buffers die: that can wait
         self.budget.release_holds(self.moved)
+        self.budget.release_holds(self.headers)
 
     clear = close

@@ -181,7 +181,7 @@ def test_an_upload_into_reused_memory_holds_exactly_its_own_bytes() -> None:
 
 @pytest.mark.server
 def test_a_budget_full_of_spare_memory_still_takes_a_larger_upload() -> None:
-    args = ("--memory-budget", "16MiB", "--session-quota", "16MiB")
+    args = ("--memory-budget", "18MiB", "--session-quota", "18MiB")  # 14 MiB under 7/8 of it
     with run_server(*args) as proc, client.RemoteDevice(proc.url) as dev:
         xp = client.namespace(dev)
         first = xp.asarray(np.ones(12 * MIB // 4, dtype=np.float32))

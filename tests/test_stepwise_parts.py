@@ -118,29 +118,28 @@ def test_a_missing_required_member_of_a_large_element_is_refused(small_pieces: N
 
 def test_no_step_validates_much_more_than_a_piece() -> None:
     """A registration of 50,000 declared inputs (3 MiB, about 90 ms to validate whole) and a
-    stack over a million inputs: each step a small part of the whole (the server's collector
-    thresholds, as ``python -m server`` sets them, so that a collection does not count)."""
-    thresholds = gc.get_threshold()
-    gc.set_threshold(50_000, 20, 100)
+    stack over a million inputs: each step a small part of the whole (CPU time of this thread,
+    so that a loaded machine does not count)."""
+    gc.disable()  # a collection's pause is not the validation's
     try:
         for batch in (
             Batch(graphs=[_wide_graph(50_000)]),
             Batch(ops=[Join(op="stack", out=10**12, xs=(3,) * 1_000_000)]),
         ):
             header = encode_header(batch)[4:]
-            start = time.perf_counter()
+            start = time.thread_time()
             whole = CLIENT_ADAPTER.validate_json(header)
-            took = time.perf_counter() - start
+            took = time.thread_time() - start
             steps = stepwise.validate_stepwise(CLIENT_ADAPTER, header)
             longest, parted = 0.0, None
             while parted is None:
-                start = time.perf_counter()
+                start = time.thread_time()
                 try:
                     next(steps)
                 except StopIteration as done:
                     parted = done.value
-                longest = max(longest, time.perf_counter() - start)
+                longest = max(longest, time.thread_time() - start)
             assert parted == whole
             assert longest < took / 4, (longest, took)
     finally:
-        gc.set_threshold(*thresholds)
+        gc.enable()

@@ -65,9 +65,11 @@ def reduce_rule(name: str, dtype: DType) -> tuple[DType, DType | None]:
 
 
 def result_dtype(*dtypes: DType) -> DType:
-    """numpy's promotion of array dtypes (the standard's table where it defines one). Each
-    dtype once: numpy holds the GIL through one call, and a join may name a million."""
-    return from_numpy(np.result_type(*(to_numpy(d) for d in dict.fromkeys(dtypes))))
+    """numpy's promotion of array dtypes (the standard's table where it defines one). Many
+    are promoted each dtype once: numpy holds the GIL through one call, and a join may name a
+    million."""
+    distinct = dtypes if len(dtypes) <= 8 else tuple(dict.fromkeys(dtypes))
+    return from_numpy(np.result_type(*(to_numpy(d) for d in distinct)))
 
 
 def float_dtype(dtype: DType) -> DType:
