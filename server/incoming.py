@@ -68,18 +68,20 @@ class MessageBeingRead:
 
 def received(decoder: Decoder, error: DecodeError | None, nbytes: int) -> Received:
     """The outcome of one message fed to ``decoder``: a limit error keeps the (valid) header,
-    so that its ops can be failed one by one."""
-    try:
-        if error is not None:
-            raise error
-        message, buffers = decoder.finish()
-    except MessageLimitError as exc:
-        refused = ErrorInfo(code=exc.code, message=str(exc))
+    so that its ops can be failed one by one. (Nothing is raised here: a caught exception's
+    traceback would hold this frame, and the decoder's bytes, in a cycle.)"""
+    if error is None:
+        try:
+            message, buffers = decoder.finish()
+        except DecodeError as exc:
+            error = exc.with_traceback(None)
+        else:
+            return Received(message, buffers, nbytes=nbytes, header_hold=_hold(decoder))
+    if isinstance(error, MessageLimitError):
+        refused = ErrorInfo(code=error.code, message=str(error))
         return Received(decoder.message, [], refused, nbytes, header_hold=_hold(decoder))
-    except DecodeError as exc:
-        decoder.header_hold = None
-        return Received(None, [], ErrorInfo(code=ErrorCode.BAD_MESSAGE, message=str(exc)), nbytes)
-    return Received(message, buffers, nbytes=nbytes, header_hold=_hold(decoder))
+    decoder.header_hold = None
+    return Received(None, [], ErrorInfo(code=ErrorCode.BAD_MESSAGE, message=str(error)), nbytes)
 
 
 def _hold(decoder: Decoder) -> object | None:
@@ -98,7 +100,7 @@ def step_header(message: MessageBeingRead, until: float) -> bool:
             if time.monotonic() >= until:
                 return False
     except DecodeError as exc:
-        message.error = exc
+        message.error = exc.with_traceback(None)  # its frames hold the header (wire.py)
     return True
 
 

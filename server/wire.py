@@ -328,7 +328,9 @@ class WireConnection(SendingConnection, ReceivingConnection):
                 try:
                     unmask_into(message.decoder, data, self._frame.mask, self._frame.pos)
                 except DecodeError as exc:
-                    message.error = exc  # the rest of the message is drained
+                    # the rest of the message is drained; kept without its traceback, whose
+                    # frames would hold the message's bytes in a cycle until a collection
+                    message.error = exc.with_traceback(None)
                 if message.decoder.stepping:  # a long header: validated first (``hold``)
                     return self.hold(message, lambda: self._payload_read(take))
         self._payload_read(take)

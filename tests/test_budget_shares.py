@@ -11,8 +11,10 @@ import numpy as np
 import pytest
 
 import client
+from bench._procs import rss
 from client.errors import RemoteError
 from protocol import Batch, ErrorCode, Read, Stats
+from protocol.codec import encode, to_frames
 from protocol.ops import Full
 
 from .raw import TOKEN, Raw
@@ -85,3 +87,27 @@ def test_a_header_that_would_hold_more_than_the_quota_is_refused_whole() -> None
             assert after.server_tensor_bytes == 2, after  # the header's charge given back
         finally:
             raw.close()
+
+
+def test_refused_headers_do_not_pile_up_in_memory() -> None:
+    """Before: each refused 4 MiB header stayed in memory until the collector ran (the
+    exception kept for its reply held the header's frames in a reference cycle): 20 of them
+    grew the server 218 MiB; now as much as one."""
+    with run_server("--token", TOKEN, "--session-quota", "16MiB") as proc:
+        raw = Raw(proc.url)
+        try:
+            frames = to_frames(encode(_fulls(55_000)))  # 3.7 MiB: refused by its estimate
+            message = frames if isinstance(frames, bytes) else b"".join(bytes(f) for f in frames)
+            raw.send_raw(message)
+            assert raw.recv().type == "dropped"
+            before = rss(proc.pid)
+            for _ in range(20):
+                raw.send_raw(message)
+            for _ in range(20):
+                refused = raw.recv()
+                assert refused.type == "dropped", refused
+                assert refused.error.code == ErrorCode.QUOTA_EXCEEDED, refused.error
+            grown = rss(proc.pid) - before
+        finally:
+            raw.close()
+    assert grown < 40 * MIB, f"20 refused headers grew the server {grown / MIB:.0f} MiB"
