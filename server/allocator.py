@@ -13,7 +13,9 @@ memory').
 What this keeps is not counted in ``--memory-budget``: up to 32 MiB at the top of each of
 malloc's heaps (one per thread that allocates), plus freed blocks below live ones, which no
 trim at the top reaches. :func:`give_back_freed_memory` (``malloc_trim``) returns all of it;
-the server calls it once no op has run for ``spare_ttl`` (``server/app.py``).
+the server calls it once no op has run for ``spare_ttl``, and while busy whenever the
+process's resident memory (:func:`resident_bytes`) passes what the budget counts by half the
+budget (``server/app.py``), so that what malloc keeps stays bounded under any load.
 
 Only glibc has these knobs (``mallopt``, ``malloc_trim``); elsewhere nothing changes.
 """
@@ -22,12 +24,14 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import os
 import sys
 
 M_TRIM_THRESHOLD = -1  # glibc's malloc.h: free memory kept at a heap's top before trimming
 M_MMAP_THRESHOLD = -3  # ... blocks at least this large get their own mmap
 MMAP_THRESHOLD = 32 << 20  # glibc's ceiling for it (HEAP_MAX_SIZE / 2 on 64-bit)
 TRIM_THRESHOLD = 32 << 20  # a block's worth; larger keeps no more faults away (see above)
+PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 def _glibc() -> ctypes.CDLL | None:
@@ -57,6 +61,15 @@ def keep_freed_memory() -> bool:
         libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
         and libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD)
     )
+
+
+def resident_bytes() -> int:
+    """The process's resident memory (``/proc/self/statm``), or 0 where there is none."""
+    try:
+        with open("/proc/self/statm", "rb") as statm:
+            return int(statm.read().split()[1]) * PAGE
+    except (OSError, IndexError, ValueError):
+        return 0
 
 
 def give_back_freed_memory() -> bool:

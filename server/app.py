@@ -35,7 +35,7 @@ from websockets.http11 import Request, Response
 from protocol import ErrorCode
 
 from . import endpoints
-from .allocator import give_back_freed_memory, keep_freed_memory
+from .allocator import give_back_freed_memory, keep_freed_memory, resident_bytes
 from .budget import MemoryBudget
 from .config import ServerConfig, validate_host_device, validate_security
 from .connection import Connections
@@ -57,6 +57,7 @@ log = logging.getLogger("tensorwire.server")
 
 CLOSE_AFTER_DRAIN = 2.0  # seconds for close handshakes once a drain has run its grace
 PEERS_CLOSE = 1.0  # seconds to close the sessions with peer servers (server/peers.py)
+TRIM_EVERY = 1.0  # seconds between looks at the resident memory while busy
 
 
 class Server:
@@ -148,6 +149,7 @@ class Server:
             async with anyio.create_task_group() as tasks:  # worker threads outlive sessions
                 self._workers.serve_in(tasks)
                 tasks.start_soon(self._trim_spare)
+                tasks.start_soon(self._bound_freed_memory, resident_bytes())
                 task_status.started(self.port)
                 await anyio.sleep_forever()
         finally:
@@ -169,6 +171,17 @@ class Server:
                 idle_for += self.budget.spare_ttl / 2
                 if idle_for >= self.budget.spare_ttl:
                     await anyio.to_thread.run_sync(give_back_freed_memory)  # ms for GiBs
+
+    async def _bound_freed_memory(self, at_rest: int) -> None:
+        """Give malloc's freed memory back while the server is busy, once the process holds
+        more than ``at_rest`` (its memory before any session), what the budget counts, and
+        half the budget (``server/allocator.py``): at most once a :data:`TRIM_EVERY`."""
+        while True:
+            await anyio.sleep(TRIM_EVERY)
+            budget = self.budget
+            counted = budget.used + budget.overhead + budget.spare_bytes
+            if resident_bytes() > at_rest + counted + budget.limit // 2:
+                await anyio.to_thread.run_sync(give_back_freed_memory)
 
     async def _close(self, listeners: list[Listener]) -> None:
         """Close every session (1001) and listener; after a drain, or past the shutdown grace,
