@@ -28,7 +28,6 @@ not cost a turn of the event loop per frame header and payload. Sending is
 
 from __future__ import annotations
 
-import gc
 import socket
 import struct
 from collections.abc import Callable
@@ -51,6 +50,7 @@ from protocol.framing import (
     MAX_HEADER as MAX_FRAME_HEADER,
 )
 
+from .collecting import collect_soon
 from .incoming import Decoder, FrameBeingRead, MessageBeingRead, received, unmask_into
 from .receiving import ReceivingConnection
 from .sending import SendingConnection
@@ -191,10 +191,10 @@ class WireConnection(SendingConnection, ReceivingConnection):
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
         self.stop_waiting()
-        # A closed connection's objects (grown buffers too) are cycles, and the server collects
-        # rarely (server/__main__.py): collected now, they do not pile up while connections
-        # come and go (bench/REASONS.md, 'Collecting closed connections').
-        self.loop.call_soon(gc.collect, 1)
+        # A closed connection's objects are cycles, collected soon (server/collecting.py); its
+        # receive buffer, perhaps grown for a large frame, is let go of now.
+        self._buf, self._start, self._end = bytearray(SMALL_BUFFER), 0, 0
+        collect_soon(self.loop)
 
     # --- parsing ----------------------------------------------------------------------------
 
