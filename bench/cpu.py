@@ -1,5 +1,7 @@
-"""``python -m bench.cpu``: CPU microseconds per pipelined op on each side, in one process,
-with an array operand (``x + a``) and with a Python scalar (``x + 1.0``).
+"""``python -m bench.cpu [--kinds] [--reps N]``: CPU microseconds per pipelined op on each
+side, in one process, with an array operand (``x + a``) and with a Python scalar (``x + 1.0``);
+with ``--kinds``, the server's per op kind of real training steps and per step instead
+(``bench/_kinds.py``).
 
 Thread CPU time (``time.thread_time``), best of several repetitions, so that a loaded machine
 moves it far less than wall-clock figures. No sockets: the client side builds ops against a
@@ -9,6 +11,7 @@ CPU figures of the pipelined hot path in ``bench/README.md`` come from it.
 
 from __future__ import annotations
 
+import argparse
 import time
 from collections.abc import Callable
 from typing import Any
@@ -20,6 +23,8 @@ from protocol import CLIENT_ADAPTER, Batch, TensorMeta, decode, encode
 from protocol.codec import byte_view
 from protocol.ops import Binary, BinaryScalar, FromBuffer
 from server.session import Session
+
+from . import _kinds
 
 OPS = 2048
 
@@ -62,7 +67,14 @@ def _batch(scalar: bool) -> tuple[Batch, list[bytes | memoryview]]:
     return batch, encode(batch, [byte_view(data)])
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.cpu", description=__doc__)
+    parser.add_argument("--kinds", action="store_true", help="per op kind of training steps")
+    parser.add_argument("--reps", type=int, default=7, help="repetitions, the best one kept")
+    args = parser.parse_args(argv)
+    if args.kinds:
+        _kinds.main(args.reps)
+        return 0
     for operand in ("array", "scalar"):
         print(f"x = x + {'a' if operand == 'array' else '1.0'}:")
         _measure(operand == "scalar")
