@@ -23,7 +23,7 @@ caller holds ``np.errstate(all="ignore")`` around the calls.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -34,18 +34,35 @@ from protocol.ops.elementwise import operand_dtype
 from . import executor
 from .errors import StoreError
 from .executor import elementwise
+from .executor.base import Runner
+from .fastkeys import KEYS
 from .limits import output_bytes
 from .outcome import Job, Outcomes
+from .roots import root_of
 from .store import Stored
 
 FAST_OPS = frozenset({Unary, Binary, BinaryScalar})  # the op types that FastPath.run takes
 _FAST_TYPES = (Unary, Binary, BinaryScalar)  # for isinstance: a tuple, not a Union built per op
 _ONE_INPUT = (Unary, BinaryScalar)
 RULES_CACHED = 256  # (op, input metas) whose checks a session keeps; then it starts over
+KEYED_CACHED = 2048  # (op's key, input metas) of the other ops: a training step's distinct ops
 
 # Output meta, its bytes, cost, numpy dtype, and the op's computation as one prepared call
 # (elementwise.one_call) or None for the executor's runner.
 Rule = tuple[TensorMeta, int, int, np.dtype[Any], Callable[[Any, Sequence[Any]], Any] | None]
+
+
+class KeyedRule(NamedTuple):
+    """The cached checks of an op of ``fastkeys.KEYS``: its output's meta, the bytes to
+    reserve for it and its scratch, its cost, the output's numpy dtype, the op's name (for
+    the counts) and its runner."""
+
+    meta: TensorMeta
+    nbytes: int
+    work: int
+    dtype: np.dtype[Any]
+    name: str
+    call: Runner
 
 
 class FastPath:
@@ -57,6 +74,7 @@ class FastPath:
         self._limits = outcomes.limits
         self._inline_cost = inline_cost
         self._rules: dict[tuple[Any, ...], Rule] = {}
+        self._keyed: dict[tuple[Any, ...], KeyedRule] = {}
 
     def run(self, op: AnyOp, job: Job, inline: bool) -> bool | None:
         """Run ``op`` as ``Session._general`` would, when it is a ``Unary``, ``Binary`` (not
@@ -70,7 +88,7 @@ class FastPath:
             return None
         found = self._inputs(op)
         if found is None:
-            return None
+            return self.run_keyed(op, job, inline) if type(op) is Binary else None
         args, key = found
         assert isinstance(op, _FAST_TYPES)  # what _inputs took
         store = self._store
@@ -83,10 +101,7 @@ class FastPath:
         meta, nbytes, work, dtype, call = entry
         if inline and work > self._inline_cost:
             return False
-        try:
-            store.reserve(nbytes)
-        except StoreError as exc:
-            self._outcomes.fail(op, exc.code, str(exc), job)
+        if not self._reserve(op, nbytes, job):
             return True
         try:
             raw = call(op, args) if call is not None else executor.runner(op)(op, args, job.buffers)
@@ -107,6 +122,15 @@ class FastPath:
             outcomes.op_counts[op.op] += 1
         else:
             self._outcomes.keep(op, raw, (meta,), nbytes, job)
+        return True
+
+    def _reserve(self, op: AnyOp, nbytes: int, job: Job) -> bool:
+        """Reserve ``nbytes`` for ``op``; False once a refusal (quota, budget) failed it."""
+        try:
+            self._store.reserve(nbytes)
+        except StoreError as exc:
+            self._outcomes.fail(op, exc.code, str(exc), job)
+            return False
         return True
 
     def _inputs(self, op: AnyOp) -> tuple[list[np.ndarray[Any, Any]], tuple[Any, ...]] | None:
@@ -163,3 +187,105 @@ class FastPath:
         entry = (meta, nbytes, work, to_numpy(meta.dtype), call)
         self._rules[key] = entry
         return entry
+
+    def run_keyed(self, op: AnyOp, job: Job, inline: bool) -> bool | None:
+        """:meth:`run` for the other ops of ``fastkeys.KEYS`` (matmul, reductions, views,
+        in-place updates...), their checks cached by their key and input metas: returns as
+        :meth:`run` does. An in-place op whose target cannot be written as it is (a read-only
+        view, or memory that a reply still sends: ``TensorStore.writes_in_place``) takes the
+        general path. The caller holds ``np.errstate(all="ignore")``."""
+        key_of = KEYS.get(type(op))
+        if key_of is None or job.rejected is not None:
+            return None
+        fields = key_of(op)
+        store = self._store
+        inplace = op.inplace
+        if fields is None or (not inplace and op.out in store):
+            return None
+        args: list[np.ndarray[Any, Any]] = []
+        parts: list[Any] = [type(op), fields]
+        for tensor_id in op.inputs():
+            value = store.lookup(tensor_id)
+            if type(value) is not Stored:
+                return None
+            args.append(value.array)
+            parts.append(value.meta)
+        key = tuple(parts)
+        rule = self._keyed.get(key)
+        if rule is None:
+            rule = self._keyed_rule(op, args, key)
+            if rule is None:
+                return None
+        if inplace and not store.writes_in_place(op.out):
+            return None
+        if inline and rule.work > self._inline_cost:
+            return False
+        reserved = 0 if inplace else rule.nbytes  # an in-place op writes its target's memory
+        if not self._reserve(op, reserved, job):
+            return True
+        try:
+            raw = rule.call(op, args, job.buffers)
+        except Exception as exc:
+            self._outcomes.run_failed(op, exc, reserved, job)
+            return True
+        self._settle(op, raw, rule, reserved, job)
+        return True
+
+    def _settle(self, op: AnyOp, raw: Any, rule: KeyedRule, reserved: int, job: Job) -> None:
+        """Store what ``op`` returned as :meth:`Outcomes.keep` would, where that is plain: the
+        inferred array, a view of a root the store holds (or the target written in place),
+        which adds no bytes, or a root of its own, which adds its bytes, at most those
+        reserved (the scratch's are given back). Anything else goes to
+        :meth:`Outcomes.keep`."""
+        meta = rule.meta
+        if isinstance(raw, np.generic):  # a whole reduction's numpy scalar, as checked() takes it
+            raw = np.asarray(raw)
+        if type(raw) is np.ndarray and raw.dtype == rule.dtype and raw.shape == meta.shape:
+            store = self._store
+            base = raw.base
+            if store.holds(raw if base is None else root_of(raw)):
+                need = 0
+            elif base is None and raw.nbytes <= reserved:
+                need = raw.nbytes
+            else:
+                need = -1  # a view of memory the store does not hold: copied by keep()
+            if need >= 0:
+                if need < reserved:
+                    store.cancel(reserved - need)
+                if op.inplace:
+                    store.replace(op.out, Stored(raw, meta), reserved=need)
+                else:
+                    store.put(op.out, Stored(raw, meta), reserved=need)
+                outcomes = self._outcomes  # what Outcomes.keep counts for a stored result
+                outcomes.ops_run += 1
+                outcomes.op_counts[rule.name] += 1
+                return
+        self._outcomes.keep(op, raw, (meta,), reserved, job)
+
+    def _keyed_rule(
+        self, op: AnyOp, args: list[np.ndarray[Any, Any]], key: tuple[Any, ...]
+    ) -> KeyedRule | None:
+        """The cached checks of :meth:`run_keyed` for ``key`` (the op's input metas from its
+        third item), or None when they refuse the op or its output is not known before it
+        runs: as :meth:`_rule`."""
+        metas = key[2:]
+        try:
+            outputs = op.infer_all(*metas)
+            if len(outputs) != 1:
+                return None
+            (meta,) = outputs
+            scratch = executor.scratch(op, meta, args)
+            nbytes = output_bytes(outputs, self._limits, scratch)
+        except (InvalidOpError, StoreError):
+            return None
+        if UNKNOWN in meta.shape or executor.resolve(op, args, outputs) is not outputs:
+            return None
+        work = executor.cost(op, meta, args)
+        if work > self._limits.max_op_cost:
+            return None  # the general path refuses it (limit_exceeded)
+        if len(self._keyed) >= KEYED_CACHED:
+            self._keyed.clear()
+        call = executor.runner(op, in_place=op.inplace)
+        rule = KeyedRule(meta, nbytes, work, to_numpy(meta.dtype), op.name(), call)
+        self._keyed[key] = rule
+        return rule

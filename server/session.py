@@ -205,7 +205,7 @@ class Session:
                 elif isinstance(op, Pull):
                     done = (inline or job.next == first) and self._pulls.run(op, job, inline)
                 else:
-                    done = None
+                    done = self._fast.run_keyed(op, job, inline)
                 if done is None:
                     done = self._general(op, job, inline)
                 if not done:

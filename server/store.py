@@ -275,6 +275,14 @@ class TensorStore:
         entry = self._roots[id(root_of(value.array))]
         return copy_cost(entry.array.nbytes) if entry.being_sent() else 0
 
+    def writes_in_place(self, tensor_id: int) -> bool:
+        """Whether :meth:`prepare_write` of ``tensor_id`` gives its stored array as it is, with
+        no move to count: writeable, and no reply or exposure sends its root."""
+        value = self._items.get(tensor_id)
+        if not isinstance(value, Stored) or not value.array.flags.writeable:
+            return False
+        return not self._roots[id(root_of(value.array))].being_sent()
+
     def prepare_write(self, tensor_id: int) -> np.ndarray[Any, Any] | None:
         """The array of ``tensor_id``, made safe to write in place: a root that a read reply or
         an exposure still sends from is moved first (every tensor on it is re-pointed to the

@@ -13,6 +13,7 @@ every tensor is the truth (ARCHITECTURE.md, invariant 3).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 
 import numpy as np
 
@@ -67,19 +68,18 @@ def run(
         InferenceMismatch: a result differs from its meta.
     """
     with np.errstate(all="ignore"):
-        if isinstance(op, SetItem):
-            raw: Array | tuple[Array, ...] = indexing.setitem(op, args, buffers, in_place)
-        elif isinstance(op, InPlaceBinary | InPlaceBinaryScalar):
-            raw = elementwise.binary_inplace(op, args, buffers, in_place)
-        else:
-            raw = _RUNNERS[type(op)](op, args, buffers)
+        raw = runner(op, in_place)(op, args, buffers)
     return checked(op, raw, metas)
 
 
-def runner(op: AnyOp) -> Runner:
-    """The function that runs ``op`` (not an in-place op): call it as ``runner(op)(op, args,
-    buffers)`` inside ``np.errstate(all="ignore")``, and pass what it returns to
-    :func:`checked`. This is :func:`run` in two steps, for a caller's fast path."""
+def runner(op: AnyOp, in_place: bool = False) -> Runner:
+    """The function that runs ``op``: call it as ``runner(op, in_place)(op, args, buffers)``
+    inside ``np.errstate(all="ignore")``, and pass what it returns to :func:`checked`. This is
+    :func:`run` in two steps, for a caller's fast path. ``in_place`` as :func:`run` takes it."""
+    if isinstance(op, SetItem):
+        return partial(indexing.setitem, in_place=in_place)
+    if isinstance(op, InPlaceBinary | InPlaceBinaryScalar):
+        return partial(elementwise.binary_inplace, in_place=in_place)
     return _RUNNERS[type(op)]
 
 
