@@ -285,7 +285,8 @@ class FastPath:
             return None  # the general path refuses it (limit_exceeded)
         if len(self._keyed) >= KEYED_CACHED:
             self._keyed.clear()
-        call = executor.runner(op, in_place=op.inplace)
+        call = elementwise.inplace_call(op, [m.dtype for m in metas])
+        call = call or executor.runner(op, in_place=op.inplace)
         rule = KeyedRule(meta, nbytes, work, to_numpy(meta.dtype), op.name(), call)
         self._keyed[key] = rule
         return rule

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from protocol import Batch, Read
+from protocol import Batch, InvalidOpError, Read, TensorMeta
 from protocol.ops import (
     AnyOp,
     Arange,
@@ -337,3 +337,52 @@ def test_a_target_that_a_read_reply_still_sends_is_moved_on_both_paths(
     assert values[3][3][3] == values[44][3][3] == 2  # one family still, in new memory
     want = np.arange(24, dtype=np.float32) + np.float32(1.0)
     assert np.array_equal(np.frombuffer(values[44][2], np.float32), want)
+
+
+_EDGES = [0.0, -0.0, 1.5, -2.0, 3.0, float("inf"), float("nan"), 7.0]
+
+
+@pytest.mark.parametrize("dtype", ["bool", "int8", "uint8", "int64", "float32", "complex64"])
+@pytest.mark.parametrize("other", ["bool", "int8", "float32", "float64"])
+def test_a_prepared_in_place_call_writes_what_the_runner_writes(dtype: str, other: str) -> None:
+    """``elementwise.inplace_call``, which the fast path caches per rule, against
+    ``binary_inplace`` in place, for every binary op, an array operand of ``other`` and scalar
+    operands of each type, bit for bit (errors too), where the op's checks pass."""
+    from typing import get_args
+
+    from protocol.ops.elementwise import BinaryName
+    from server.executor.elementwise import binary_inplace, inplace_call
+
+    with np.errstate(all="ignore"):
+        x = np.array(_EDGES).astype(dtype)
+        y = np.array(_EDGES[::-1]).astype(other)
+    meta = TensorMeta(x.shape, dtype)  # type: ignore[arg-type]
+    other_meta = TensorMeta(y.shape, other)  # type: ignore[arg-type]
+    ops: list[tuple[AnyOp, list[TensorMeta]]] = []
+    ops += [(InPlaceBinary(op=n, out=0, x2=1), [meta, other_meta]) for n in get_args(BinaryName)]
+    ops += [
+        (InPlaceBinaryScalar(op=n, out=0, scalar=s), [meta])
+        for n in get_args(BinaryName)
+        for s in (True, 3, -2.5)
+    ]
+    prepared = 0
+    for op, metas in ops:
+        try:
+            op.infer_all(*metas)
+        except InvalidOpError:
+            continue  # refused by its checks: never run
+        call = inplace_call(op, [m.dtype for m in metas])
+        if call is None:
+            continue
+        prepared += 1
+        want, got = x.copy(), x.copy()
+        with np.errstate(all="ignore"):
+            try:
+                binary_inplace(op, [want, y][: len(metas)], [], True)  # type: ignore[arg-type]
+            except Exception as exc:  # noqa: BLE001 - the same error from the prepared call
+                with pytest.raises(type(exc)):
+                    call(op, [got, y][: len(metas)], [])
+                continue
+            assert call(op, [got, y][: len(metas)], []) is got  # written in place
+        assert got.tobytes() == want.tobytes(), op.describe()  # -0.0 and NaN payloads too
+    assert prepared > 10

@@ -124,6 +124,42 @@ def binary_inplace(
     return out
 
 
+def inplace_call(op: AnyOp, dtypes: Sequence[DType]) -> Runner | None:
+    """:func:`binary_inplace` of ``op`` on a writeable target of ``dtypes[0]`` (and an operand
+    array of ``dtypes[1]``), written in place, as one prepared runner where numpy's ``out=``
+    is the whole op: for a caller that caches it per op name, input metas and a scalar's type,
+    so that each op skips the dtype rules. None: call :func:`binary_inplace`."""
+    if type(op) is InPlaceBinaryScalar:
+        if type(op.scalar) not in (bool, int, float):  # a complex one travels as ComplexValue
+            return None
+        scalar = scalar_dtype(scalar_to_python(op.scalar), dtypes[0])  # by its type, not value
+        pair = (dtypes[0], scalar)
+    elif type(op) is InPlaceBinary:
+        pair = (dtypes[0], dtypes[1])
+    else:
+        return None
+    name = op.op
+    if name not in _OUT_SAFE or _needs_temporary(name, pair[0], pair):
+        return None
+    if elementwise_rule(name, pair)[1] is not None:
+        return None
+    fn: Callable[..., Array] = getattr(np, name)
+    if type(op) is InPlaceBinary:
+
+        def with_array(o: Any, args: Sequence[Array], buffers: Sequence[Buffer]) -> Array:
+            fn(args[0], args[1], out=args[0], casting="same_kind")
+            return args[0]
+
+        return with_array
+    value_type = to_numpy(scalar)
+
+    def with_scalar(o: Any, args: Sequence[Array], buffers: Sequence[Buffer]) -> Array:
+        fn(args[0], np.asarray(o.scalar, value_type), out=args[0], casting="same_kind")
+        return args[0]
+
+    return with_scalar
+
+
 def writes_into(op: AnyOp, dtypes: Sequence[DType]) -> bool:
     """Whether :func:`into_input` computes ``op`` on inputs of ``dtypes`` bit for bit as its
     runner does: a unary, binary (not matmul) or scalar op that is one ufunc call on the
