@@ -1,23 +1,42 @@
-"""The fast path of :class:`~server.session.Session` for the pipelined hot case: a ``Unary``,
-``Binary`` (not matmul) or ``BinaryScalar`` op on stored inputs, creating a new tensor. The
-session imports it; it imports the session's outcome rules (``server/outcome.py``), never the
-session.
+"""The fast path of :class:`~server.session.Session`: the ops a pipelined batch and a training
+step are made of, on stored inputs. The session imports it; it imports the session's outcome
+rules (``server/outcome.py``), never the session.
 
 It runs exactly the checks and accounting of the session's general path, in the same order and
-with the same errors, less the work it can prove unneeded: the inferred output, its bytes under
-the per-op caps and its cost depend only on (op name, input metas; and for a scalar operand its
-Python type and side, once an integer is known to fit), so they are computed once and cached
-(only when the checks pass: a refused op goes to the general path, which refuses it again with
-its error), with the op's computation as one prepared ufunc call where it is one
-(``elementwise.one_call``: no dtype rules per op, a scalar's dtype found once;
-bench/REASONS.md, 'Prepared calls on the fast path'); ``resolve`` leaves these ops' metas
-unchanged; a result that numpy allocated afresh (its own root, not held, of exactly the
-inferred shape, dtype and reserved bytes) needs none of the root bookkeeping of
-:meth:`Outcomes.keep`. Anything else — a failed or unknown input, a taken output id, a refused
-batch, a result that is a view or not the inferred one — goes to the general code, before
-anything was changed or, after numpy ran, through :meth:`Outcomes.keep`; a refused reservation
-or a numpy error is settled by :class:`~server.outcome.Outcomes`, as on the general path. The
-caller holds ``np.errstate(all="ignore")`` around the calls.
+with the same errors, less the work it can prove unneeded. An op's inferred output, its bytes
+under the per-op caps (with the scratch numpy allocates beside it) and its cost depend only on
+the op's fields but its ids and on its input metas, so they are computed once and cached (only
+when the checks pass: a refused op goes to the general path, which refuses it again with its
+error). Two caches, by what keys them:
+
+- :meth:`FastPath.run`: a ``Unary``, ``Binary`` (not matmul) or ``BinaryScalar`` op creating a
+  new tensor, by (op name, input metas; and for a scalar operand its Python type and side,
+  once an integer is known to fit), with the op's computation as one prepared ufunc call where
+  it is one (``elementwise.one_call``: no dtype rules per op, a scalar's dtype found once;
+  bench/REASONS.md, 'Prepared calls on the fast path'); a result that numpy allocated afresh
+  (its own root, not held, of exactly the inferred shape, dtype and reserved bytes) needs none
+  of the root bookkeeping of :meth:`Outcomes.keep`.
+- :meth:`FastPath.run_keyed`: the other ops of the training examples (matmul, reductions,
+  ``where``, ``take``, ``astype``, views and other manipulations, ``full``, ``arange``, the
+  neural-network ops, and the in-place updates: ``binary_inplace*``, ``setitem``), by their
+  *key* (``server/fastkeys.py``: the op's type and fields but its ids) and input metas
+  (bench/REASONS.md, 'Keyed rules on the fast path'); an in-place binary op runs as one
+  prepared call with ``out=`` where that is the whole op (``elementwise.inplace_call``). A
+  result is stored as :meth:`Outcomes.keep` stores it where that is plain: a view of a root
+  the store holds (a reshape, a slice; the target written in place) adds no bytes and gives
+  its reservation back, a root of its own adds its bytes (the scratch's given back). An
+  in-place op writes its target only where :meth:`TensorStore.prepare_write` would give the
+  target as it is (``TensorStore.writes_in_place``: writeable, no reply or exposure sending
+  its memory), and reserves nothing, as on the general path.
+
+``resolve`` leaves these ops' metas unchanged (an index by a tensor, whose length may depend
+on a mask, is not here; nor an output of data-dependent length, nor an op of several
+outputs). Anything else — a failed or unknown input, a taken output id, a refused batch, a
+target to move or copy, a result that is a view of memory the store does not hold or not the
+inferred one — goes to the general code, before anything was changed or, after numpy ran,
+through :meth:`Outcomes.keep`; a refused reservation or a numpy error is settled by
+:class:`~server.outcome.Outcomes`, as on the general path. The caller holds
+``np.errstate(all="ignore")`` around the calls.
 """
 
 from __future__ import annotations
@@ -45,7 +64,7 @@ FAST_OPS = frozenset({Unary, Binary, BinaryScalar})  # the op types that FastPat
 _FAST_TYPES = (Unary, Binary, BinaryScalar)  # for isinstance: a tuple, not a Union built per op
 _ONE_INPUT = (Unary, BinaryScalar)
 RULES_CACHED = 256  # (op, input metas) whose checks a session keeps; then it starts over
-KEYED_CACHED = 2048  # (op's key, input metas) of the other ops: a training step's distinct ops
+KEYED_CACHED = 1024  # (key, input metas) of the other ops; a transformer's step has about 180
 
 # Output meta, its bytes, cost, numpy dtype, and the op's computation as one prepared call
 # (elementwise.one_call) or None for the executor's runner.

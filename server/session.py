@@ -1,10 +1,11 @@
 """One client session: its tensor store and the rules for running a batch. No I/O here.
 
-The transport (``server/connection.py``) drives it; it runs Unary and Binary ops through its
-fast path (``server/fastpath.py``) and ``run_graph`` through its registered graphs
-(``server/graphs.py``: a batch's graphs are registered by its first steps, before its ops,
-and its dropped graphs dropped after its frees), and all settle each op's outcome through
-``server/outcome.py``.
+The transport (``server/connection.py``) drives it; it runs the ops of training steps through
+its fast path (``server/fastpath.py``: element-wise ops, and the others by their key,
+``server/fastkeys.py``), the rest through :meth:`Session._general`, and ``run_graph`` through
+its registered graphs (``server/graphs.py``: a batch's graphs are registered by its first
+steps, before its ops, and its dropped graphs dropped after its frees), and all settle each
+op's outcome through ``server/outcome.py``.
 
 Theory of operation: the transport hands each decoded :class:`~protocol.Batch` to
 :meth:`Session.start`, then calls :meth:`Session.step` until it returns True — on the event loop
@@ -100,7 +101,7 @@ class Session:
         self.store.budget.sessions += 1
         self.closed = False  # set by close(); the ops loop stops at the next op
         self._in_thread = False  # a worker thread runs this session's ops now
-        self._fast = FastPath(self.outcomes, INLINE_COST)  # Unary and Binary ops
+        self._fast = FastPath(self.outcomes, INLINE_COST)  # the ops of training steps
         # registered graphs, run_graph; a replay stops at its next step once the session closed
         self.graphs = Graphs(self.outcomes, INLINE_COST, lambda: self.closed)
         self.requests = Requests(self.store, None if transfers is None else transfers.exposures)
