@@ -179,6 +179,34 @@ def test_cpu_microbenchmark_reports_each_side() -> None:
     assert len(figures) == 6 and all(float(line.split()[-2]) > 0 for line in figures)
 
 
+@pytest.mark.e2e
+def test_cpu_by_kind_reports_every_kind_of_the_training_steps() -> None:
+    """``bench.cpu --kinds``: a row for each op kind the recorded steps use (but uploads), each
+    with positive figures, measured on its first workload, and one line per step."""
+    from bench._step_ops import kind, recordings
+
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.cpu", "--kinds", "--reps", "1"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    split = lines.index("server CPU per training step (decode + check + run):")
+    rows = [line.split() for line in lines[2:split]]
+    firsts: dict[str, str] = {}
+    for rec in recordings():
+        for op in rec.step_ops:
+            firsts.setdefault(kind(op), rec.model.split()[0])
+    del firsts["from_buffer"]
+    assert {row[-5]: row[0] for row in rows} == firsts
+    assert all(float(figure) > 0 for row in rows for figure in row[-3:])
+    steps = [line.split()[0] for line in lines[split + 1 :]]
+    assert steps == ["digits", "CNN", "transformer"]
+
+
 def test_profile_summary_counts_own_and_total_samples() -> None:
     from bench.profile import summarize
 
