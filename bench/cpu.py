@@ -1,7 +1,9 @@
-"""``python -m bench.cpu [--kinds] [--reps N]``: CPU microseconds per pipelined op on each
-side, in one process, with an array operand (``x + a``) and with a Python scalar (``x + 1.0``);
-with ``--kinds``, the server's per op kind of real training steps and per step instead
-(``bench/_kinds.py``).
+"""``python -m bench.cpu [--kinds [--blas-threads N]] [--reps N]``: CPU microseconds per
+pipelined op on each side, in one process, with an array operand (``x + a``) and with a Python
+scalar (``x + 1.0``); with ``--kinds``, the server's per op kind of real training steps and per
+step instead (``bench/_kinds.py``). On a loaded machine, ``--blas-threads 1`` keeps out of the
+figures the time BLAS's calling thread spins waiting for its other threads (a matmul's
+figures moved 2-3x between runs).
 
 Thread CPU time (``time.thread_time``), best of several repetitions, so that a loaded machine
 moves it far less than wall-clock figures. No sockets: the client side builds ops against a
@@ -25,6 +27,7 @@ from protocol.ops import Binary, BinaryScalar, FromBuffer
 from server.session import Session
 
 from . import _kinds
+from ._timing import blas_held
 
 OPS = 2048
 
@@ -71,9 +74,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.cpu", description=__doc__)
     parser.add_argument("--kinds", action="store_true", help="per op kind of training steps")
     parser.add_argument("--reps", type=int, default=7, help="repetitions, the best one kept")
+    parser.add_argument(
+        "--blas-threads", type=int, help="with --kinds, BLAS held to this many threads"
+    )
     args = parser.parse_args(argv)
     if args.kinds:
-        _kinds.main(args.reps)
+        with blas_held(args):
+            _kinds.main(args.reps)
         return 0
     for operand in ("array", "scalar"):
         print(f"x = x + {'a' if operand == 'array' else '1.0'}:")
