@@ -192,13 +192,13 @@ def _disable(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(fastpath_module, "KEYS", {})
 
 
-def _snapshot(session: Session, replies: list[Any]) -> list[Any]:
-    """Everything the session holds and counts, and every answer (a tensor by its value,
-    meta, layout and the first id sharing its memory)."""
+def _snapshot(session: Session, replies: list[Any], ids: int = 100) -> list[Any]:
+    """Everything the session holds under ids below ``ids`` and counts, and every answer (a
+    tensor by its value, meta, layout and the first id sharing its memory)."""
     store = session.store
     first_of_root: dict[int, int] = {}
     values: list[Any] = []
-    for tensor_id in range(100):
+    for tensor_id in range(ids):
         value = store.lookup(tensor_id)
         if isinstance(value, Failure):
             values.append(value.error.model_dump())
@@ -212,7 +212,8 @@ def _snapshot(session: Session, replies: list[Any]) -> list[Any]:
     answers = [(reply.model_dump(), [bytes(d) for d in data]) for reply, data in replies]
     counts = (session.ops_run, dict(session.op_counts), dict(session.error_counts))
     budget = store.budget
-    accounting = (store.nbytes, store.reserved, store.failed, store.records.nbytes)
+    roots = sorted((r.users, r.array.nbytes) for r in store._roots.values())  # noqa: SLF001
+    accounting = (store.nbytes, store.reserved, store.failed, store.records.nbytes, roots)
     shared = (budget.used, budget.overhead, budget.reservations)
     return [answers, values, counts, accounting, shared]
 
