@@ -64,7 +64,9 @@ FAST_OPS = frozenset({Unary, Binary, BinaryScalar})  # the op types that FastPat
 _FAST_TYPES = (Unary, Binary, BinaryScalar)  # for isinstance: a tuple, not a Union built per op
 _ONE_INPUT = (Unary, BinaryScalar)
 RULES_CACHED = 256  # (op, input metas) whose checks a session keeps; then it starts over
-KEYED_CACHED = 1024  # (key, input metas) of the other ops; a transformer's step has about 180
+# (key, input metas) of the other ops whose checks a session keeps; then it starts over
+# (bench/REASONS.md, 'Keyed rules on the fast path')
+KEYED_CACHED = 1024
 
 # Output meta, its bytes, cost, numpy dtype, and the op's computation as one prepared call
 # (elementwise.one_call) or None for the executor's runner.
