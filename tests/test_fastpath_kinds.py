@@ -304,7 +304,8 @@ def test_refusals_by_quota_and_budget_are_the_same(
     probe = _session(1 << 20, BUDGET)
     _run(probe, [*SETUP, FILL])
     budget = probe.store.budget
-    room = (BUDGET - budget.used - budget.overhead - 40, probe.store.nbytes + 40)
+    ceiling = budget.ceiling(0, probe.store.in_use())  # what a session holding that may fill
+    room = (ceiling - budget.used - budget.overhead - 40, probe.store.nbytes + 40)
     quota, taken = (room[1], 0) if full == "quota" else (1 << 20, room[0])
     fast = _state(True, monkeypatch, QUOTA_OPS, quota, taken)
     assert fast == _state(False, monkeypatch, QUOTA_OPS, quota, taken)
