@@ -53,7 +53,10 @@ from functools import partial
 from typing import Any
 
 from protocol import (
+    FEATURE_RESUME,
+    FEATURE_SEGMENTS,
     FEATURES,
+    TensorMeta,
     Welcome,
     encode,
 )
@@ -70,6 +73,7 @@ from ._pending import Pending
 from ._recovery import Recovering
 from ._replies import Reply
 from ._resuming import Retained
+from ._segments import Segmenter, SegmentStats, enabled_by_env
 from ._transport import Closed, Transport
 from .errors import (
     ConnectionLost,
@@ -119,7 +123,8 @@ class Connection(Recovering):
         self._ws = open_transport(url, options)
         try:  # the socket keeps open_timeout until opened(): the handshake is bounded too
             receive = partial(self._receive, self._ws)
-            features = FEATURES if options.backoff.attempts else ()  # not resuming: say so
+            resuming = options.backoff.attempts > 0  # not resuming: say so
+            features = tuple(f for f in FEATURES if resuming or f != FEATURE_RESUME)
             self.welcome: Welcome = handshake(self._ws, url, index, receive, features=features)
         except BaseException:
             self._ws.close()
@@ -128,6 +133,14 @@ class Connection(Recovering):
         self._current = (self._ws, self._generation)
         resumable = self.welcome.resume_secret is not None and options.backoff.attempts > 0
         self._sent = Retained(keep=resumable)  # the messages the server may not have yet
+        replay = options.segment_replay
+        replay = enabled_by_env() if replay is None else replay
+        if replay and FEATURE_SEGMENTS in self.welcome.features:
+            self._segments = Segmenter(self.new_graph_id)
+        # the metas of live ids, noted by client.device.new_handle (None: no segment replay)
+        self.segment_metas: dict[int, TensorMeta] | None = (
+            None if self._segments is None else self._segments.metas
+        )
         self._keeper = threading.Thread(target=self._keep, name=f"tensorwire {url}", daemon=True)
         self._keeper.start()
 
@@ -261,6 +274,10 @@ class Connection(Recovering):
         if len(self._sent) > RETAINED_MOST:
             self._wait_acked(self._batches - RETAINED_MOST // 2)
 
+    def segment_stats(self) -> SegmentStats:
+        """What segment replay did in this session (``client._segments``)."""
+        return SegmentStats() if self._segments is None else self._segments.stats()
+
     def release(self, tensor_id: int) -> None:
         """Free ``tensor_id`` on the server at the next flush. Safe from ``__del__``."""
         self._batch.frees.append(tensor_id)
@@ -312,15 +329,23 @@ class Connection(Recovering):
         go of ``_lock``.
         """
         ack = self._acked_to_server = self._received
+        segments = self._segments
+        registered = None
+        if segments is not None:
+            registered = segments.flush(self._batch, requests, self._answered)
         if not self._batch:
             frames: Frames = [requests_only(requests, ack)]
         else:  # more than one message: many ids freed at once
-            frames = [
-                to_frames(encode(*message)) for message in self._batch.messages(requests, ack)
-            ]
+            messages = self._batch.messages(requests, ack)
+            if segments is not None:
+                for message, _ in messages:
+                    segments.forget(message.frees)
+            frames = [to_frames(encode(*message)) for message in messages]
         for message in frames:
             self._batches += 1
             self._sent.add(self._batches, message)
+        if registered is not None:  # confirmed by the reply to this flush's last message
+            registered.confirm_at = self._batches
         ws = self._ws
         ws.send_lock.acquire()  # under _lock: batches go out in the order they were made
         return ws, self._generation, frames

@@ -32,6 +32,7 @@ class ConnectionKeywords(TypedDict, total=False):
     reconnect_timeout: float
     reconnect_backoff: float
     reconnect_backoff_max: float
+    segment_replay: bool | None
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,8 @@ class ConnectionOptions:
     reconnect_timeout: float = RECONNECT_TIMEOUT
     reconnect_backoff: float = BACKOFF_FIRST
     reconnect_backoff_max: float = BACKOFF_MAX
+    # replay repeated segments (client._segments); None: unless TENSORWIRE_SEGMENT_REPLAY=0
+    segment_replay: bool | None = None
 
     def __post_init__(self) -> None:
         self.liveness  # noqa: B018 - checks the bounds before anything connects

@@ -26,12 +26,21 @@ import threading
 from concurrent.futures import Future
 from typing import Any
 
-from protocol import SERVER_ADAPTER, Ack, DecodeError, Dropped, MessageLimitError, SessionError
+from protocol import (
+    SERVER_ADAPTER,
+    Ack,
+    DecodeError,
+    Dropped,
+    GraphRefused,
+    MessageLimitError,
+    SessionError,
+)
 from protocol.codec import Buffer
 
 from ._buffers import BufferPool, PooledDecoder
 from ._replies import Reply, fail, resolve, take_batch
 from ._resuming import Retained
+from ._segments import Segmenter
 from ._transport import Closed, Transport
 from .errors import ConnectionLost, ServerProtocolError
 
@@ -60,6 +69,7 @@ class Receiving:
         self._sealed = -1  # transports up to this one count no more messages (being resumed)
         self._ack_waits: list[Reply] = []  # under _waiters_lock: each done once acked
         self._sent = Retained(keep=False)  # the messages the server may not have yet
+        self._segments: Segmenter | None = None  # segment replay, when the session has it
 
     # --- what the subclass does when the connection breaks ------------------------------------
 
@@ -195,6 +205,10 @@ class Receiving:
             return None  # acknowledged, and sends it again on the resumed transport
         if isinstance(message, SessionError):
             self._server_error = ServerProtocolError(message.error)
+            return None
+        if isinstance(message, GraphRefused):  # before the reply that confirms it
+            if self._segments is not None:
+                self._segments.refused(message.graph_id)
             return None
         if isinstance(message, Dropped):  # our message number .message ran no op at all
             self._acked(message.message)

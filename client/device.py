@@ -42,6 +42,7 @@ from protocol.ops import AnyOp
 from ._connection import Connection
 from ._opening import url_of
 from ._options import ConnectionKeywords, ConnectionOptions
+from ._segments import SegmentStats
 from .errors import ServerProtocolError
 
 if TYPE_CHECKING:
@@ -64,8 +65,12 @@ def register_array_type(array_type: ArrayType) -> None:
 
 
 def new_handle(device: Device, tensor_id: int, meta: TensorMeta) -> RemoteArray:
-    """A handle of the registered array type on the tensor ``tensor_id`` of ``device``."""
+    """A handle of the registered array type on the tensor ``tensor_id`` of ``device`` (whose
+    meta segment replay notes, ``client._segments``)."""
     assert _array_type is not None, "client.array registers the handle type on import"
+    metas = device.segment_metas
+    if metas is not None:
+        metas[tensor_id] = meta
     return _array_type(device, tensor_id, meta)
 
 
@@ -126,6 +131,9 @@ class Device:
     release: Callable[[int], None]
     """Free a tensor id on the server at the next flush. Safe from ``__del__``, in any thread."""
 
+    segment_metas: dict[int, TensorMeta] | None = None
+    """The metas of live ids, which :func:`new_handle` notes for segment replay (None: off)."""
+
     def __init__(
         self,
         url: str,
@@ -153,6 +161,7 @@ class Device:
         self.index = index
         self._conn = conn
         self.new_id, self.submit, self.release = conn.new_id, conn.submit, conn.release
+        self.segment_metas = getattr(conn, "segment_metas", None)
         self._close = weakref.finalize(self, conn.close)  # also runs at exit
 
     @property
@@ -239,6 +248,12 @@ class Device:
         """Drop graph ``graph_id`` and its constants from the session with the next flush,
         after the ops queued before. Safe from ``__del__``, in any thread."""
         self._conn.drop_graph(graph_id)
+
+    def segment_stats(self) -> SegmentStats:
+        """What segment replay did in this session: hits, misses, registrations, evictions
+        (no round trip; README, "Segment replay")."""
+        stats: Callable[[], SegmentStats] | None = getattr(self._conn, "segment_stats", None)
+        return SegmentStats() if stats is None else stats()
 
     def submit_unchecked(self, op: AnyOp, meta: TensorMeta) -> RemoteArray:
         """Send ``op`` as it is, without the local shape and dtype checks, and return a handle

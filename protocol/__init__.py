@@ -32,6 +32,7 @@ from .errors import OpShapeError as OpShapeError
 from .errors import ProtocolError as ProtocolError
 from .messages import CLIENT_ADAPTER as CLIENT_ADAPTER
 from .messages import FEATURE_NN as FEATURE_NN
+from .messages import FEATURE_SEGMENTS as FEATURE_SEGMENTS
 from .messages import FEATURE_RESUME as FEATURE_RESUME
 from .messages import FEATURES as FEATURES
 from .messages import PROTOCOL_VERSION as PROTOCOL_VERSION
@@ -51,6 +52,7 @@ from .messages import Refused as Refused
 from .messages import RequestFailed as RequestFailed
 from .messages import Resume as Resume
 from .messages import SessionError as SessionError
+from .messages import GraphRefused as GraphRefused
 from .messages import Stats as Stats
 from .messages import StatsReply as StatsReply
 from .messages import Sync as Sync

@@ -290,6 +290,8 @@ def _check_outputs(graph: GraphDef, metas: dict[int, TensorMeta], declared: set[
 _ID_FIELDS = ("out", "x", "x1", "x2", "condition", "indices", "repeats_tensor")
 _ID_FIELDS_NN = ("w", "grad", "mean", "var", "weight", "bias", "state")  # the nn extension's
 _ID_TUPLES = ("more", "xs", "args")
+ID_FIELDS = (*_ID_FIELDS, *_ID_FIELDS_NN)  # an op's fields that name one tensor (and setitem's value)
+ID_TUPLES = _ID_TUPLES  # an op's fields that name several
 
 
 def renumber(op: AnyOp, ids: Mapping[int, int]) -> AnyOp:
@@ -316,6 +318,8 @@ def renumber(op: AnyOp, ids: Mapping[int, int]) -> AnyOp:
 
 __all__ = [
     "GRAPH_FORMAT",
+    "ID_FIELDS",
+    "ID_TUPLES",
     "NAME_ADAPTER",
     "GraphCheck",
     "GraphConstant",

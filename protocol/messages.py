@@ -29,7 +29,9 @@ from .ops import Capability, Dim, GraphId, Op, TensorId
 PROTOCOL_VERSION = 2
 FEATURE_RESUME = "resume"  # sessions resume after a lost connection (Welcome.resume_secret)
 FEATURE_NN = "nn"  # the neural-network extension's ops (protocol/ops/nn.py)
-FEATURES = (FEATURE_RESUME, FEATURE_NN)  # what this package speaks, beyond its version's baseline
+# run_segment, and GraphRefused for a graph whose registration failed (client._segments)
+FEATURE_SEGMENTS = "segments"
+FEATURES = (FEATURE_RESUME, FEATURE_NN, FEATURE_SEGMENTS)  # what this package speaks, beyond its version's baseline
 
 RequestId = Annotated[int, Field(ge=0, lt=2**63)]
 ServerId = Annotated[str, Field(pattern=r"^[0-9a-f]{1,64}$")]  # Welcome.server_id
@@ -257,6 +259,16 @@ class SessionError(Message):
     error: ErrorInfo
 
 
+class GraphRefused(Message):
+    """The graph ``graph_id`` was not registered, for ``error``: sent, before the replies to
+    the batch that carried the registration, only to a client that speaks the feature
+    ``segments`` (a segment's registration must be known to hold before it is run)."""
+
+    type: Literal["graph_refused"] = "graph_refused"
+    graph_id: GraphId
+    error: ErrorInfo
+
+
 class Dropped(Message):
     """A client message the server could not use at all (undecodable, over a limit, a second
     hello): none of its ops ran and none of its requests will be answered. ``message`` is its
@@ -287,6 +299,7 @@ AnyServerMessage = (
     | ExposeReply
     | RequestFailed
     | SessionError
+    | GraphRefused
     | Dropped
     | Ack
 )

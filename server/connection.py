@@ -48,6 +48,7 @@ from websockets.exceptions import ConnectionClosed
 
 from protocol import (
     FEATURE_RESUME,
+    FEATURE_SEGMENTS,
     PROTOCOL_VERSION,
     Batch,
     Dropped,
@@ -192,6 +193,7 @@ class Connections:
             self._limits,
             self._transfers,
         )
+        session.graphs.tell_refusals = FEATURE_SEGMENTS in hello.features
         decode_for(ws, session, self._config)  # before the welcome: the client may send at once
         await self._out.unnumbered(ws, self._welcome(hello, session.session_id, secret))
         return Live(session, ws, secret, ws.client, self._config.effective_session_quota)

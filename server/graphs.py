@@ -45,7 +45,7 @@ import numpy as np
 from protocol import ErrorCode, ErrorInfo, InvalidOpError, TensorMeta
 from protocol.codec import Buffer
 from protocol.graphs import RegisterGraph, check_graph
-from protocol.ops import RunGraph
+from protocol.ops import RunGraph, RunSegment
 
 from .check_costs import registration_cost
 from .errors import StoreError
@@ -76,6 +76,11 @@ class Graphs:
         self._failed: dict[int, ErrorInfo] = {}
         self.nbytes = 0
         self.closed = False
+        self.tell_refusals = False  # the client speaks segments: a failed registration is told
+
+    def plan(self, graph_id: int) -> Plan | None:
+        """The plan registered under ``graph_id``; None if none is (never, refused, dropped)."""
+        return self._plans.get(graph_id)
 
     def __len__(self) -> int:
         return len(self._plans)
@@ -139,6 +144,8 @@ class Graphs:
         :data:`FAILURES_KEPT` the oldest goes. Without room for its record, the error is
         answered on its own (``job.errors``) and not kept."""
         error = ErrorInfo(code=error.code, message=bounded(error.message))
+        if self.tell_refusals:
+            job.refused.append((graph_id, error))
         if len(self._failed) >= FAILURES_KEPT:
             self._forget_failure(next(iter(self._failed)))  # the oldest
         if not self._store.keep_record(entry_bytes(Failure(error))):
@@ -223,16 +230,16 @@ class Graphs:
         """Check and replay ``op``, settling its outputs. False: it is too costly to run
         ``inline`` (nothing changed). The caller holds ``np.errstate(all="ignore")``."""
         plan = self._plans.get(op.graph)
-        if inline and plan is not None and self._cost(op, plan) > self._inline_cost:
+        if inline and plan is not None and self.cost(op, plan) > self._inline_cost:
             return False
         args = self._check(op, plan, job)
         if args is not None and plan is not None:
             self._execute(op, plan, args, job)
         return True
 
-    def _cost(self, op: RunGraph, plan: Plan) -> int:
+    def cost(self, op: RunGraph | RunSegment, plan: Plan) -> int:
         """The replay's work: its ops', and for a graph that writes in place the moves of the
-        inputs that a reply or an exposure still sends (:meth:`_guard` makes them safe)."""
+        inputs that a reply or an exposure still sends (:meth:`guard` makes them safe)."""
         moves = sum(map(self._store.move_cost, op.args)) if plan.guarded else 0
         return plan.cost + moves
 
@@ -281,7 +288,7 @@ class Graphs:
         store, outcomes = self._store, self._outcomes
         try:
             if plan.guarded:
-                args = self._guard(op, plan)
+                args = self.guard(op, plan)
             store.reserve(plan.scratch)
         except StoreError as exc:
             outcomes.fail(op, exc.code, str(exc), job)
@@ -301,7 +308,7 @@ class Graphs:
         if outcomes.ops_run != ran:  # stored: count the graph's ops by name too
             outcomes.op_counts.update(plan.op_counts)
 
-    def _guard(self, op: RunGraph, plan: Plan) -> list[Array]:
+    def guard(self, op: RunGraph | RunSegment, plan: Plan) -> list[Array]:
         """The input arrays, safe to write in place (:meth:`TensorStore.prepare_write`, which
         may move memory: every array is looked up again); an input written in place that is a
         read-only view is first replaced by a counted copy.

@@ -54,6 +54,7 @@ class Job:
     registered: int = 0  # graphs of the batch registered (or refused), before its first op
     next: int = 0  # index of the next op to run
     errors: list[ErrorInfo] = field(default_factory=list)
+    refused: list[tuple[int, ErrorInfo]] = field(default_factory=list)  # graph id, why (segments)
     op_started: float | None = None  # time.monotonic() when the running op began
     paused: bool = False  # Session.step stopped inline to give the loop a turn, not for a heavy op
     frees_after: dict[int, list[int]] = field(default_factory=dict)  # op index -> ids it frees

@@ -80,6 +80,8 @@ class Plan:
     largest_step: int  # the most one op costs: a registration over --max-op-cost is refused
     scratch: int  # bytes reserved per replay: the peak of live bytes less inputs, constants,
     # plus the most one op allocates beside its results
+    slot_ids: tuple[int, ...]  # the graph's id held by each slot (a segment's run maps them)
+    output_ids: tuple[int, ...]  # the graph's ids of its declared outputs, in order
     held_bytes: int  # what the registration holds: its constants, its structure (registration.py)
     op_counts: Counter[str]
 
@@ -90,6 +92,7 @@ class ReplayError(Exception):
     def __init__(self, step: Step, exc: Exception) -> None:
         op = step.op
         super().__init__(f"op {step.index} ({op.describe()}): {type(exc).__name__}: {exc}")
+        self.step = step
         self.mismatch = isinstance(exc, executor.InferenceMismatch)
 
 
@@ -200,6 +203,8 @@ def build_plan(
         cost=cost,
         largest_step=largest_step,
         scratch=max(0, check.peak_bytes - held) + largest_scratch,
+        slot_ids=tuple(slot),
+        output_ids=tuple(t.id for t in graph.outputs),
         held_bytes=held_bytes,
         op_counts=check.op_counts,
     )

@@ -55,13 +55,14 @@ from protocol import (
     Batch,
     ErrorCode,
     ErrorInfo,
+    GraphRefused,
     InvalidOpError,
     MessageLimitError,
     SessionError,
     TensorMeta,
 )
 from protocol.codec import Buffer
-from protocol.ops import AnyOp, FromBuffer, Pull, RunGraph
+from protocol.ops import AnyOp, FromBuffer, Pull, RunGraph, RunSegment
 
 from . import executor, frees
 from .check_costs import op_check_cost
@@ -74,6 +75,7 @@ from .outcome import Job, Outcomes
 from .pulls import Pulls, Transfers
 from .requests import Reply as Reply
 from .requests import Requests
+from .segments import Segments
 from .store import Failure, TensorStore
 
 # How ops share the event loop (bench/REASONS.md, 'Inline slices of the event loop'):
@@ -104,6 +106,7 @@ class Session:
         self._fast = FastPath(self.outcomes, INLINE_COST)  # the ops of training steps
         # registered graphs, run_graph; a replay stops at its next step once the session closed
         self.graphs = Graphs(self.outcomes, INLINE_COST, lambda: self.closed)
+        self._segments = Segments(self.graphs, self.outcomes, self.run_one, lambda: self.closed)
         self.requests = Requests(self.store, None if transfers is None else transfers.exposures)
         self._pulls = Pulls(self.outcomes, transfers)  # direct transfers
 
@@ -203,6 +206,8 @@ class Session:
                     return False  # checking it alone is too costly for the loop
                 elif isinstance(op, RunGraph):
                     done = self.graphs.run(op, job, inline)
+                elif isinstance(op, RunSegment):
+                    done = self._segments.run(op, job, inline)
                 elif isinstance(op, Pull):
                     done = (inline or job.next == first) and self._pulls.run(op, job, inline)
                 else:
@@ -222,6 +227,13 @@ class Session:
             if not frees.run_chores(job, pause_at):
                 return False
         return self.closed or self.requests.expose(job, INLINE_COST if inline else None, pause_at)
+
+    def run_one(self, op: AnyOp, job: Job) -> None:
+        """Run ``op``, one of a segment's (no upload, pull or graph), as if it came alone in
+        a worker thread (``server/segments.py``)."""
+        job.op_started = time.monotonic()
+        if type(op) not in FAST_OPS or self._fast.run(op, job, False) is None:
+            self._general(op, job, False)
 
     def _general(self, op: AnyOp, job: Job, inline: bool) -> bool:
         """Check and run ``op`` (any op). False: it is too costly to run ``inline``."""
@@ -341,6 +353,7 @@ class Session:
         between them: a batch may hold 100k reads), all taken before the session runs on."""
         for graph_id in job.batch.drop_graphs:
             self.graphs.drop(graph_id)
+        yield from ((GraphRefused(graph_id=g, error=e), ()) for g, e in job.refused)
         errors = [*job.errors, *self.store.take_unrecorded()]  # failures kept nowhere
         yield from ((SessionError(error=e), ()) for e in errors)
         exposed = job.exposed

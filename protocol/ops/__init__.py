@@ -13,7 +13,8 @@ client's categories of the Array API standard:
 - ``linalg``, ``fft``: the standard's two extensions
 - ``nn``: Tensorwire's own extension for neural networks: ``conv`` (with its transpose and
   weight gradient), ``pool``, ``pool_backward``, ``batch_norm``, ``softmax``, ``random``
-- ``graph``: ``run_graph``, a registered graph (``protocol.graphs``) run on new inputs
+- ``graph``: ``run_graph``, a registered graph (``protocol.graphs``) run on new inputs, and
+  ``run_segment``, one run as if its ops came one by one (``client._segments``)
 - ``transfer``: ``pull``, a tensor fetched from another session's exposure (no executor runner:
   the server's transfers run it)
 
@@ -59,6 +60,7 @@ from .elementwise import Where as Where
 from .fft import FFT as FFT
 from .graph import GraphId as GraphId
 from .graph import RunGraph as RunGraph
+from .graph import RunSegment as RunSegment
 from .indexing import ArrayIndex as ArrayIndex
 from .indexing import GetItem as GetItem
 from .indexing import IndexItem as IndexItem
@@ -128,7 +130,8 @@ AnyOp = (
     | BatchNorm
     | Softmax
     | Random  # nn
-    | RunGraph  # graph
+    | RunGraph
+    | RunSegment  # graph
     | Pull  # transfer
 )
 Op = Annotated[AnyOp, Field(discriminator="kind")]

@@ -15,7 +15,7 @@ from typing import Annotated, Literal
 from pydantic import Field
 
 from ..errors import InvalidOpError, OpDTypeError, OpShapeError
-from .base import MultiOutputOp, TensorId, TensorMeta
+from .base import BaseOp, MultiOutputOp, TensorId, TensorMeta
 
 GraphId = Annotated[int, Field(ge=0, lt=2**63)]
 
@@ -74,3 +74,30 @@ def check_arguments(
             raise OpDTypeError(f"{graph}: input {name!r} is {want.dtype}, given {got.dtype}")
         if got.shape != want.shape:
             raise OpShapeError(f"{graph}: input {name!r} has shape {want.shape}, given {got.shape}")
+
+
+class RunSegment(BaseOp):
+    """Run registered graph ``graph`` as a *segment*: as if its ops came one by one, with the
+    ids they had when the client first sent them (``client._segments``). The graph's declared
+    inputs are numbered 0 to m - 1 and bound to ``args`` in order; any other id ``g`` of the
+    graph stands for the tensor id ``out + g - m``, so ``out`` is the lowest id the segment
+    makes. Its declared outputs are stored under those ids; the tensors it makes and does not
+    declare are the segment's intermediates, which the client freed before it sent the segment
+    (their frees travel in the batch all the same). Its outputs are known only to the session
+    that registered the graph; ``infer_all`` alone refuses."""
+
+    kind: Literal["run_segment"] = "run_segment"
+    graph: GraphId
+    args: tuple[TensorId, ...]
+
+    def inputs(self) -> tuple[int, ...]:
+        return self.args
+
+    def infer(self, *args: TensorMeta) -> TensorMeta:
+        raise InvalidOpError(
+            f"{self.describe()}: run_segment is checked against its registered graph's signature"
+        )
+
+    def describe(self) -> str:
+        args = ", ".join(f"#{i}" for i in self.args)
+        return f"run_segment[{self.graph}]({args}) -> from #{self.out}"

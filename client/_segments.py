@@ -1,0 +1,198 @@
+"""Segment replay: a connection recognises the ops it sends between two blocking requests when
+they repeat, registers them once as a graph, and sends each later occurrence as one
+``run_segment`` op (``protocol.ops.RunSegment``), which the server runs by the graph's plan
+while leaving the session as the ops sent one by one would (``server/segments.py``).
+
+At each flush that carries a request (a read, a sync, stats, a describe), :meth:`Segmenter.flush`
+takes the ops since the last such flush (a flush without one, by the batch's size, an
+explicit ``flush`` or an acknowledgement, breaks the segment: it is not looked at). Its
+structure (``client._structure``) is looked up:
+
+- registered and known to hold: its ops, but the leading uploads, become one ``run_segment``
+  op with their inputs and the first id they made (a *hit*);
+- seen :data:`SIGHTINGS` times before: its graph is registered with this batch, whose ops go
+  one by one (a *miss*); the registration is known to hold once the reply to this batch's
+  request has arrived without a :class:`~protocol.GraphRefused` before it (the server answers
+  in order), and a refused one is never tried again: that structure goes op by op;
+- else: counted, and sent op by op (a *miss*).
+
+Why two sightings: a step seen twice is the loop's (the first pass of a loop often differs:
+lazy state, a first batch), and registering on the second occurrence replays from the third;
+registering what is seen once would register every read of a script. Python scalars are part
+of the key by value: the training loops keep what changes (a learning rate, Adam's bias
+corrections) on the device, so their steps repeat; a scalar that changes every step makes a
+new structure every step, which is never registered.
+
+The registered segments are bounded (:data:`MOST_SEGMENTS`, least recently used out: its
+graph is dropped), within the server's ``--max-graphs`` shared with ``client.capture.jit``'s
+graphs (a registration over it is refused, and its structure goes op by op). The server
+charges each as it charges a graph. A session resumed on a new connection keeps its graphs:
+nothing to do. The metas of live ids (what a key needs of a segment's inputs) are noted as
+handles are made (``client.device.new_handle``) and forgotten as ids are freed.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from protocol import Describe, TensorMeta
+from protocol.graphs import GraphDef, GraphTensor, renumber
+from protocol.messages import Request
+from protocol.ops import RunSegment
+
+from ._pending import Pending
+from ._structure import Structure, structure
+
+SIGHTINGS = 2  # occurrences of a structure before it is registered (see the docstring)
+MOST_SEGMENTS = 32  # registered segments kept (half the server's default --max-graphs)
+MOST_SEEN = 1024  # structures counted but not registered, before the count starts over
+ENV = "TENSORWIRE_SEGMENT_REPLAY"  # "0" (or "false", "no", "off") turns segment replay off
+
+
+def enabled_by_env() -> bool:
+    """Segment replay, unless :data:`ENV` turns it off."""
+    return os.environ.get(ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+@dataclass(frozen=True)
+class SegmentStats:
+    """What segment replay did in this session: ``hits``, segments sent as one op;
+    ``misses``, segments looked at and sent op by op; ``registered``, registrations sent;
+    ``segments``, registered now; ``evicted``, dropped as least recently used; ``refused``,
+    registrations the server refused."""
+
+    hits: int = 0
+    misses: int = 0
+    registered: int = 0
+    segments: int = 0
+    evicted: int = 0
+    refused: int = 0
+
+
+@dataclass
+class _Entry:
+    graph_id: int
+    confirm_at: int = 0  # the message whose reply confirms the registration (0: not yet sent)
+
+
+class Segmenter:
+    """One connection's segment replay (see the module docstring). Its methods are called
+    under the connection's lock, but :meth:`refused` (the reader's) and the metas' updates."""
+
+    def __init__(self, new_graph_id: Callable[[], int], most: int = MOST_SEGMENTS) -> None:
+        self.metas: dict[int, TensorMeta] = {}  # live ids' metas (client.device.new_handle)
+        self._new_graph_id = new_graph_id
+        self._most = most
+        self._registered: collections.OrderedDict[object, _Entry] = collections.OrderedDict()
+        self._by_graph: dict[int, object] = {}
+        self._seen: dict[object, int] = {}
+        self._refused: set[object] = set()
+        self._refusals: collections.deque[int] = collections.deque()  # from the reader
+        self._whole = True  # no flush without a request since the last one with
+        self._stats = {"hits": 0, "misses": 0, "registered": 0, "evicted": 0, "refused": 0}
+
+    def stats(self) -> SegmentStats:
+        return SegmentStats(segments=len(self._registered), **self._stats)
+
+    def refused(self, graph_id: int) -> None:
+        """The server refused graph ``graph_id`` (the reader thread: applied at the next
+        flush, before any run of it could be sent)."""
+        self._refusals.append(graph_id)
+
+    def forget(self, frees: Sequence[int]) -> None:
+        """The ids ``frees`` were freed: their metas go."""
+        metas = self.metas
+        for tensor_id in frees:
+            metas.pop(tensor_id, None)
+
+    def flush(self, batch: Pending, requests: Sequence[Request], answered: int) -> _Entry | None:
+        """Look at the segment ``batch`` ends, flushed with ``requests``; replace its ops by
+        one run, or register it (the entry whose ``confirm_at`` the caller sets to the
+        message that carries it), or leave it. ``answered``: the last message whose reply
+        arrived."""
+        while self._refusals:
+            self._refuse(self._refusals.popleft())
+        whole, self._whole = self._whole, bool(requests)
+        if not batch.ops or not whole or not requests:
+            return None
+        if any(type(r) is Describe for r in requests):  # a data-dependent shape
+            return None
+        found = structure(batch.ops, list(batch.frees), self.metas)
+        if found is None:
+            return None
+        entry = self._registered.get(found.key)
+        if entry is not None and entry.confirm_at and entry.confirm_at <= answered:
+            self._registered.move_to_end(found.key)
+            self._run(batch, entry.graph_id, found)
+            return None
+        self._stats["misses"] += 1
+        if entry is not None or found.key in self._refused:
+            return None
+        seen = self._seen.get(found.key, 0) + 1
+        if seen < SIGHTINGS or self._evicted(batch):
+            if len(self._seen) >= MOST_SEEN:
+                self._seen.clear()
+            self._seen[found.key] = seen
+            return None
+        self._seen.pop(found.key, None)
+        return self._register(batch, found)
+
+    def _evicted(self, batch: Pending) -> bool:
+        """Drop the least recently used segment if none more may be registered (the
+        registration waits for the next sighting: a batch's drops apply after its
+        registrations)."""
+        if len(self._registered) < self._most:
+            return False
+        key, entry = self._registered.popitem(last=False)
+        del self._by_graph[entry.graph_id]
+        batch.drops.append(entry.graph_id)
+        self._stats["evicted"] += 1
+        return True
+
+    def _register(self, batch: Pending, found: Structure) -> _Entry | None:
+        graph = self._graph(batch, found)
+        if graph is None:
+            return None
+        entry = _Entry(self._new_graph_id())
+        batch.add_graph(entry.graph_id, graph, ())
+        self._registered[found.key] = entry
+        self._by_graph[entry.graph_id] = found.key
+        self._stats["registered"] += 1
+        return entry
+
+    def _graph(self, batch: Pending, found: Structure) -> GraphDef | None:
+        """The segment as a graph: its inputs numbered from 0, a made id ``i`` numbered
+        ``len(args) + i - base`` (``base``: the lowest made id), its outputs the made ids the
+        client holds (``protocol.ops.RunSegment``)."""
+        count, base = len(found.args), min(found.made)
+        ids = {tensor_id: number for number, tensor_id in enumerate(found.args)}
+        ids.update({i: count + i - base for i in found.made})
+        kept = sorted(i for i in found.made if i not in found.freed)
+        try:
+            inputs = [_tensor(f"in{n}", n, self.metas[i]) for n, i in enumerate(found.args)]
+            outputs = [_tensor(f"t{i - base}", ids[i], self.metas[i]) for i in kept]
+        except KeyError:  # a made id without a handle: not a segment to replay
+            return None
+        ops = [renumber(op, ids) for op in batch.ops[found.lead :]]
+        return GraphDef(inputs=inputs, outputs=outputs, ops=ops)
+
+    def _run(self, batch: Pending, graph_id: int, found: Structure) -> None:
+        run = RunSegment(graph=graph_id, out=min(found.made), args=found.args)
+        batch.ops[found.lead :] = [run]
+        self._stats["hits"] += 1
+
+    def _refuse(self, graph_id: int) -> None:
+        key = self._by_graph.pop(graph_id, None)
+        if key is not None:
+            self._registered.pop(key, None)
+            if len(self._refused) >= MOST_SEEN:
+                self._refused.clear()
+            self._refused.add(key)
+            self._stats["refused"] += 1
+
+
+def _tensor(name: str, number: int, meta: TensorMeta) -> GraphTensor:
+    return GraphTensor(name=name, id=number, shape=meta.shape, dtype=meta.dtype)
