@@ -82,10 +82,10 @@ class Segmenter:
     """One connection's segment replay (see the module docstring). Its methods are called
     under the connection's lock, but :meth:`refused` (the reader's) and the metas' updates."""
 
-    def __init__(self, new_graph_id: Callable[[], int], most: int = MOST_SEGMENTS) -> None:
+    def __init__(self, new_graph_id: Callable[[], int], most: int | None = None) -> None:
         self.metas: dict[int, TensorMeta] = {}  # live ids' metas (client.device.new_handle)
         self._new_graph_id = new_graph_id
-        self._most = most
+        self._most = MOST_SEGMENTS if most is None else most
         self._registered: collections.OrderedDict[object, _Entry] = collections.OrderedDict()
         self._by_graph: dict[int, object] = {}
         self._seen: dict[object, int] = {}

@@ -1,0 +1,344 @@
+"""Segment replay (client/_segments.py, server/segments.py) through a real server: everything a
+stream of ops does one by one, it does replayed, bit for bit — the numbers, the errors (type
+and text) at the same reads, views and in-place updates, frees, failed tensors — on the
+training examples' steps and on randomised op streams; and the switch, the bound on registered
+segments and a refused registration."""
+
+from __future__ import annotations
+
+import gc
+import random
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+import client
+from client import _segments
+from client.autodiff import Autodiff
+from client.errors import RemoteError
+
+from .servers import run_server
+
+pytestmark = pytest.mark.server
+
+Outcome = tuple[str, Any]  # ("value", (dtype, shape, bytes)) or ("error", (type, text))
+
+
+def _read(array: Any) -> Outcome:
+    try:
+        values = array.numpy()
+    except RemoteError as exc:
+        return ("error", (type(exc).__name__, str(exc)))
+    return ("value", (str(values.dtype), values.shape, values.tobytes()))
+
+
+def _pair(url: str) -> tuple[client.RemoteDevice, client.RemoteDevice]:
+    return (
+        client.RemoteDevice(url, segment_replay=False),
+        client.RemoteDevice(url, segment_replay=True),
+    )
+
+
+# --- the training examples' steps ---------------------------------------------------------------
+
+
+def test_digits_mlp_steps_are_bit_identical(url: str) -> None:
+    from bench.training import DIGITS, Trainer
+
+    off, on = _pair(url)
+    with off, on:
+        trainers = [Trainer(Autodiff(client.namespace(d)), DIGITS, 256) for d in (off, on)]
+        for trainer in trainers:
+            trainer.run(8)
+        assert trainers[0].losses == trainers[1].losses
+        for a, b in zip(
+            trainers[0].net.parameters(), trainers[1].net.parameters(), strict=True
+        ):
+            assert a.array.numpy().tobytes() == b.array.numpy().tobytes()
+        stats = on.segment_stats()
+        assert stats.hits >= 5 and stats.registered >= 1, stats
+        assert off.segment_stats().hits == 0
+        assert _held(on) == _held(off)
+
+
+def _held(dev: client.RemoteDevice) -> tuple[int, int, int]:
+    """The session's tensors, their bytes and its failed ones, once every dropped handle is
+    freed (a read's error holds its frame, and so a handle, until the collector runs)."""
+    gc.collect()
+    stats = dev.stats()
+    return stats.tensors, stats.tensor_bytes, stats.failed
+
+
+def test_cnn_steps_are_bit_identical(url: str) -> None:
+    from client import nn, optim
+
+    def steps(dev: client.RemoteDevice) -> tuple[list[float], list[bytes]]:
+        ad = Autodiff(client.namespace(dev))
+        rng = np.random.default_rng(3)
+        x = ad.asarray(rng.standard_normal((8, 1, 8, 8)).astype(np.float32))
+        y = ad.asarray(rng.integers(0, 3, 8))
+        init = np.random.default_rng(4)
+        net = nn.Sequential(
+            nn.Conv2d(1, 4, 3, ad=ad, rng=init),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Flatten(),
+            nn.Linear(36, 3, ad=ad, rng=init),
+        )
+        opt = optim.Adam(net.parameters(), lr=1e-2)
+        losses = []
+        for _ in range(6):
+            loss = nn.cross_entropy(net(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(float(loss))
+        return losses, [p.array.numpy().tobytes() for p in net.parameters()]
+
+    off, on = _pair(url)
+    with off, on:
+        assert steps(off) == steps(on)
+        assert on.segment_stats().hits >= 2, on.segment_stats()
+
+
+# --- randomised op streams ---------------------------------------------------------------------
+
+SHAPE = (4, 4)
+NAMES = ("a", "b", "c", "d", "e")
+
+
+def _instruction(rng: random.Random) -> tuple[Any, ...]:
+    """One step of a stream, on variables named in NAMES (each a (4, 4) float64 array, a
+    view of one, or a failed tensor)."""
+    kind = rng.choice(
+        ["binary", "scalar", "view", "inplace", "setitem", "inv", "free", "upload", "unary"]
+    )
+    x, y, z = (rng.choice(NAMES) for _ in range(3))
+    if kind == "binary":
+        return (kind, x, y, z, rng.choice(["add", "multiply", "subtract", "matmul"]))
+    if kind == "scalar":
+        return (kind, x, y, rng.choice([0.5, 2, -0.0, 0.0, 1.5, True]))
+    if kind == "view":
+        return (kind, x, y, rng.choice(["T", "flip", "all"]))
+    if kind == "inplace":
+        return (kind, x, y, rng.choice(["add", "scale"]))
+    if kind == "setitem":
+        return (kind, x, y, rng.choice([0, 1, 2]))
+    if kind == "upload":
+        return (kind, x, rng.randrange(3))
+    if kind == "unary":
+        return (kind, x, y, rng.choice(["exp", "sqrt", "negative"]))
+    return (kind, x, y)
+
+
+def _data(seed: int) -> np.ndarray[Any, Any]:
+    values = np.random.default_rng(seed).standard_normal(SHAPE)
+    if seed == 2:
+        values[:, 0] = 0.0  # singular: inv of it fails on the server
+    return values
+
+
+def _apply(xp: Any, env: dict[str, Any], step: tuple[Any, ...]) -> None:
+    kind, x = step[0], step[1]
+    if kind == "upload":
+        env[x] = xp.asarray(_data(step[2]))
+        return
+    if kind == "free":
+        env[x] = None
+        return
+    y = env[step[2]] if step[2] in env and env[step[2]] is not None else None
+    if y is None:
+        return
+    if kind == "binary":
+        z = env.get(step[3])
+        if z is not None:
+            env[x] = getattr(xp, step[4])(y, z)
+    elif kind == "scalar":
+        env[x] = y * step[3]
+    elif kind == "unary":
+        env[x] = getattr(xp, step[3])(y)
+    elif kind == "view":
+        env[x] = {"T": lambda: y.T, "flip": lambda: y[::-1], "all": lambda: y[...]}[step[3]]()
+    elif kind == "inv":
+        env[x] = xp.linalg.inv(y)
+    elif kind == "inplace" and env.get(x) is not None:
+        if step[3] == "add":
+            env[x] += y
+        else:
+            env[x] *= 0.5
+    elif kind == "setitem" and env.get(x) is not None:
+        env[x][step[3] : step[3] + 2] = y[1:3]
+
+
+def _stream(seed: int) -> list[list[tuple[Any, ...]]]:
+    """Segments: a few templates, each repeated several times in a row, between new ones."""
+    rng = random.Random(seed)
+    templates = [[_instruction(rng) for _ in range(rng.randrange(3, 12))] for _ in range(3)]
+    segments: list[list[tuple[Any, ...]]] = []
+    for _ in range(8):
+        if rng.random() < 0.3:
+            segments.append([_instruction(rng) for _ in range(rng.randrange(1, 10))])
+        else:
+            segments += [rng.choice(templates)] * rng.randrange(2, 6)
+    return segments
+
+
+def _run(dev: client.RemoteDevice, segments: list[list[tuple[Any, ...]]]) -> list[Outcome]:
+    xp = client.namespace(dev)
+    env: dict[str, Any] = {name: xp.asarray(_data(n)) for n, name in enumerate(NAMES)}
+    seen: list[Outcome] = []
+    for number, segment in enumerate(segments):
+        for step in segment:
+            _apply(xp, env, step)
+        live = [name for name in NAMES if env.get(name) is not None]
+        if live:
+            seen.append(_read(env[live[number % len(live)]]))
+    seen += [_read(env[name]) for name in NAMES if env.get(name) is not None]
+    seen.append(("stats", _held(dev)))
+    return seen
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_streams_are_bit_identical(url: str, seed: int) -> None:
+    segments = _stream(seed)
+    off, on = _pair(url)
+    with off, on:
+        direct = _run(off, segments)
+        replayed = _run(on, segments)
+        assert replayed == direct
+        if seed == 0:
+            assert on.segment_stats().hits > 0, on.segment_stats()
+
+
+def test_streams_replay_and_fail_somewhere(url: str) -> None:
+    """The property test above exercises what it claims: hits, and errors read."""
+    hits = errors = 0
+    for seed in range(12):
+        with client.RemoteDevice(url) as dev:
+            errors += sum(kind == "error" for kind, _ in _run(dev, _stream(seed)))
+            hits += dev.segment_stats().hits
+    assert hits > 20 and errors > 0, (hits, errors)
+
+
+# --- errors -------------------------------------------------------------------------------------
+
+
+def _inverting(dev: client.RemoteDevice, singular_at: set[int]) -> list[Outcome]:
+    """A repeated step that inverts a matrix, singular in the steps ``singular_at``: the
+    registered plan fails at the inversion, and the ops after it run as they would alone."""
+    xp = client.namespace(dev)
+    a = xp.asarray(_data(0))
+    seen = []
+    for step in range(8):
+        m = a * (0.0 if step in singular_at else 1.0)
+        inverse = xp.linalg.inv(m)
+        total = xp.sum(inverse + a)
+        other = a * 2.0
+        seen += [_read(total), _read(other)]
+    return seen
+
+
+def test_an_error_in_a_replayed_segment_is_the_one_alone(url: str) -> None:
+    off, on = _pair(url)
+    with off, on:
+        assert _inverting(on, {5, 6}) == _inverting(off, {5, 6})
+        assert on.segment_stats().hits >= 4
+    kinds = [kind for kind, _ in _inverting(client.RemoteDevice(url), {5})]
+    assert kinds.count("error") == 1
+    with client.RemoteDevice(url) as dev:
+        seen = _inverting(dev, {6})
+        error = seen[12][1]
+        assert error[0] == "RemoteError" and "inv(#" in error[1], error
+
+
+def test_a_failed_input_fails_the_same_ops(url: str) -> None:
+    """A segment whose input is a failed tensor: the ops that read it inherit its failure,
+    the others run."""
+
+    def run(dev: client.RemoteDevice) -> list[Outcome]:
+        xp = client.namespace(dev)
+        good, bad = xp.asarray(_data(0)), xp.linalg.inv(xp.asarray(_data(2)))
+        seen = []
+        for step in range(7):
+            x = bad if step == 5 else good
+            y = x * 2.0
+            z = good + 1.0
+            seen += [_read(y), _read(z)]
+        return seen
+
+    off, on = _pair(url)
+    with off, on:
+        assert run(on) == run(off)
+        assert on.segment_stats().hits >= 3
+
+
+# --- switches and bounds ------------------------------------------------------------------------
+
+
+def _repeat(dev: client.RemoteDevice, times: int = 6, shapes: int = 1) -> list[Outcome]:
+    xp = client.namespace(dev)
+    seen = []
+    for step in range(times):
+        for n in range(shapes):
+            x = xp.ones((n + 1, 3)) * 2.0
+            seen.append(_read(xp.exp(x) + 1.0))
+    return seen
+
+
+def test_the_switches(url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    with client.RemoteDevice(url) as dev:
+        _repeat(dev)
+        assert dev.segment_stats().hits > 0  # on by default
+    with client.RemoteDevice(url, segment_replay=False) as dev:
+        _repeat(dev)
+        assert dev.segment_stats() == _segments.SegmentStats()
+    monkeypatch.setenv(_segments.ENV, "0")
+    with client.RemoteDevice(url) as dev:
+        _repeat(dev)
+        assert dev.segment_stats() == _segments.SegmentStats()
+    with client.RemoteDevice(url, segment_replay=True) as dev:  # the option wins
+        _repeat(dev)
+        assert dev.segment_stats().hits > 0
+
+
+def test_least_recently_used_out(url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_segments, "MOST_SEGMENTS", 2)
+    off, on = _pair(url)
+    with off, on:
+        assert _repeat(on, times=8, shapes=3) == _repeat(off, times=8, shapes=3)
+        stats = on.segment_stats()
+        assert stats.segments <= 2 and stats.evicted > 0, stats
+        assert _held(on) == _held(off)
+
+
+@pytest.fixture(scope="module")
+def few_graphs() -> Iterator[str]:
+    with run_server("--max-graphs", "1") as proc:
+        yield proc.url
+
+
+def test_a_refused_registration_goes_op_by_op(few_graphs: str) -> None:
+    off, on = _pair(few_graphs)
+    with off, on:
+        assert _repeat(on, times=8, shapes=3) == _repeat(off, times=8, shapes=3)
+        stats = on.segment_stats()
+        assert stats.refused >= 1 and stats.hits > 0, stats
+
+
+def test_an_old_server_is_spoken_to_op_by_op(url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server that does not offer the feature: no segment is ever registered."""
+    from client import _connection
+
+    real: Callable[..., Any] = _connection.handshake
+
+    def without_segments(*args: Any, **kwargs: Any) -> Any:
+        welcome = real(*args, **kwargs)
+        features = [f for f in welcome.features if f != "segments"]
+        return welcome.model_copy(update={"features": features})
+
+    monkeypatch.setattr(_connection, "handshake", without_segments)
+    with client.RemoteDevice(url) as dev:
+        _repeat(dev)
+        assert dev.segment_stats() == _segments.SegmentStats()
