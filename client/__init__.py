@@ -12,11 +12,12 @@
 from __future__ import annotations
 
 from . import capture as capture
+from ._stats import SegmentStats as SegmentStats
+from ._stats import SessionStats as SessionStats
 from .array import RemoteArray as RemoteArray
 from .device import AsyncRemoteDevice as AsyncRemoteDevice
 from .device import Device as Device
 from .device import RemoteDevice as RemoteDevice
-from .device import SessionStats as SessionStats
 from .errors import AuthenticationError as AuthenticationError
 from .errors import ConnectionLost as ConnectionLost
 from .errors import DeviceIndexError as DeviceIndexError

@@ -73,7 +73,8 @@ from ._pending import Pending
 from ._recovery import Recovering
 from ._replies import Reply
 from ._resuming import Retained
-from ._segments import Segmenter, SegmentStats, enabled_by_env
+from ._segments import Segmenter, enabled_by_env
+from ._stats import SegmentStats
 from ._transport import Closed, Transport
 from .errors import (
     ConnectionLost,
@@ -135,8 +136,10 @@ class Connection(Recovering):
         self._sent = Retained(keep=resumable)  # the messages the server may not have yet
         replay = options.segment_replay
         replay = enabled_by_env() if replay is None else replay
+        self._segments: Segmenter | None = None
         if replay and FEATURE_SEGMENTS in self.welcome.features:
             self._segments = Segmenter(self.new_graph_id)
+            self._graph_refused = self._segments.refused
         # the metas of live ids, noted by client.device.new_handle (None: no segment replay)
         self.segment_metas: dict[int, TensorMeta] | None = (
             None if self._segments is None else self._segments.metas
@@ -338,8 +341,8 @@ class Connection(Recovering):
         else:  # more than one message: many ids freed at once
             messages = self._batch.messages(requests, ack)
             if segments is not None:
-                for message, _ in messages:
-                    segments.forget(message.frees)
+                for batch, _ in messages:
+                    segments.forget(batch.frees)
             frames = [to_frames(encode(*message)) for message in messages]
         for message in frames:
             self._batches += 1

@@ -23,6 +23,7 @@ reply's size makes the pulling server allocate nothing for it.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
@@ -40,7 +41,6 @@ from protocol.codec import Buffer
 from ._buffers import BufferPool, PooledDecoder
 from ._replies import Reply, fail, resolve, take_batch
 from ._resuming import Retained
-from ._segments import Segmenter
 from ._transport import Closed, Transport
 from .errors import ConnectionLost, ServerProtocolError
 
@@ -69,7 +69,8 @@ class Receiving:
         self._sealed = -1  # transports up to this one count no more messages (being resumed)
         self._ack_waits: list[Reply] = []  # under _waiters_lock: each done once acked
         self._sent = Retained(keep=False)  # the messages the server may not have yet
-        self._segments: Segmenter | None = None  # segment replay, when the session has it
+        # the graph a GraphRefused names goes here (client._segments), when the session has it
+        self._graph_refused: Callable[[int], None] | None = None
 
     # --- what the subclass does when the connection breaks ------------------------------------
 
@@ -207,8 +208,8 @@ class Receiving:
             self._server_error = ServerProtocolError(message.error)
             return None
         if isinstance(message, GraphRefused):  # before the reply that confirms it
-            if self._segments is not None:
-                self._segments.refused(message.graph_id)
+            if self._graph_refused is not None:
+                self._graph_refused(message.graph_id)
             return None
         if isinstance(message, Dropped):  # our message number .message ran no op at all
             self._acked(message.message)

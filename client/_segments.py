@@ -44,6 +44,7 @@ from protocol.messages import Request
 from protocol.ops import RunSegment
 
 from ._pending import Pending
+from ._stats import SegmentStats
 from ._structure import Structure, structure
 
 SIGHTINGS = 2  # occurrences of a structure before it is registered (see the docstring)
@@ -55,21 +56,6 @@ ENV = "TENSORWIRE_SEGMENT_REPLAY"  # "0" (or "false", "no", "off") turns segment
 def enabled_by_env() -> bool:
     """Segment replay, unless :data:`ENV` turns it off."""
     return os.environ.get(ENV, "1").strip().lower() not in ("0", "false", "no", "off")
-
-
-@dataclass(frozen=True)
-class SegmentStats:
-    """What segment replay did in this session: ``hits``, segments sent as one op;
-    ``misses``, segments looked at and sent op by op; ``registered``, registrations sent;
-    ``segments``, registered now; ``evicted``, dropped as least recently used; ``refused``,
-    registrations the server refused."""
-
-    hits: int = 0
-    misses: int = 0
-    registered: int = 0
-    segments: int = 0
-    evicted: int = 0
-    refused: int = 0
 
 
 @dataclass

@@ -168,6 +168,8 @@ def _plain(annotation: Any) -> bool:
     if origin is tuple:
         return all(a is Ellipsis or _plain(a) for a in args)
     if origin in (typing.Union, types.UnionType):
-        bases = {typing.get_args(a)[0] if typing.get_origin(a) is typing.Annotated else a for a in args}
+        bases = {
+            typing.get_args(a)[0] if typing.get_origin(a) is typing.Annotated else a for a in args
+        }
         return not {bool, int} <= bases and all(_plain(a) for a in args)
     return False

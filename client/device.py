@@ -17,7 +17,6 @@ import os
 import weakref
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass
 from functools import partial
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol, Self, Unpack
@@ -30,7 +29,6 @@ from protocol import (
     ExposeReply,
     Read,
     Stats,
-    StatsReply,
     Sync,
     TensorMeta,
     Welcome,
@@ -42,7 +40,7 @@ from protocol.ops import AnyOp
 from ._connection import Connection
 from ._opening import url_of
 from ._options import ConnectionKeywords, ConnectionOptions
-from ._segments import SegmentStats
+from ._stats import SegmentStats, SessionStats, session_stats
 from .errors import ServerProtocolError
 
 if TYPE_CHECKING:
@@ -72,17 +70,6 @@ def new_handle(device: Device, tensor_id: int, meta: TensorMeta) -> RemoteArray:
     if metas is not None:
         metas[tensor_id] = meta
     return _array_type(device, tensor_id, meta)
-
-
-@dataclass(frozen=True)
-class SessionStats:
-    """What the server holds for this session."""
-
-    tensors: int
-    tensor_bytes: int
-    failed: int
-    server_tensor_bytes: int = 0  # every session's tensor bytes (the memory budget in use)
-    connections: int = 0  # open sessions on the server
 
 
 class DeviceConnection(Protocol):
@@ -277,10 +264,6 @@ def _read(request_id: int, tensor: int) -> Read:
     return Read(request_id=request_id, tensor=tensor)
 
 
-def _stats(r: StatsReply) -> SessionStats:
-    return SessionStats(r.tensors, r.tensor_bytes, r.failed, r.server_tensor_bytes, r.connections)
-
-
 class SyncDevice(Device):
     """What a device for synchronous code offers beside the op API: ``sync``, ``stats``,
     ``flush``, ``close`` and the context manager (:class:`RemoteDevice`, and the in-process
@@ -298,7 +281,7 @@ class SyncDevice(Device):
 
     def stats(self) -> SessionStats:
         """The server's count of this session's tensors and bytes, after every op so far."""
-        return _stats(self._conn.request(lambda rid: Stats(request_id=rid)).result())
+        return session_stats(self._conn.request(lambda rid: Stats(request_id=rid)).result())
 
     def close(self) -> None:
         """Send what is pending and close the session. Idempotent."""
@@ -401,7 +384,7 @@ class AsyncRemoteDevice(Device):
 
     async def stats(self) -> SessionStats:
         reply = self._conn.request(lambda rid: Stats(request_id=rid))
-        return _stats(await asyncio.to_thread(reply.result))
+        return session_stats(await asyncio.to_thread(reply.result))
 
     async def aclose(self) -> None:
         await asyncio.to_thread(self._close)

@@ -32,8 +32,8 @@ from .errors import OpShapeError as OpShapeError
 from .errors import ProtocolError as ProtocolError
 from .messages import CLIENT_ADAPTER as CLIENT_ADAPTER
 from .messages import FEATURE_NN as FEATURE_NN
-from .messages import FEATURE_SEGMENTS as FEATURE_SEGMENTS
 from .messages import FEATURE_RESUME as FEATURE_RESUME
+from .messages import FEATURE_SEGMENTS as FEATURE_SEGMENTS
 from .messages import FEATURES as FEATURES
 from .messages import PROTOCOL_VERSION as PROTOCOL_VERSION
 from .messages import SERVER_ADAPTER as SERVER_ADAPTER
@@ -45,6 +45,7 @@ from .messages import DescribeReply as DescribeReply
 from .messages import Dropped as Dropped
 from .messages import Expose as Expose
 from .messages import ExposeReply as ExposeReply
+from .messages import GraphRefused as GraphRefused
 from .messages import Hello as Hello
 from .messages import Read as Read
 from .messages import ReadReply as ReadReply
@@ -52,7 +53,6 @@ from .messages import Refused as Refused
 from .messages import RequestFailed as RequestFailed
 from .messages import Resume as Resume
 from .messages import SessionError as SessionError
-from .messages import GraphRefused as GraphRefused
 from .messages import Stats as Stats
 from .messages import StatsReply as StatsReply
 from .messages import Sync as Sync

@@ -290,7 +290,10 @@ def _check_outputs(graph: GraphDef, metas: dict[int, TensorMeta], declared: set[
 _ID_FIELDS = ("out", "x", "x1", "x2", "condition", "indices", "repeats_tensor")
 _ID_FIELDS_NN = ("w", "grad", "mean", "var", "weight", "bias", "state")  # the nn extension's
 _ID_TUPLES = ("more", "xs", "args")
-ID_FIELDS = (*_ID_FIELDS, *_ID_FIELDS_NN)  # an op's fields that name one tensor (and setitem's value)
+ID_FIELDS = (
+    *_ID_FIELDS,
+    *_ID_FIELDS_NN,
+)  # an op's fields that name one tensor (and setitem's value)
 ID_TUPLES = _ID_TUPLES  # an op's fields that name several
 
 

@@ -29,9 +29,9 @@ from .ops import Capability, Dim, GraphId, Op, TensorId
 PROTOCOL_VERSION = 2
 FEATURE_RESUME = "resume"  # sessions resume after a lost connection (Welcome.resume_secret)
 FEATURE_NN = "nn"  # the neural-network extension's ops (protocol/ops/nn.py)
-# run_segment, and GraphRefused for a graph whose registration failed (client._segments)
-FEATURE_SEGMENTS = "segments"
-FEATURES = (FEATURE_RESUME, FEATURE_NN, FEATURE_SEGMENTS)  # what this package speaks, beyond its version's baseline
+FEATURE_SEGMENTS = "segments"  # run_segment, and GraphRefused (client._segments)
+# what this package speaks, beyond its version's baseline
+FEATURES = (FEATURE_RESUME, FEATURE_NN, FEATURE_SEGMENTS)
 
 RequestId = Annotated[int, Field(ge=0, lt=2**63)]
 ServerId = Annotated[str, Field(pattern=r"^[0-9a-f]{1,64}$")]  # Welcome.server_id

@@ -23,6 +23,7 @@ from protocol import (
     ErrorInfo,
     Expose,
     ExposeReply,
+    GraphRefused,
     Read,
     ReadReply,
     RequestFailed,
@@ -41,7 +42,14 @@ from .roots import sent_view
 from .store import Failure, Stored, TensorStore
 
 Reply = tuple[
-    ReadReply | SyncReply | StatsReply | DescribeReply | ExposeReply | RequestFailed | SessionError,
+    ReadReply
+    | SyncReply
+    | StatsReply
+    | DescribeReply
+    | ExposeReply
+    | RequestFailed
+    | SessionError
+    | GraphRefused,
     Sequence[memoryview],
 ]
 

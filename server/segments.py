@@ -27,12 +27,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import cast
 
 import numpy as np
 
 from protocol import ErrorCode, TensorMeta, from_numpy
 from protocol.graphs import renumber
-from protocol.ops import AnyOp, RunSegment
+from protocol.ops import AnyOp, BaseOp, RunSegment
 
 from .errors import StoreError
 from .executor.base import Array
@@ -167,7 +168,7 @@ class Segments:
         self._outcomes.ops_run += failed
         cause = exc.__cause__
         assert isinstance(cause, Exception)
-        self._outcomes.run_failed(renumber(exc.step.op, ids), cause, 0, job)
+        self._outcomes.run_failed(renumber(_op(exc.step.op), ids), cause, 0, job)
         self._one_by_one(op, plan, job, failed + 1)
 
     def _one_by_one(self, op: RunSegment, plan: Plan, job: Job, start: int) -> None:
@@ -187,7 +188,7 @@ class Segments:
         for step in plan.steps[start:]:
             if self._stopped():
                 return
-            self._run_one(renumber(step.op, ids), job)
+            self._run_one(renumber(_op(step.op), ids), job)
             for tensor_id in frees.get(step.index, ()):
                 self._store.free(tensor_id)
 
@@ -204,7 +205,12 @@ def _laid_out(op: RunSegment, plan: Plan) -> bool:
 def _maker(plan: Plan, slot: int, ids: dict[int, int]) -> AnyOp:
     """The op that made ``slot``, with its real ids."""
     step = next(step for step in plan.steps if slot in step.writes and not step.op.inplace)
-    return renumber(step.op, ids)
+    return renumber(_op(step.op), ids)
+
+
+def _op(op: BaseOp) -> AnyOp:
+    """A plan step's op, as the op it is (a step holds it as its base type)."""
+    return cast(AnyOp, op)
 
 
 def _ids(op: RunSegment, plan: Plan) -> dict[int, int]:

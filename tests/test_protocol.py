@@ -80,6 +80,7 @@ from protocol.ops import (
     Reshape,
     Roll,
     RunGraph,
+    RunSegment,
     SearchSorted,
     SetItem,
     SliceSpec,
@@ -138,6 +139,7 @@ ALL_OPS: list[AnyOp] = [
     Linalg(out=39, op="matrix_norm", xs=(1,), ord="nuc", keepdims=True),
     FFT(out=40, op="irfftn", x=2, n=(4, None), axes=(0, 1), norm="ortho"),
     RunGraph(out=41, more=(42,), graph=7, args=(1, 2)),
+    RunSegment(out=43, graph=7, args=(1, 2)),
     Pull(out=43, source="ws://10.0.0.2:8765", capability="c" * 43, shape=(2, 3), dtype="int8"),
     Pull(out=44, source=None, capability="-" * 43, shape=(), dtype="bool"),
     Conv(

@@ -53,9 +53,7 @@ def test_digits_mlp_steps_are_bit_identical(url: str) -> None:
         for trainer in trainers:
             trainer.run(8)
         assert trainers[0].losses == trainers[1].losses
-        for a, b in zip(
-            trainers[0].net.parameters(), trainers[1].net.parameters(), strict=True
-        ):
+        for a, b in zip(trainers[0].net.parameters(), trainers[1].net.parameters(), strict=True):
             assert a.array.numpy().tobytes() == b.array.numpy().tobytes()
         stats = on.segment_stats()
         assert stats.hits >= 5 and stats.registered >= 1, stats
@@ -280,7 +278,7 @@ def test_a_failed_input_fails_the_same_ops(url: str) -> None:
 def _repeat(dev: client.RemoteDevice, times: int = 6, shapes: int = 1) -> list[Outcome]:
     xp = client.namespace(dev)
     seen = []
-    for step in range(times):
+    for _ in range(times):
         for n in range(shapes):
             x = xp.ones((n + 1, 3)) * 2.0
             seen.append(_read(xp.exp(x) + 1.0))

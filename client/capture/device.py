@@ -23,7 +23,8 @@ import numpy as np
 from protocol import TensorMeta
 from protocol.ops import AnyOp
 
-from ..device import Device, SessionStats
+from .._stats import SessionStats
+from ..device import Device
 from ..errors import CaptureError
 from .recorder import Capture, Implicit
 
