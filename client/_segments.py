@@ -10,15 +10,21 @@ structure (``client._structure``) is looked up:
 
 - registered and known to hold: its ops, but the leading uploads, become one ``run_segment``
   op with their inputs and the first id they made (a *hit*);
-- seen :data:`SIGHTINGS` times before: its graph is registered with this batch, whose ops go
-  one by one (a *miss*); the registration is known to hold once the reply to this batch's
-  request has arrived without a :class:`~protocol.GraphRefused` before it (the server answers
-  in order), and a refused one is never tried again: that structure goes op by op;
+- seen :data:`SIGHTINGS` times before (a segment whose op types were never seen is not even
+  keyed: noting them costs far less than a key, and a new segment pays only that): its graph
+  is registered with this batch, whose ops go one by one (a *miss*); the registration is known
+  to hold once the reply to this batch's request has arrived without a
+  :class:`~protocol.GraphRefused` before it (the server answers in order), and a refused one
+  is never tried again: that structure goes op by op;
 - else: counted, and sent op by op (a *miss*).
 
-Why two sightings: a step seen twice is the loop's (the first pass of a loop often differs:
-lazy state, a first batch), and registering on the second occurrence replays from the third;
-registering what is seen once would register every read of a script. Python scalars are part
+Why two sightings (keyed, after a first whose op types alone were noted): a step seen twice
+is the loop's (the first pass of a loop often differs: lazy state, a first batch), and a loop's
+fourth step is its first replayed; registering what is seen once would register every read of
+a script, and a graph replayed once by ``Graph.replay`` after its capture is not a loop. The
+op types of a segment whose structure is new every time (a Python scalar that changes every
+step) are keyed :data:`MOST_NOVEL` times, then no longer: such a loop pays for its key only
+while it may still repeat. Python scalars are part
 of the key by value: the training loops keep what changes (a learning rate, Adam's bias
 corrections) on the device, so their steps repeat; a scalar that changes every step makes a
 new structure every step, which is never registered.
@@ -50,6 +56,7 @@ from ._structure import Structure, structure
 SIGHTINGS = 2  # occurrences of a structure before it is registered (see the docstring)
 MOST_SEGMENTS = 32  # registered segments kept (half the server's default --max-graphs)
 MOST_SEEN = 1024  # structures counted but not registered, before the count starts over
+MOST_NOVEL = 16  # new structures of one outline (op types) before it is no longer keyed
 ENV = "TENSORWIRE_SEGMENT_REPLAY"  # "0" (or "false", "no", "off") turns segment replay off
 
 
@@ -75,6 +82,8 @@ class Segmenter:
         self._registered: collections.OrderedDict[object, _Entry] = collections.OrderedDict()
         self._by_graph: dict[int, object] = {}
         self._seen: dict[object, int] = {}
+        # op types of the segments seen: how many structures of them were new when keyed
+        self._outlines: dict[tuple[object, ...], int] = {}
         self._refused: set[object] = set()
         self._refusals: collections.deque[int] = collections.deque()  # from the reader
         self._whole = True  # no flush without a request since the last one with
@@ -106,6 +115,14 @@ class Segmenter:
             return None
         if any(type(r) is Describe for r in requests):  # a data-dependent shape
             return None
+        outline = (len(batch.ops), *map(type, batch.ops))
+        novel = self._outlines.get(outline)
+        if novel is None or novel >= MOST_NOVEL:  # new op types, or ever new structures
+            if len(self._outlines) >= MOST_SEEN:
+                self._outlines.clear()
+            self._outlines.setdefault(outline, 0)
+            self._stats["misses"] += 1
+            return None
         found = structure(batch.ops, list(batch.frees), self.metas)
         if found is None:
             return None
@@ -118,6 +135,8 @@ class Segmenter:
         if entry is not None or found.key in self._refused:
             return None
         seen = self._seen.get(found.key, 0) + 1
+        if seen == 1:
+            self._outlines[outline] = novel + 1
         if seen < SIGHTINGS or self._evicted(batch):
             if len(self._seen) >= MOST_SEEN:
                 self._seen.clear()

@@ -76,8 +76,14 @@ def structure(
                 made[out] = out - first
         for position, kind in spec.special:
             value = values[position]
-            if kind == _ID:
-                values[position] = _token(value, made, external, args)
+            if kind == _ID:  # _token, inlined: most fields are ids
+                token = made.get(value)
+                if token is None:
+                    token = external.get(value)
+                    if token is None:
+                        token = external[value] = _EXTERNAL - len(args)
+                        args.append(value)
+                values[position] = token
             elif kind == _IDS:
                 values[position] = tuple(_token(i, made, external, args) for i in value)
             elif kind == _KEY:
