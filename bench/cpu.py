@@ -1,9 +1,12 @@
 """``python -m bench.cpu [--kinds [--blas-threads N]] [--reps N]``: CPU microseconds per
 pipelined op on each side, in one process, with an array operand (``x + a``) and with a Python
-scalar (``x + 1.0``); with ``--kinds``, the server's per op kind of real training steps and per
-step instead (``bench/_kinds.py``). On a loaded machine, ``--blas-threads 1`` keeps out of the
-figures the time BLAS's calling thread spins waiting for its other threads (a matmul's
-figures moved 2-3x between runs).
+scalar (``x + 1.0``), and what segment replay (``client._segments``) costs and saves per op:
+the structural key the client builds for a segment whose op types it has seen, and the
+server's run of the same ops registered as a segment (one ``run_segment`` op). With
+``--kinds``, the server's per op kind of real training steps and per step instead
+(``bench/_kinds.py``). On a loaded machine, ``--blas-threads 1`` keeps out of the figures the
+time BLAS's calling thread spins waiting for its other threads (a matmul's figures moved 2-3x
+between runs).
 
 Thread CPU time (``time.thread_time``), best of several repetitions, so that a loaded machine
 moves it far less than wall-clock figures. No sockets: the client side builds ops against a
@@ -20,19 +23,22 @@ from typing import Any
 
 import numpy as np
 
+from client._structure import structure
 from client.array import RemoteArray
 from protocol import CLIENT_ADAPTER, Batch, TensorMeta, decode, encode
 from protocol.codec import byte_view
-from protocol.ops import Binary, BinaryScalar, FromBuffer
+from protocol.graphs import GraphDef, GraphTensor, RegisterGraph, renumber
+from protocol.ops import Binary, BinaryScalar, FromBuffer, RunSegment
 from server.session import Session
 
 from . import _kinds
 from ._timing import blas_held
 
 OPS = 2048
+REPS = 7
 
 
-def _best(fn: Callable[[], object], reps: int = 7) -> float:
+def _best(fn: Callable[[], object], reps: int = REPS) -> float:
     best = float("inf")
     for _ in range(reps):
         start = time.thread_time()
@@ -46,6 +52,7 @@ class _StubDevice:
 
     def __init__(self) -> None:
         self.last = 0
+        self.segment_metas: dict[int, TensorMeta] = {}  # noted as segment replay notes them
 
     def new_id(self) -> int:
         self.last += 1
@@ -68,6 +75,30 @@ def _batch(scalar: bool) -> tuple[Batch, list[bytes | memoryview]]:
         ops += [Binary(op="add", out=i + 2, x1=i + 1, x2=1) for i in range(OPS)]
     batch = Batch(ops=ops, buffers=[data.nbytes])
     return batch, encode(batch, [byte_view(data)])
+
+
+def _run(session: Session, message: bytes) -> None:
+    decoded, buffers = decode(CLIENT_ADAPTER, message)
+    job = session.start(decoded, buffers)  # type: ignore[arg-type]
+    while not session.step(job, True):
+        session.step(job, False)
+    session.finish(job)
+
+
+def _segment(batch: Batch) -> tuple[bytes, bytes]:
+    """The batch's ops as one ``run_segment`` beside the upload, and the message that
+    registers them (inputs numbered from 0, a made id ``i`` as ``1 + i - 2``)."""
+    ops = batch.ops[1:]
+    ids = {1: 0, **{op.out: op.out - 1 for op in ops}}
+    graph = GraphDef(
+        inputs=[GraphTensor(name="x", id=0, shape=(16,), dtype="float32")],
+        outputs=[GraphTensor(name="y", id=len(ops), shape=(16,), dtype="float32")],
+        ops=[renumber(op, ids) for op in ops],
+    )
+    register = Batch(graphs=[RegisterGraph(graph_id=1, graph=graph)])
+    run = Batch(ops=[batch.ops[0], RunSegment(graph=1, out=2, args=(1,))], buffers=batch.buffers)
+    data = memoryview(bytes(batch.buffers[0]))
+    return b"".join(encode(run, [data])), b"".join(encode(register))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -105,17 +136,28 @@ def _measure(scalar: bool) -> None:
         encode(batch, [memoryview(bytes(64))])
 
     def run() -> None:
-        session = Session("bench", 0)
-        decoded, buffers = decode(CLIENT_ADAPTER, message)
-        job = session.start(decoded, buffers)  # type: ignore[arg-type]
-        while not session.step(job, True):
-            session.step(job, False)
-        session.finish(job)
+        _run(Session("bench", 0), message)
+
+    metas = {1: TensorMeta((16,), "float32")}
+    segment, register = _segment(batch)
+
+    def key() -> None:
+        structure(batch.ops, (), metas)
+
+    registered = []  # a session per repetition, the segment registered: only its run timed
+    for _ in range(REPS):
+        registered.append(Session("bench", 0))
+        _run(registered[-1], register)
+
+    def replay() -> None:
+        _run(registered.pop(), segment)
 
     for name, fn in (
         ("client: build op", build),
         ("client: batch + encode", serialize),
         ("server: decode + check + run", run),
+        ("client: segment key", key),
+        ("server: run_segment", replay),
     ):
         print(f"  {name:30} {_best(fn) / OPS * 1e6:6.2f} us/op")
 

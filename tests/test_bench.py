@@ -173,10 +173,11 @@ def test_cpu_microbenchmark_reports_each_side() -> None:
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     sides = ["client: build op", "client: batch + encode", "server: decode + check + run"]
+    sides += ["client: segment key", "server: run_segment"]
     expected = ["x = x + a:", *sides, "x = x + 1.0:", *sides]
     assert [line.strip().split("  ")[0] for line in lines] == expected
     figures = [line for line in lines if line.startswith("  ")]
-    assert len(figures) == 6 and all(float(line.split()[-2]) > 0 for line in figures)
+    assert len(figures) == 10 and all(float(line.split()[-2]) > 0 for line in figures)
 
 
 @pytest.mark.e2e
