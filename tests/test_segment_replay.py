@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import gc
 import random
+import socket
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -341,3 +343,57 @@ def test_an_old_server_is_spoken_to_op_by_op(url: str, monkeypatch: pytest.Monke
     with client.RemoteDevice(url) as dev:
         _repeat(dev)
         assert dev.segment_stats() == _segments.SegmentStats()
+
+
+# --- a resumed session, threads -----------------------------------------------------------------
+
+
+def _cut(dev: client.RemoteDevice) -> None:
+    """Lose the connection (no close frame, then a reset): the client resumes the session."""
+    sock = dev._conn._ws.socket  # noqa: SLF001 - the transport's socket, to break it
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+    sock.shutdown(socket.SHUT_RDWR)
+
+
+def test_a_resumed_session_keeps_its_segments(url: str) -> None:
+    def run(dev: client.RemoteDevice) -> list[Outcome]:
+        xp = client.namespace(dev)
+        w = xp.asarray(_data(0))
+        seen = []
+        for step in range(12):
+            if step == 6:
+                _cut(dev)
+            w[...] = xp.tanh(w @ w.T) * 0.5
+            seen.append(_read(w))
+        return seen
+
+    off, on = _pair(url)
+    with off, on:
+        assert run(on) == run(off)
+        stats = on.segment_stats()
+        assert stats.hits >= 8 and stats.registered == 1, stats  # replayed after the cut too
+
+
+def test_threads_sharing_a_device(url: str) -> None:
+    """Two threads' ops interleave in one segment as they come; whatever was replayed, each
+    thread reads what its own ops made."""
+    with client.RemoteDevice(url) as dev:
+        xp = client.namespace(dev)
+        failures: list[BaseException] = []
+
+        def work(scale: float) -> None:
+            try:
+                x = xp.asarray(_data(1)) * scale
+                for _ in range(30):
+                    y = xp.exp(x) + scale
+                    expected = np.exp(_data(1) * scale) + scale
+                    assert np.array_equal(y.numpy(), expected)
+            except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+                failures.append(exc)
+
+        threads = [threading.Thread(target=work, args=(s,)) for s in (0.5, 2.0)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert not failures, failures
