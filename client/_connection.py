@@ -54,7 +54,6 @@ from typing import Any
 
 from protocol import (
     FEATURE_RESUME,
-    FEATURE_SEGMENTS,
     FEATURES,
     TensorMeta,
     Welcome,
@@ -73,7 +72,7 @@ from ._pending import Pending
 from ._recovery import Recovering
 from ._replies import Reply
 from ._resuming import Retained
-from ._segments import Segmenter, enabled_by_env
+from ._segments import segmenter
 from ._stats import SegmentStats
 from ._transport import Closed, Transport
 from .errors import (
@@ -134,16 +133,14 @@ class Connection(Recovering):
         self._current = (self._ws, self._generation)
         resumable = self.welcome.resume_secret is not None and options.backoff.attempts > 0
         self._sent = Retained(keep=resumable)  # the messages the server may not have yet
-        replay = options.segment_replay
-        replay = enabled_by_env() if replay is None else replay
-        self._segments: Segmenter | None = None
-        if replay and FEATURE_SEGMENTS in self.welcome.features:
-            self._segments = Segmenter(self.new_graph_id)
-            self._graph_refused = self._segments.refused
-        # the metas of live ids, noted by client.device.new_handle (None: no segment replay)
-        self.segment_metas: dict[int, TensorMeta] | None = (
-            None if self._segments is None else self._segments.metas
-        )
+        self._segments = segmenter(options.segment_replay, self.welcome.features, self.new_graph_id)
+        self.segment_metas: dict[int, TensorMeta] | None = None  # noted by device.new_handle
+        if self._segments is not None:
+            self._graph_refused, self._message_dropped = (
+                self._segments.refused,
+                self._segments.dropped,
+            )
+            self.segment_metas = self._segments.metas
         self._keeper = threading.Thread(target=self._keep, name=f"tensorwire {url}", daemon=True)
         self._keeper.start()
 
@@ -332,23 +329,23 @@ class Connection(Recovering):
         go of ``_lock``.
         """
         ack = self._acked_to_server = self._received
-        segments = self._segments
-        registered = None
-        if segments is not None:
-            registered = segments.flush(self._batch, requests, self._answered)
+        segments, registration = self._segments, None
+        if segments is not None:  # a segment replayed, or registered by a message of its own
+            registration = segments.flush(self._batch, requests, self._answered, ack)
+        frames: Frames = [] if registration is None else [to_frames(encode(registration))]
         if not self._batch:
-            frames: Frames = [requests_only(requests, ack)]
+            frames.append(requests_only(requests, ack))
         else:  # more than one message: many ids freed at once
             messages = self._batch.messages(requests, ack)
             if segments is not None:
                 for batch, _ in messages:
                     segments.forget(batch.frees)
-            frames = [to_frames(encode(*message)) for message in messages]
+            frames += [to_frames(encode(*message)) for message in messages]
         for message in frames:
             self._batches += 1
             self._sent.add(self._batches, message)
-        if registered is not None:  # confirmed by the reply to this flush's last message
-            registered.confirm_at = self._batches
+        if segments is not None and registration is not None:
+            segments.sent(self._batches - len(frames) + 1, self._batches)
         ws = self._ws
         ws.send_lock.acquire()  # under _lock: batches go out in the order they were made
         return ws, self._generation, frames

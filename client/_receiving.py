@@ -71,6 +71,8 @@ class Receiving:
         self._sent = Retained(keep=False)  # the messages the server may not have yet
         # the graph a GraphRefused names goes here (client._segments), when the session has it
         self._graph_refused: Callable[[int], None] | None = None
+        # a Dropped's number goes here: True if it was a registration's own (nothing else lost)
+        self._message_dropped: Callable[[int], bool] | None = None
 
     # --- what the subclass does when the connection breaks ------------------------------------
 
@@ -213,6 +215,8 @@ class Receiving:
             return None
         if isinstance(message, Dropped):  # our message number .message ran no op at all
             self._acked(message.message)
+            if self._message_dropped is not None and self._message_dropped(message.message):
+                return None
             error = ServerProtocolError(message.error)
             with self._waiters_lock:
                 lost = take_batch(self._waiters, message.message)

@@ -44,8 +44,8 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from protocol import Describe, TensorMeta
-from protocol.graphs import GraphDef, GraphTensor, renumber
+from protocol import FEATURE_SEGMENTS, Batch, Describe, TensorMeta
+from protocol.graphs import GraphDef, GraphTensor, RegisterGraph, renumber
 from protocol.messages import Request
 from protocol.ops import RunSegment
 
@@ -60,9 +60,14 @@ MOST_NOVEL = 16  # new structures of one outline (op types) before it is no long
 ENV = "TENSORWIRE_SEGMENT_REPLAY"  # "0" (or "false", "no", "off") turns segment replay off
 
 
-def enabled_by_env() -> bool:
-    """Segment replay, unless :data:`ENV` turns it off."""
-    return os.environ.get(ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+def segmenter(
+    option: bool | None, features: Sequence[str], new_graph_id: Callable[[], int]
+) -> Segmenter | None:
+    """A session's segment replay: on if ``option`` says so, or if it is None unless
+    :data:`ENV` turns it off; and only with a server that speaks ``segments``."""
+    if option is None:
+        option = os.environ.get(ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+    return Segmenter(new_graph_id) if option and FEATURE_SEGMENTS in features else None
 
 
 @dataclass
@@ -86,6 +91,8 @@ class Segmenter:
         self._outlines: dict[tuple[object, ...], int] = {}
         self._refused: set[object] = set()
         self._refusals: collections.deque[int] = collections.deque()  # from the reader
+        self._messages: dict[int, int] = {}  # a registration's own message: its graph id
+        self._sending: _Entry | None = None  # the registration flush returned, until sent
         self._whole = True  # no flush without a request since the last one with
         self._stats = {"hits": 0, "misses": 0, "registered": 0, "evicted": 0, "refused": 0}
 
@@ -97,21 +104,45 @@ class Segmenter:
         flush, before any run of it could be sent)."""
         self._refusals.append(graph_id)
 
+    def dropped(self, number: int) -> bool:
+        """The server could not use message ``number`` at all (``Dropped``, the reader
+        thread): True if it was a registration's own, which then never happened (and nothing
+        else was lost: it carries nothing else)."""
+        graph_id = self._messages.pop(number, None)
+        if graph_id is not None:
+            self._refusals.append(graph_id)
+        return graph_id is not None
+
+    def sent(self, registration: int, last: int) -> None:
+        """The registration :meth:`flush` returned is message ``registration``; the flush's
+        last message, whose reply confirms it, is ``last``."""
+        entry = self._sending
+        assert entry is not None
+        self._sending, entry.confirm_at = None, last
+        self._messages[registration] = entry.graph_id
+
     def forget(self, frees: Sequence[int]) -> None:
         """The ids ``frees`` were freed: their metas go."""
         metas = self.metas
         for tensor_id in frees:
             metas.pop(tensor_id, None)
 
-    def flush(self, batch: Pending, requests: Sequence[Request], answered: int) -> _Entry | None:
+    def flush(
+        self, batch: Pending, requests: Sequence[Request], answered: int, ack: int
+    ) -> Batch | None:
         """Look at the segment ``batch`` ends, flushed with ``requests``; replace its ops by
-        one run, or register it (the entry whose ``confirm_at`` the caller sets to the
-        message that carries it), or leave it. ``answered``: the last message whose reply
-        arrived."""
+        one run, or register it: the message to send before ``batch`` (a message of its own,
+        carrying ``ack``: one the server cannot take fails nothing else), whose number the
+        caller then tells :meth:`sent`. ``answered``: the last message whose reply arrived."""
         while self._refusals:
             self._refuse(self._refusals.popleft())
-        whole, self._whole = self._whole, bool(requests)
-        if not batch.ops or not whole or not requests:
+        for number in [n for n in self._messages if n <= answered]:  # answered: it held
+            self._messages.pop(number, None)
+        if not requests:  # ops sent without one: the segment they are part of is not whole
+            self._whole = self._whole and not batch.ops
+            return None
+        whole, self._whole = self._whole, True
+        if not batch.ops or not whole:
             return None
         if any(type(r) is Describe for r in requests):  # a data-dependent shape
             return None
@@ -127,7 +158,7 @@ class Segmenter:
         if found is None:
             return None
         entry = self._registered.get(found.key)
-        if entry is not None and entry.confirm_at and entry.confirm_at <= answered:
+        if entry is not None and 0 < entry.confirm_at <= answered:
             self._registered.move_to_end(found.key)
             self._run(batch, entry.graph_id, found)
             return None
@@ -143,7 +174,7 @@ class Segmenter:
             self._seen[found.key] = seen
             return None
         self._seen.pop(found.key, None)
-        return self._register(batch, found)
+        return self._register(batch, found, ack)
 
     def _evicted(self, batch: Pending) -> bool:
         """Drop the least recently used segment if none more may be registered (the
@@ -157,16 +188,15 @@ class Segmenter:
         self._stats["evicted"] += 1
         return True
 
-    def _register(self, batch: Pending, found: Structure) -> _Entry | None:
+    def _register(self, batch: Pending, found: Structure, ack: int) -> Batch | None:
         graph = self._graph(batch, found)
         if graph is None:
             return None
-        entry = _Entry(self._new_graph_id())
-        batch.add_graph(entry.graph_id, graph, ())
+        entry = self._sending = _Entry(self._new_graph_id())
         self._registered[found.key] = entry
         self._by_graph[entry.graph_id] = found.key
         self._stats["registered"] += 1
-        return entry
+        return Batch(graphs=[RegisterGraph(graph_id=entry.graph_id, graph=graph)], ack=ack)
 
     def _graph(self, batch: Pending, found: Structure) -> GraphDef | None:
         """The segment as a graph: its inputs numbered from 0, a made id ``i`` numbered

@@ -397,3 +397,30 @@ def test_threads_sharing_a_device(url: str) -> None:
         for thread in threads:
             thread.join()
         assert not failures, failures
+
+
+@pytest.fixture(scope="module")
+def small_headers() -> Iterator[str]:
+    with run_server("--max-header-size", "4096") as proc:
+        yield proc.url
+
+
+def test_a_registration_too_large_to_take_fails_nothing(small_headers: str) -> None:
+    """A segment whose ops fit a message but whose registration does not: the server drops
+    the registration's own message (nothing else in it), and the segment goes op by op."""
+
+    def run(dev: client.RemoteDevice) -> list[Outcome]:
+        xp = client.namespace(dev)
+        x = xp.ones(4)
+        seen = []
+        for _ in range(6):
+            kept = [x * float(n) for n in range(40)]  # held: the graph declares each
+            seen.append(_read(kept[-1] + kept[0]))
+        dev.sync()  # raises if the server reported a message it could not use
+        return seen
+
+    off, on = _pair(small_headers)
+    with off, on:
+        assert run(on) == run(off)
+        stats = on.segment_stats()
+        assert stats.refused >= 1 and stats.hits == 0, stats
