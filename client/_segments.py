@@ -30,8 +30,11 @@ corrections) on the device, so their steps repeat; a scalar that changes every s
 new structure every step, which is never registered.
 
 The registered segments are bounded (:data:`MOST_SEGMENTS`, least recently used out: its
-graph is dropped), within the server's ``--max-graphs`` shared with ``client.capture.jit``'s
-graphs (a registration over it is refused, and its structure goes op by op). The server
+graph is dropped; each eviction of a segment never replayed doubles the sightings a
+registration needs, up to :data:`MOST_SIGHTINGS`: structures that recur less often than the
+cache holds cost a registration each and save nothing), within the server's
+``--max-graphs`` shared with ``client.capture.jit``'s graphs (a registration over it is
+refused, and its structure goes op by op). The server
 charges each as it charges a graph. A session resumed on a new connection keeps its graphs:
 nothing to do. The metas of live ids (what a key needs of a segment's inputs) are noted as
 handles are made (``client.device.new_handle``) and forgotten as ids are freed.
@@ -54,6 +57,7 @@ from ._stats import SegmentStats
 from ._structure import Structure, structure
 
 SIGHTINGS = 2  # occurrences of a structure before it is registered (see the docstring)
+MOST_SIGHTINGS = 256  # what evictions of segments never replayed raise SIGHTINGS to, at most
 MOST_SEGMENTS = 32  # registered segments kept (half the server's default --max-graphs)
 MOST_SEEN = 1024  # structures counted but not registered, before the count starts over
 MOST_NOVEL = 16  # new structures of one outline (op types) before it is no longer keyed
@@ -74,6 +78,7 @@ def segmenter(
 class _Entry:
     graph_id: int
     confirm_at: int = 0  # the message whose reply confirms the registration (0: not yet sent)
+    hits: int = 0
 
 
 class Segmenter:
@@ -84,6 +89,7 @@ class Segmenter:
         self.metas: dict[int, TensorMeta] = {}  # live ids' metas (client.device.new_handle)
         self._new_graph_id = new_graph_id
         self._most = MOST_SEGMENTS if most is None else most
+        self._sightings = SIGHTINGS  # raised by evictions of segments never replayed
         self._registered: collections.OrderedDict[object, _Entry] = collections.OrderedDict()
         self._by_graph: dict[int, object] = {}
         self._seen: dict[object, int] = {}
@@ -160,7 +166,7 @@ class Segmenter:
         entry = self._registered.get(found.key)
         if entry is not None and 0 < entry.confirm_at <= answered:
             self._registered.move_to_end(found.key)
-            self._run(batch, entry.graph_id, found)
+            self._run(batch, entry, found)
             return None
         self._stats["misses"] += 1
         if entry is not None or found.key in self._refused:
@@ -168,7 +174,7 @@ class Segmenter:
         seen = self._seen.get(found.key, 0) + 1
         if seen == 1:
             self._outlines[outline] = novel + 1
-        if seen < SIGHTINGS or self._evicted(batch):
+        if seen < self._sightings or self._evicted(batch):
             if len(self._seen) >= MOST_SEEN:
                 self._seen.clear()
             self._seen[found.key] = seen
@@ -184,6 +190,8 @@ class Segmenter:
             return False
         key, entry = self._registered.popitem(last=False)
         del self._by_graph[entry.graph_id]
+        if not entry.hits:  # registered for nothing: structures recur too seldom to keep
+            self._sightings = min(2 * self._sightings, MOST_SIGHTINGS)
         batch.drops.append(entry.graph_id)
         self._stats["evicted"] += 1
         return True
@@ -212,11 +220,12 @@ class Segmenter:
         except KeyError:  # a made id without a handle: not a segment to replay
             return None
         ops = [renumber(op, ids) for op in batch.ops[found.lead :]]
-        return GraphDef(inputs=inputs, outputs=outputs, ops=ops)
+        return GraphDef.model_construct(inputs=inputs, outputs=outputs, ops=ops)  # ops checked
 
-    def _run(self, batch: Pending, graph_id: int, found: Structure) -> None:
-        run = RunSegment(graph=graph_id, out=min(found.made), args=found.args)
+    def _run(self, batch: Pending, entry: _Entry, found: Structure) -> None:
+        run = RunSegment(graph=entry.graph_id, out=min(found.made), args=found.args)
         batch.ops[found.lead :] = [run]
+        entry.hits += 1
         self._stats["hits"] += 1
 
     def _refuse(self, graph_id: int) -> None:
