@@ -160,6 +160,8 @@ class Segmenter:
             self._outlines.setdefault(outline, 0)
             self._stats["misses"] += 1
             return None
+        # list() of a deque that __del__ appends to: one C call that allocates no tracked
+        # object, so no finalizer (nor thread) runs within it
         found = structure(batch.ops, list(batch.frees), self.metas)
         if found is None:
             return None
