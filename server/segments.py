@@ -50,15 +50,21 @@ class Segments:
     """One session's runs of registered segments, over its registered graphs."""
 
     def __init__(
-        self, graphs: Graphs, outcomes: Outcomes, run_one: RunOne, stopped: Callable[[], bool]
+        self,
+        graphs: Graphs,
+        outcomes: Outcomes,
+        run_one: RunOne,
+        inline_cost: int,
+        stopped: Callable[[], bool],
     ) -> None:
         self._graphs = graphs
+        self._inline_cost = inline_cost
         self._outcomes = outcomes
         self._store = outcomes.store
         self._run_one = run_one
         self._stopped = stopped
 
-    def run(self, op: RunSegment, job: Job, inline: bool, inline_cost: int = 1 << 16) -> bool:
+    def run(self, op: RunSegment, job: Job, inline: bool) -> bool:
         """Run ``op`` (see the module docstring). False: it is too costly to run ``inline``
         (nothing changed). The caller holds ``np.errstate(all="ignore")``."""
         plan = self._graphs.plan(op.graph)
@@ -71,22 +77,21 @@ class Segments:
             )
             return True
         args = self._bound(op, plan, job)
-        if args is None or inline and self._graphs.cost(op, plan) > inline_cost:
-            if inline:
-                return False
-            if args is None:
-                self._one_by_one(op, plan, job, 0)
-                return True
-        self._replay(op, plan, job)
+        if inline and (args is None or self._graphs.cost(op, plan) > self._inline_cost):
+            return False  # a worker thread runs it
+        if args is None:
+            self._one_by_one(op, plan, job, 0)
+        else:
+            self._replay(op, plan, job, args)
         return True
 
     def _bound(self, op: RunSegment, plan: Plan, job: Job) -> list[Array] | None:
         """The input arrays when the plan may run ``op``; None when it must go op by op."""
         if job.rejected is not None:
             return None
-        store = self._store
-        for graph_id in plan.output_ids:
-            if op.out + graph_id - len(op.args) in store:
+        store, first = self._store, op.out - len(op.args)
+        for graph_id in plan.slot_ids[len(op.args) :]:
+            if first + graph_id in store:
                 return None
         arrays: list[Array] = []
         for tensor_id, (_, meta) in zip(op.args, plan.signature, strict=True):
@@ -98,12 +103,13 @@ class Segments:
             arrays.append(value.array)
         return arrays
 
-    def _replay(self, op: RunSegment, plan: Plan, job: Job) -> None:
-        """Run ``plan`` for ``op`` and store its outputs, or go op by op where it cannot."""
+    def _replay(self, op: RunSegment, plan: Plan, job: Job, arrays: list[Array]) -> None:
+        """Run ``plan`` for ``op`` on its input ``arrays`` and store its outputs, or go op by
+        op where it cannot."""
         store = self._store
         try:
-            arrays = self._graphs.guard(op, plan) if plan.guarded else self._bound(op, plan, job)
-            assert arrays is not None  # checked by run()
+            if plan.guarded:  # made safe to write, which may move them
+                arrays = self._graphs.guard(op, plan)
             store.reserve(plan.scratch)
         except StoreError:  # the ops alone say which one has no room, and how
             self._one_by_one(op, plan, job, 0)
@@ -140,14 +146,13 @@ class Segments:
             if not held and root.base is not None:  # not numpy's own memory: copied
                 array = root = np.array(array, order="C")
             need = 0 if held else root.nbytes
-            out = ids[plan.slot_ids[slot]]
+            meta = TensorMeta(array.shape, from_numpy(array.dtype))
             try:
                 store.reserve(need)
             except StoreError as exc:
                 self._outcomes.fail(_maker(plan, slot, ids), exc.code, str(exc), job)
                 continue
-            meta = TensorMeta(array.shape, from_numpy(array.dtype))
-            store.put(out, Stored(array, meta), reserved=need)
+            store.put(ids[plan.slot_ids[slot]], Stored(array, meta), reserved=need)  # id: free
 
     def _after_failure(
         self, op: RunSegment, plan: Plan, job: Job, exc: ReplayError, slots: list[Array | None]

@@ -106,7 +106,9 @@ class Session:
         self._fast = FastPath(self.outcomes, INLINE_COST)  # the ops of training steps
         # registered graphs, run_graph; a replay stops at its next step once the session closed
         self.graphs = Graphs(self.outcomes, INLINE_COST, lambda: self.closed)
-        self._segments = Segments(self.graphs, self.outcomes, self.run_one, lambda: self.closed)
+        self._segments = Segments(
+            self.graphs, self.outcomes, self.run_one, INLINE_COST, lambda: self.closed
+        )
         self.requests = Requests(self.store, None if transfers is None else transfers.exposures)
         self._pulls = Pulls(self.outcomes, transfers)  # direct transfers
 
