@@ -8,8 +8,8 @@ takes the ops since the last such flush (a flush without one, by the batch's siz
 explicit ``flush`` or an acknowledgement, breaks the segment: it is not looked at). Its
 structure (``client._structure``) is looked up:
 
-- registered and known to hold: its ops, but the leading uploads, become one ``run_segment``
-  op with their inputs and the first id they made (a *hit*);
+- registered and known to hold: its ops, but its uploads, become one ``run_segment`` op with
+  their inputs and the first id they made, after the uploads (a *hit*);
 - seen :data:`SIGHTINGS` times before (a segment whose op types were never seen is not even
   keyed: noting them costs far less than a key, and a new segment pays only that): its graph
   is registered with this batch, whose ops go one by one (a *miss*); the registration is known
@@ -27,7 +27,9 @@ step) are keyed :data:`MOST_NOVEL` times, then no longer: such a loop pays for i
 while it may still repeat. Python scalars are part
 of the key by value: the training loops keep what changes (a learning rate, Adam's bias
 corrections) on the device, so their steps repeat; a scalar that changes every step makes a
-new structure every step, which is never registered.
+new structure every step, which is never registered. The one exception is the float value of
+a ``full`` (how a schedule writes the device's learning rate between steps): it changes no
+inference, cost or error, so it travels with each run instead (``RunSegment.scalars``).
 
 The registered segments are bounded (:data:`MOST_SEGMENTS`, least recently used out: its
 graph is dropped; each eviction of a segment never replayed doubles the sightings a
@@ -50,7 +52,7 @@ from dataclasses import dataclass
 from protocol import FEATURE_SEGMENTS, Batch, Describe, TensorMeta
 from protocol.graphs import GraphDef, GraphTensor, RegisterGraph, renumber
 from protocol.messages import Request
-from protocol.ops import RunSegment
+from protocol.ops import FromBuffer, RunSegment
 
 from ._pending import Pending
 from ._stats import SegmentStats
@@ -221,12 +223,14 @@ class Segmenter:
             outputs = [_tensor(f"t{i - base}", ids[i], self.metas[i]) for i in kept]
         except KeyError:  # a made id without a handle: not a segment to replay
             return None
-        ops = [renumber(op, ids) for op in batch.ops[found.lead :]]
+        ops = [renumber(op, ids) for op in batch.ops if type(op) is not FromBuffer]
         return GraphDef.model_construct(inputs=inputs, outputs=outputs, ops=ops)  # ops checked
 
     def _run(self, batch: Pending, entry: _Entry, found: Structure) -> None:
-        run = RunSegment(graph=entry.graph_id, out=min(found.made), args=found.args)
-        batch.ops[found.lead :] = [run]
+        run = RunSegment(
+            graph=entry.graph_id, out=min(found.made), args=found.args, scalars=found.scalars
+        )
+        batch.ops[:] = [*(batch.ops[i] for i in found.uploads), run]
         entry.hits += 1
         self._stats["hits"] += 1
 

@@ -7,13 +7,18 @@ the segment: a tensor one of its ops made (its id less the first such id, so tha
 repeated segment, allocated in the same order, give the same key), or an input from before it
 (its position among them, and its shape and dtype). Python scalars are part of the key by
 value and type (``1`` and ``True`` and ``1.0`` differ, and so do ``0.0`` and ``-0.0``), as are
-the tensors the segment made and the client freed before it was sent (they are not kept).
+the tensors the segment made and the client freed before it was sent (they are not kept); but
+the float value of a ``full`` into a floating dtype (``protocol.ops.graph.varies``: how a
+schedule writes a learning rate on the device) is a parameter of each run, not of the key.
 
-Leading uploads (a step's fresh batch) stay ops of their own: their outputs are inputs of the
-segment. A segment with an upload after its first op, a data-dependent shape, a graph or a
-pull in it has no key. Building the key costs a few dictionary lookups per op and id: each op
-type's fields are sorted once (:class:`_Spec`) into ids, tuples of ids, an index key, fields
-whose values need their type in the key, and plain ones.
+Uploads (a step's fresh batch) stay ops of their own, sent before the run: their outputs are
+inputs of the segment (an upload reads no tensor, and its bytes are counted from the moment its
+message arrives, so running it before the segment's other ops changes nothing). A segment with
+a data-dependent shape, a graph or a pull in it has no key.
+
+Building the key costs a few dictionary lookups per op and id: each op type's fields are sorted
+once (:class:`_Spec`) into ids, tuples of ids, an index key, fields whose values need their
+type in the key, and plain ones.
 """
 
 from __future__ import annotations
@@ -28,25 +33,27 @@ from typing import Any
 
 from protocol import TensorMeta
 from protocol.graphs import ID_FIELDS, ID_TUPLES
-from protocol.ops import AnyOp, FromBuffer, Pull, RunGraph, RunSegment
+from protocol.ops import AnyOp, FromBuffer, Full, Pull, RunGraph, RunSegment
+from protocol.ops.graph import varies
 from protocol.ops.indexing import ArrayIndex
 
 _EXTERNAL = -(1 << 48)  # an input's token: _EXTERNAL - its position (made ids are offsets)
 _PLAIN, _ID, _IDS, _KEY, _TYPED = range(5)
-_UNKEYED = (FromBuffer, RunGraph, RunSegment, Pull)  # a segment holding one is not replayed
+_UNKEYED = (RunGraph, RunSegment, Pull)  # a segment holding one is not replayed
 
 
 @dataclass(frozen=True, slots=True)
 class Structure:
-    """A segment's key and what a run of it needs: the ops after its leading uploads
-    (``lead`` of them), its inputs from before it, the ids its ops made (in op order) and
+    """A segment's key and what a run of it needs: the positions of its uploads (which stay
+    ops of their own), its inputs from before it, the ids its ops made (in op order) and
     those of them that the client freed."""
 
     key: tuple[Any, ...]
-    lead: int
+    uploads: tuple[int, ...]
     args: tuple[int, ...]
     made: tuple[int, ...]
     freed: frozenset[int]
+    scalars: tuple[float, ...]  # the values of the ops that vary (protocol.ops.graph.varies)
 
 
 def structure(
@@ -54,16 +61,18 @@ def structure(
 ) -> Structure | None:
     """The structure of the segment ``ops``, whose ids in ``frees`` the client freed; None
     if it has none (see the module docstring). ``metas`` holds the meta of every live id."""
-    lead = 0
-    while lead < len(ops) and type(ops[lead]) is FromBuffer:
-        lead += 1
+    uploads: list[int] = []
     made: dict[int, int] = {}  # id -> its offset from the first made id
     external: dict[int, int] = {}  # id -> its token
     args: list[int] = []
     keys: list[Any] = []
+    scalars: list[float] = []
     first = None
-    for op in ops[lead:] if lead else ops:
+    for index, op in enumerate(ops):
         cls = type(op)
+        if cls is FromBuffer:  # an op of its own, before the run: its output is an input
+            uploads.append(index)
+            continue
         spec = _SPECS.get(cls) or _spec(cls)
         if spec is None:
             return None
@@ -93,6 +102,9 @@ def structure(
                 )
             else:
                 values[position] = _typed(value)
+        if spec.varying >= 0 and varies(op):  # a run's parameter, not part of the structure
+            scalars.append(op.__dict__["value"])
+            values[spec.varying] = float
         keys.append((cls, *values))
     if first is None:
         return None
@@ -101,8 +113,8 @@ def structure(
     except KeyError:  # an id without a handle's meta (a protocol tool's): not keyed
         return None
     freed = frozenset(i for i in frees if i in made)
-    key = (tuple(keys), inputs, frozenset(made[i] for i in freed))
-    return Structure(key, lead, tuple(args), tuple(made), freed)
+    key = (tuple(keys), inputs, frozenset(made[i] for i in freed), tuple(uploads))
+    return Structure(key, tuple(uploads), tuple(args), tuple(made), freed, tuple(scalars))
 
 
 def _token(value: int, made: dict[int, int], external: dict[int, int], args: list[int]) -> int:
@@ -132,6 +144,7 @@ class _Spec:
     values: Any  # itemgetter of the fields, in order
     special: tuple[tuple[int, int], ...]  # (position, kind) of the fields that are not plain
     more: int  # position of ``more`` (a multi-output op's other outputs), or -1
+    varying: int  # position of a value that may vary (a ``full``'s), or -1
 
 
 _SPECS: dict[type, _Spec | None] = {}
@@ -156,7 +169,8 @@ def _spec(cls: type) -> _Spec | None:
             special.append((position, _TYPED))
     getter = itemgetter(*names) if len(names) > 1 else lambda d: (d[names[0]],)
     more = names.index("more") if "more" in names else -1
-    _SPECS[cls] = spec = _Spec(getter, tuple(special), more)
+    varying = names.index("value") if cls is Full else -1
+    _SPECS[cls] = spec = _Spec(getter, tuple(special), more, varying)
     return spec
 
 

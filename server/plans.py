@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache, partial
 from typing import Any
@@ -100,11 +100,17 @@ class Stopped(Exception):
     """The session closed (the per-op deadline, a drain) while its graph ran."""
 
 
-def replay(plan: Plan, slots: list[Any], stopped: Callable[[], bool]) -> tuple[Array, ...]:
+def replay(
+    plan: Plan,
+    slots: list[Any],
+    stopped: Callable[[], bool],
+    ops: Mapping[int, BaseOp] | None = None,
+) -> tuple[Array, ...]:
     """Run ``plan``'s steps on ``slots`` (inputs bound) and return its outputs, verified.
     ``stopped()`` is asked before each step: a closed session's replay ends there, so a long
-    graph in a worker thread holds its slot no longer than its current step. The caller holds
-    ``np.errstate(all="ignore")``.
+    graph in a worker thread holds its slot no longer than its current step. ``ops``: the op
+    a step runs instead of its own, by step index (a segment's values that vary, of the same
+    inference). The caller holds ``np.errstate(all="ignore")``.
 
     Raises:
         ReplayError: a step raised, gave a result that is not the inferred one, or the
@@ -115,7 +121,8 @@ def replay(plan: Plan, slots: list[Any], stopped: Callable[[], bool]) -> tuple[A
         for step in plan.steps:
             if stopped():
                 raise Stopped("the session closed while its graph ran")
-            raw = step.run(step.op, [slots[i] for i in step.reads], ())
+            op = step.op if ops is None else ops.get(step.index, step.op)
+            raw = step.run(op, [slots[i] for i in step.reads], ())
             results = raw if type(raw) is tuple else (raw,)
             if len(results) != len(step.writes):
                 raise executor.InferenceMismatch(f"{len(results)} results")

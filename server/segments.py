@@ -34,6 +34,7 @@ import numpy as np
 from protocol import ErrorCode, TensorMeta, from_numpy
 from protocol.graphs import renumber
 from protocol.ops import AnyOp, BaseOp, RunSegment
+from protocol.ops.graph import varies
 
 from .errors import StoreError
 from .executor.base import Array
@@ -44,6 +45,7 @@ from .roots import root_of
 from .store import Failure, Stored
 
 RunOne = Callable[[AnyOp, Job], None]
+Ops = dict[int, BaseOp]  # a run's ops in place of its plan's, by step index (values that vary)
 
 
 class Segments:
@@ -63,16 +65,19 @@ class Segments:
         self._store = outcomes.store
         self._run_one = run_one
         self._stopped = stopped
+        self._varying: dict[int, tuple[Plan, tuple[int, ...]]] = {}  # graph: its ops that vary
 
     def run(self, op: RunSegment, job: Job, inline: bool) -> bool:
         """Run ``op`` (see the module docstring). False: it is too costly to run ``inline``
         (nothing changed). The caller holds ``np.errstate(all="ignore")``."""
         plan = self._graphs.plan(op.graph)
-        if plan is None or not _laid_out(op, plan):
+        ops = None if plan is None else self._varied(op, plan)
+        if plan is None or ops is None or not _laid_out(op, plan):
             self._outcomes.fail(
                 op,
                 ErrorCode.UNKNOWN_GRAPH,
-                f"graph #{op.graph} is not registered in this session as a segment",
+                f"graph #{op.graph} is not registered in this session as a segment of "
+                f"{len(op.args)} inputs and {len(op.scalars)} values that vary",
                 job,
             )
             return True
@@ -80,10 +85,30 @@ class Segments:
         if inline and (args is None or self._graphs.cost(op, plan) > self._inline_cost):
             return False  # a worker thread runs it
         if args is None:
-            self._one_by_one(op, plan, job, 0)
+            self._one_by_one(op, plan, job, ops, 0)
         else:
-            self._replay(op, plan, job, args)
+            self._replay(op, plan, job, ops, args)
         return True
+
+    def _varied(self, op: RunSegment, plan: Plan) -> dict[int, BaseOp] | None:
+        """The ops whose values ``op`` gives (``protocol.ops.graph.varies``), by step index;
+        None if it gives some, but not one for each of them."""
+        cached = self._varying.get(op.graph)
+        if cached is None or cached[0] is not plan:
+            cached = self._varying[op.graph] = (
+                plan,
+                tuple(step.index for step in plan.steps if varies(step.op)),
+            )
+        indices = cached[1]
+        if not op.scalars:
+            return {}
+        if len(op.scalars) != len(indices):
+            return None
+        steps = plan.steps
+        return {
+            i: steps[i].op.model_copy(update={"value": value})
+            for i, value in zip(indices, op.scalars, strict=True)
+        }
 
     def _bound(self, op: RunSegment, plan: Plan, job: Job) -> list[Array] | None:
         """The input arrays when the plan may run ``op``; None when it must go op by op."""
@@ -103,7 +128,7 @@ class Segments:
             arrays.append(value.array)
         return arrays
 
-    def _replay(self, op: RunSegment, plan: Plan, job: Job, arrays: list[Array]) -> None:
+    def _replay(self, op: RunSegment, plan: Plan, job: Job, ops: Ops, arrays: list[Array]) -> None:
         """Run ``plan`` for ``op`` on its input ``arrays`` and store its outputs, or go op by
         op where it cannot."""
         store = self._store
@@ -112,7 +137,7 @@ class Segments:
                 arrays = self._graphs.guard(op, plan)
             store.reserve(plan.scratch)
         except StoreError:  # the ops alone say which one has no room, and how
-            self._one_by_one(op, plan, job, 0)
+            self._one_by_one(op, plan, job, ops, 0)
             return
         slots = list(plan.slots)
         for slot, array in zip(plan.input_slots, arrays, strict=True):
@@ -123,18 +148,20 @@ class Segments:
             return self._stopped()
 
         try:
-            results = replay(plan, slots, stopped)
+            results = replay(plan, slots, stopped, ops or None)
         except ReplayError as exc:
             store.cancel(plan.scratch)
             if not isinstance(exc.__cause__, Stopped):
-                self._after_failure(op, plan, job, exc, slots)
+                self._after_failure(op, plan, job, ops, exc, slots)
             return
         store.cancel(plan.scratch)
-        self._keep(op, plan, job, dict(zip(plan.output_slots, results, strict=True)))
+        self._keep(op, plan, job, ops, dict(zip(plan.output_slots, results, strict=True)))
         self._outcomes.ops_run += len(plan.steps)
         self._outcomes.op_counts.update(plan.op_counts)
 
-    def _keep(self, op: RunSegment, plan: Plan, job: Job, slots: dict[int, Array]) -> None:
+    def _keep(
+        self, op: RunSegment, plan: Plan, job: Job, ops: Ops, slots: dict[int, Array]
+    ) -> None:
         """Store each made tensor of ``slots`` (slot: array) under its id, in op order: a view
         of a tensor stored before is kept as a view (its root counted once); a fresh root is
         counted whole, as the op that made it alone would have it counted."""
@@ -150,12 +177,18 @@ class Segments:
             try:
                 store.reserve(need)
             except StoreError as exc:
-                self._outcomes.fail(_maker(plan, slot, ids), exc.code, str(exc), job)
+                self._outcomes.fail(_maker(plan, ops, slot, ids), exc.code, str(exc), job)
                 continue
             store.put(ids[plan.slot_ids[slot]], Stored(array, meta), reserved=need)  # id: free
 
     def _after_failure(
-        self, op: RunSegment, plan: Plan, job: Job, exc: ReplayError, slots: list[Array | None]
+        self,
+        op: RunSegment,
+        plan: Plan,
+        job: Job,
+        ops: Ops,
+        exc: ReplayError,
+        slots: list[Array | None],
     ) -> None:
         """Step ``exc.step`` raised: keep what the steps before it made and is still read or
         declared, fail its op as alone, and run the ops after it one by one."""
@@ -169,14 +202,14 @@ class Segments:
                 array = slots[slot]
                 if slot in keep and array is not None:
                     made[slot] = array
-        self._keep(op, plan, job, made)
+        self._keep(op, plan, job, ops, made)
         self._outcomes.ops_run += failed
         cause = exc.__cause__
         assert isinstance(cause, Exception)
-        self._outcomes.run_failed(renumber(_op(exc.step.op), ids), cause, 0, job)
-        self._one_by_one(op, plan, job, failed + 1)
+        self._outcomes.run_failed(_real(plan, ops, failed, ids), cause, 0, job)
+        self._one_by_one(op, plan, job, ops, failed + 1)
 
-    def _one_by_one(self, op: RunSegment, plan: Plan, job: Job, start: int) -> None:
+    def _one_by_one(self, op: RunSegment, plan: Plan, job: Job, ops: Ops, start: int) -> None:
         """Run the segment's ops from ``start`` on, each as if it came alone; free each
         intermediate after the last op that reads it."""
         ids = _ids(op, plan)
@@ -193,7 +226,7 @@ class Segments:
         for step in plan.steps[start:]:
             if self._stopped():
                 return
-            self._run_one(renumber(_op(step.op), ids), job)
+            self._run_one(_real(plan, ops, step.index, ids), job)
             for tensor_id in frees.get(step.index, ()):
                 self._store.free(tensor_id)
 
@@ -207,15 +240,16 @@ def _laid_out(op: RunSegment, plan: Plan) -> bool:
     return op.out + max(plan.slot_ids, default=0) - count < 2**63
 
 
-def _maker(plan: Plan, slot: int, ids: dict[int, int]) -> AnyOp:
+def _maker(plan: Plan, ops: Ops, slot: int, ids: dict[int, int]) -> AnyOp:
     """The op that made ``slot``, with its real ids."""
     step = next(step for step in plan.steps if slot in step.writes and not step.op.inplace)
-    return renumber(_op(step.op), ids)
+    return _real(plan, ops, step.index, ids)
 
 
-def _op(op: BaseOp) -> AnyOp:
-    """A plan step's op, as the op it is (a step holds it as its base type)."""
-    return cast(AnyOp, op)
+def _real(plan: Plan, ops: Ops, index: int, ids: dict[int, int]) -> AnyOp:
+    """Op ``index`` of the segment as its run sends it (``ops``: the values that vary), with
+    its real ids."""
+    return renumber(cast(AnyOp, ops.get(index, plan.steps[index].op)), ids)
 
 
 def _ids(op: RunSegment, plan: Plan) -> dict[int, int]:

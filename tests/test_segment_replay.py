@@ -71,6 +71,27 @@ def _held(dev: client.RemoteDevice) -> tuple[int, int, int]:
     return stats.tensors, stats.tensor_bytes, stats.failed
 
 
+def test_a_scheduled_learning_rate_is_replayed(url: str) -> None:
+    """A cosine schedule writes the device's learning rate before every step (a ``full`` of
+    a new value): the steps still replay, that value a parameter of each run."""
+    from bench.training import DIGITS, Trainer
+    from client import optim
+
+    def train(dev: client.RemoteDevice) -> tuple[list[float], list[bytes]]:
+        trainer = Trainer(Autodiff(client.namespace(dev)), DIGITS, 256)
+        schedule = optim.CosineAnnealingLR(trainer.opt, T_max=7)
+        for _ in range(12):
+            trainer.run(1)
+            schedule.step()
+        return trainer.losses, [p.array.numpy().tobytes() for p in trainer.net.parameters()]
+
+    off, on = _pair(url)
+    with off, on:
+        assert train(on) == train(off)
+        stats = on.segment_stats()
+        assert stats.hits >= 6 and stats.registered == 1, stats
+
+
 def test_cnn_steps_are_bit_identical(url: str) -> None:
     from client import nn, optim
 
@@ -113,7 +134,7 @@ def _instruction(rng: random.Random) -> tuple[Any, ...]:
     """One step of a stream, on variables named in NAMES (each a (4, 4) float64 array, a
     view of one, or a failed tensor)."""
     kind = rng.choice(
-        ["binary", "scalar", "view", "inplace", "setitem", "inv", "free", "upload", "unary"]
+        ["binary", "scalar", "view", "inplace", "setitem", "inv", "free", "upload", "unary", "fill"]
     )
     x, y, z = (rng.choice(NAMES) for _ in range(3))
     if kind == "binary":
@@ -140,8 +161,16 @@ def _data(seed: int) -> np.ndarray[Any, Any]:
     return values
 
 
-def _apply(xp: Any, env: dict[str, Any], step: tuple[Any, ...]) -> None:
+def _apply(xp: Any, env: dict[str, Any], step: tuple[Any, ...], number: int) -> None:
+    """Apply ``step`` in segment ``number`` (a fill's value changes with it, as a learning
+    rate a schedule writes does)."""
     kind, x = step[0], step[1]
+    if kind == "fill":
+        if env.get(x) is not None and number % 2:
+            env[x][...] = xp.full(SHAPE, 0.25 * number - 1.0)  # written into, as an optimizer's
+        else:
+            env[x] = xp.full(SHAPE, 1.5 / (number + 1))
+        return
     if kind == "upload":
         env[x] = xp.asarray(_data(step[2]))
         return
@@ -191,7 +220,7 @@ def _run(dev: client.RemoteDevice, segments: list[list[tuple[Any, ...]]]) -> lis
     seen: list[Outcome] = []
     for number, segment in enumerate(segments):
         for step in segment:
-            _apply(xp, env, step)
+            _apply(xp, env, step, number)
         live = [name for name in NAMES if env.get(name) is not None]
         if live:
             seen.append(_read(env[live[number % len(live)]]))
@@ -213,13 +242,15 @@ def test_random_streams_are_bit_identical(url: str, seed: int) -> None:
 
 
 def test_streams_replay_and_fail_somewhere(url: str) -> None:
-    """The property test above exercises what it claims: hits, and errors read."""
-    hits = errors = 0
+    """The property test above exercises what it claims: hits, errors read, and replayed
+    segments whose fill values changed from run to run."""
+    hits = errors = varied = 0
     for seed in range(12):
         with client.RemoteDevice(url) as dev:
             errors += sum(kind == "error" for kind, _ in _run(dev, _stream(seed)))
             hits += dev.segment_stats().hits
-    assert hits > 20 and errors > 0, (hits, errors)
+        varied += any(s[0] == "fill" for segment in _stream(seed) for s in segment)
+    assert hits > 20 and errors > 0 and varied > 3, (hits, errors, varied)
 
 
 # --- errors -------------------------------------------------------------------------------------

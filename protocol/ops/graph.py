@@ -14,8 +14,10 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
+from ..dtypes import is_floating
 from ..errors import InvalidOpError, OpDTypeError, OpShapeError
 from .base import BaseOp, MultiOutputOp, TensorId, TensorMeta
+from .creation import Full
 
 GraphId = Annotated[int, Field(ge=0, lt=2**63)]
 
@@ -84,11 +86,15 @@ class RunSegment(BaseOp):
     makes. Its declared outputs are stored under those ids; the tensors it makes and does not
     declare are the segment's intermediates, which the client freed before it sent the segment
     (their frees travel in the batch all the same). Its outputs are known only to the session
-    that registered the graph; ``infer_all`` alone refuses."""
+    that registered the graph; ``infer_all`` alone refuses.
+
+    ``scalars``: the values of the graph's ops that :func:`varies` (a learning rate a schedule
+    writes every step), in op order, in place of the registered ones; none, or all of them."""
 
     kind: Literal["run_segment"] = "run_segment"
     graph: GraphId
     args: tuple[TensorId, ...]
+    scalars: tuple[float, ...] = ()
 
     def inputs(self) -> tuple[int, ...]:
         return self.args
@@ -101,3 +107,10 @@ class RunSegment(BaseOp):
     def describe(self) -> str:
         args = ", ".join(f"#{i}" for i in self.args)
         return f"run_segment[{self.graph}]({args}) -> from #{self.out}"
+
+
+def varies(op: BaseOp) -> bool:
+    """Whether ``op``'s value may change from one run of a segment to the next: a ``full`` of a
+    float into a floating dtype, whose value changes no inference, cost or error (an integer
+    may not fit its dtype, a NaN does not fit an integer one)."""
+    return type(op) is Full and type(op.value) is float and is_floating(op.dtype)
