@@ -94,10 +94,11 @@ class Segmenter:
         self._sightings = SIGHTINGS  # raised by evictions of segments never replayed
         self._registered: collections.OrderedDict[object, _Entry] = collections.OrderedDict()
         self._by_graph: dict[int, object] = {}
-        self._seen: dict[object, int] = {}
-        # op types of the segments seen: how many structures of them were new when keyed
-        self._outlines: dict[tuple[object, ...], int] = {}
-        self._refused: set[object] = set()
+        # By hash, not by key (a long segment's key is large): a collision costs a count or a
+        # replay, never a wrong run, which the registered segments' whole keys decide.
+        self._seen: dict[int, int] = {}  # structures not registered: how often seen
+        self._outlines: dict[int, int] = {}  # op types seen: how many new structures of them
+        self._refused: set[int] = set()  # structures whose registration was refused
         self._refusals: collections.deque[int] = collections.deque()  # from the reader
         self._messages: dict[int, int] = {}  # a registration's own message: its graph id
         self._sending: _Entry | None = None  # the registration flush returned, until sent
@@ -154,7 +155,7 @@ class Segmenter:
             return None
         if any(type(r) is Describe for r in requests):  # a data-dependent shape
             return None
-        outline = (len(batch.ops), *map(type, batch.ops))
+        outline = hash((len(batch.ops), *map(type, batch.ops)))
         novel = self._outlines.get(outline)
         if novel is None or novel >= MOST_NOVEL:  # new op types, or ever new structures
             if len(self._outlines) >= MOST_SEEN:
@@ -167,23 +168,27 @@ class Segmenter:
         found = structure(batch.ops, list(batch.frees), self.metas)
         if found is None:
             return None
+        try:
+            digest = hash(found.key)
+        except TypeError:  # a field of a type that cannot be a key: not replayed
+            return None
         entry = self._registered.get(found.key)
         if entry is not None and 0 < entry.confirm_at <= answered:
             self._registered.move_to_end(found.key)
             self._run(batch, entry, found)
             return None
         self._stats["misses"] += 1
-        if entry is not None or found.key in self._refused:
+        if entry is not None or digest in self._refused:
             return None
-        seen = self._seen.get(found.key, 0) + 1
+        seen = self._seen.get(digest, 0) + 1
         if seen == 1:
             self._outlines[outline] = novel + 1
         if seen < self._sightings or self._evicted(batch):
             if len(self._seen) >= MOST_SEEN:
                 self._seen.clear()
-            self._seen[found.key] = seen
+            self._seen[digest] = seen
             return None
-        self._seen.pop(found.key, None)
+        self._seen.pop(digest, None)
         return self._register(batch, found, ack)
 
     def _evicted(self, batch: Pending) -> bool:
@@ -240,7 +245,7 @@ class Segmenter:
             self._registered.pop(key, None)
             if len(self._refused) >= MOST_SEEN:
                 self._refused.clear()
-            self._refused.add(key)
+            self._refused.add(hash(key))
             self._stats["refused"] += 1
 
 
