@@ -63,6 +63,9 @@ MOST_SIGHTINGS = 256  # what evictions of segments never replayed raise SIGHTING
 MOST_SEGMENTS = 32  # registered segments kept (half the server's default --max-graphs)
 MOST_SEEN = 1024  # structures counted but not registered, before the count starts over
 MOST_NOVEL = 16  # new structures of one outline (op types) before it is no longer keyed
+# Shorter segments go op by op: a replay's own costs (its key, its run's setup on the server)
+# are about those of so many ops sent alone.
+MIN_OPS = 8
 ENV = "TENSORWIRE_SEGMENT_REPLAY"  # "0" (or "false", "no", "off") turns segment replay off
 
 
@@ -151,7 +154,7 @@ class Segmenter:
             self._whole = self._whole and not batch.ops
             return None
         whole, self._whole = self._whole, True
-        if not batch.ops or not whole:
+        if len(batch.ops) < MIN_OPS or not whole:
             return None
         if any(type(r) is Describe for r in requests):  # a data-dependent shape
             return None

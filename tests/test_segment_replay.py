@@ -28,6 +28,13 @@ pytestmark = pytest.mark.server
 Outcome = tuple[str, Any]  # ("value", (dtype, shape, bytes)) or ("error", (type, text))
 
 
+@pytest.fixture(autouse=True)
+def short_segments(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Segments of any length are replayed here (by default, only from MIN_OPS ops on): the
+    streams below are short, to make each case plain."""
+    monkeypatch.setattr(_segments, "MIN_OPS", 1)
+
+
 def _read(array: Any) -> Outcome:
     try:
         values = array.numpy()
@@ -317,6 +324,13 @@ def _repeat(dev: client.RemoteDevice, times: int = 6, shapes: int = 1) -> list[O
             x = xp.ones((n + 1, 3)) * 2.0
             seen.append(_read(xp.exp(x) + 1.0))
     return seen
+
+
+def test_short_segments_go_op_by_op(url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_segments, "MIN_OPS", 5)
+    with client.RemoteDevice(url) as dev:
+        _repeat(dev)  # four ops a segment
+        assert dev.segment_stats() == _segments.SegmentStats()
 
 
 def test_the_switches(url: str, monkeypatch: pytest.MonkeyPatch) -> None:
