@@ -10,11 +10,20 @@ import pytest
 
 from bench import op_costs
 from bench._op_cases import FAMILIES
-from protocol.ops import AnyOp, BinaryScalar, FromBuffer, InPlaceBinaryScalar, Pull, RunGraph
+from protocol.ops import (
+    AnyOp,
+    BinaryScalar,
+    FromBuffer,
+    InPlaceBinaryScalar,
+    Pull,
+    RunGraph,
+    RunSegment,
+)
 
 from .test_bench_nn import run_bench
 
-NOT_RUN_BY_THE_EXECUTOR = (FromBuffer, RunGraph, Pull)  # costs 0, its ops summed, a transfer
+# costs 0; its ops summed (a graph's, a segment's); a transfer
+NOT_RUN_BY_THE_EXECUTOR = (FromBuffer, RunGraph, RunSegment, Pull)
 NO_SCALAR_MATMUL = {(BinaryScalar, "matmul"), (InPlaceBinaryScalar, "matmul")}  # refused
 
 
