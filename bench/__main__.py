@@ -58,7 +58,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 
 
 def _plan(
-    p: Params, url: str, ports: dict[str, int], dev: client.RemoteDevice
+    p: Params, url: str, ports: dict[str, int], dev: client.RemoteDevice, server_pid: int
 ) -> dict[str, tuple[int, Callable[[Tick], list[Figure]]]]:
     """Each workload's tick count and how to run it."""
     n = p.matmul_n
@@ -71,7 +71,10 @@ def _plan(
             ),
         ),
         "upload-memory": (1, lambda t: [transfer.peak_upload_memory(p.peak_upload, t)]),
-        "latency": (2, lambda t: latency.reads(dev, (ports["ws"], ports["floor"]), p.pings, t)),
+        "latency": (
+            2,
+            lambda t: latency.reads(dev, (ports["ws"], ports["floor"]), p.pings, t, server_pid),
+        ),
         "pipelined": (p.ops_reps, lambda t: compute.pipelined(dev, p.ops, p.ops_reps, t)),
         "matmul": (
             p.matmul_reps,
@@ -157,7 +160,7 @@ def run(quick: bool, only: list[str] | None) -> tuple[dict[str, Any], list[Figur
     figures: list[Figure] = []
     failures: list[Failure] = []
     with (
-        _procs.server() as (url, _),
+        _procs.server() as (url, server),
         _procs.child(["-m", "bench._peer"]) as peer,
         Progress() as progress,
     ):
@@ -169,7 +172,7 @@ def run(quick: bool, only: list[str] | None) -> tuple[dict[str, Any], list[Figur
                 try:
                     if dev is None:
                         dev = client.RemoteDevice(url)
-                    ticks, work = _plan(params, url, ports, dev)[name]
+                    ticks, work = _plan(params, url, ports, dev, server.pid)[name]
                     with progress.step(name, ticks) as tick:
                         figures.extend(work(tick))
                 except Exception as exc:

@@ -73,6 +73,13 @@ def reset_peak(pid: int) -> bool:
     return True
 
 
+def cpu_seconds(pid: int) -> float:
+    """The CPU time process ``pid`` has used, user and system, in seconds (``/proc``)."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()  # past the command's name
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def cpu_load() -> str:
     """The 1, 5 and 15 minute load averages and the core count, for the report."""
     one, five, fifteen = os.getloadavg()
