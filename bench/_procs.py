@@ -74,10 +74,16 @@ def reset_peak(pid: int) -> bool:
 
 
 def cpu_seconds(pid: int) -> float:
-    """The CPU time process ``pid`` has used, user and system, in seconds (``/proc``)."""
-    with open(f"/proc/{pid}/stat") as stat:
-        fields = stat.read().rsplit(")", 1)[1].split()  # past the command's name
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """The CPU time process ``pid``'s threads have used, in seconds, to the nanosecond
+    (``/proc/PID/task/*/schedstat``; clock ticks, 10 ms, would round a block of reads to 0)."""
+    total = 0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/schedstat") as schedstat:
+                total += int(schedstat.read().split()[0])
+        except (OSError, IndexError, ValueError):  # a thread that ended meanwhile
+            continue
+    return total / 1e9
 
 
 def cpu_load() -> str:
