@@ -109,7 +109,7 @@ class MessageDecoder(Generic[M]):
         max_buffers: int = MAX_BUFFERS,
         allocate: Callable[[int], np.ndarray[Any, np.dtype[np.uint8]]] | None = None,
         stepwise_over: int | None = None,
-        hold_header: Callable[[memoryview], object | None] | None = None,
+        hold_header: Callable[[bytes], object | None] | None = None,
     ) -> None:
         self._adapter = adapter
         self._hold_header = hold_header
@@ -172,7 +172,7 @@ class MessageDecoder(Generic[M]):
             raise DecodeError(f"header length {length} outside 1..{self._max_header}")
         if len(view) < _LEN.size + length:
             raise DecodeError("the header must arrive whole in the first fragment")
-        header = view[_LEN.size : _LEN.size + length]
+        header = bytes(view[_LEN.size : _LEN.size + length])  # once: each reader takes it
         rest = view[_LEN.size + length :]
         if self._hold_header is not None:
             self.header_hold = self._hold_header(header)
@@ -181,7 +181,7 @@ class MessageDecoder(Generic[M]):
             self._rest = memoryview(bytes(rest))  # the chunk may be the caller's buffer
             return rest[len(rest) :]
         try:
-            self.message = self._adapter.validate_json(bytes(header))
+            self.message = self._adapter.validate_json(header)
         except ValidationError as exc:
             self.header_hold = None
             raise DecodeError(f"invalid message: {describe(exc)}") from None

@@ -31,12 +31,13 @@ class HeaderHold:
     __slots__ = ("__weakref__",)
 
 
-def estimate(header: bytes) -> int:
-    """An upper bound of what ``header`` holds once decoded (see the module docstring)."""
-    return OBJECT_BYTES * header.count(b"{") + ITEM_BYTES * header.count(b",")
+def estimate(header: bytes, objects: int) -> int:
+    """An upper bound of what ``header``, of ``objects`` JSON objects, holds once decoded
+    (see the module docstring)."""
+    return OBJECT_BYTES * objects + ITEM_BYTES * header.count(b",")
 
 
-def hold_header(store: TensorStore, header: memoryview) -> HeaderHold | None:
+def hold_header(store: TensorStore, header: bytes) -> HeaderHold | None:
     """Charge what ``header`` will hold decoded to ``store`` (see the module docstring), held
     while the object returned lives (None: nothing charged).
 
@@ -45,9 +46,11 @@ def hold_header(store: TensorStore, header: memoryview) -> HeaderHold | None:
     """
     if len(header) * OBJECT_BYTES <= UNCOUNTED:
         return None
-    text = bytes(header)
-    nbytes = estimate(text)
-    if nbytes <= UNCOUNTED or text.count(b"{") == 1:  # small, or nothing but lists of ids
+    objects = header.count(b"{")
+    if objects == 1:  # the header's own: nothing but lists of ids
+        return None
+    nbytes = estimate(header, objects)
+    if nbytes <= UNCOUNTED:
         return None
     what = f"a header of {len(header)} bytes holds up to {nbytes} bytes decoded"
     if nbytes > store.free_quota():

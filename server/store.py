@@ -146,7 +146,8 @@ class TensorStore:
                 (the budget); nothing is reserved then.
         """
         # No store lock: only the thread running this session's ops changes ``reserved``.
-        if nbytes > self.free_quota():
+        in_use = self.in_use()  # free_quota(), inlined: the budget takes it too
+        if self.quota is not None and nbytes > self.quota - in_use + self.records.nbytes:
             raise self._quota_full(nbytes)
         if self.records.nbytes + ENTRY_BYTES > self.records.limit:  # entry_room(), inlined
             raise StoreError(
@@ -154,7 +155,7 @@ class TensorStore:
                 f"the session holds {len(self._items)} tensors and failure records, as many as "
                 "its quota allows (their records take its size again); free tensors first",
             )
-        self.budget.reserve(nbytes, self.in_use())
+        self.budget.reserve(nbytes, in_use)
         self.reserved += nbytes
 
     def _quota_full(self, nbytes: int) -> StoreError:
