@@ -4,11 +4,12 @@
   server, a copy in its memory; nothing crosses a network.
 - Two servers: the client asks the source for a capability bound to the target server
   (:meth:`Device.expose`, one round trip, answered once the array's ops have run) and hands it
-  to the target in a :class:`~protocol.ops.Pull` op, which returns at once; the target fetches
-  the bytes from the source itself (it must list the source in its ``--peers``). They never
-  pass through the client. A failed pull (no credentials for the source, source refused or
-  lost, capability refused) fails the new array like a failed op: reading it raises
-  :class:`~client.TransferError` naming the source.
+  to the target in a :class:`~protocol.ops.Pull` op, queued like any op (``to_device``
+  returns after the capability's round trip); the target fetches the bytes from the source
+  itself (it must list the source in its ``--peers``). They never pass through the client.
+  A failed pull (no credentials for the source, source refused or lost, capability refused)
+  fails the new array like a failed op: reading it raises :class:`~client.TransferError`
+  naming the source.
 - Anything else (the in-process ``ndarray`` device, a capture device): read, then upload.
 """
 

@@ -57,7 +57,7 @@ Implicit = bool | Literal["constants"]  # what an array read but not declared be
 
 
 class Capture:
-    """A capture scope on ``device``: ``with client.capture(dev) as cap: ...``, then
+    """A capture scope on ``device``: ``with client.capture.Capture(dev) as cap: ...``, then
     ``cap.graph``. Declare inputs with :meth:`input` before using them, and outputs with
     :meth:`output`; ``implicit`` says what an array read but not declared becomes (the
     module docstring).
