@@ -14,8 +14,9 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from pydantic import ValidationError
 
-from protocol import DType, TensorMeta, from_numpy
+from protocol import DType, OpArgumentError, TensorMeta, from_numpy
 from protocol.codec import byte_view
 from protocol.ops import UNKNOWN, AnyOp, FromBuffer, Full
 from protocol.scalars import PyScalar, scalar_from_python
@@ -37,7 +38,7 @@ def apply(
     """
     dev = device if device is not None else common_device(inputs)
     out = dev.new_id()
-    op = make(out)
+    op = built(make, out)
     metas = op.infer_all(*[a.meta for a in inputs])
     if len(metas) == 1 and UNKNOWN not in metas[0].shape:
         dev.submit(op)
@@ -60,8 +61,26 @@ def apply_many(
     """
     dev = device if device is not None else common_device(inputs)
     ids = [dev.new_id() for _ in range(count)]
-    op = make(ids[0], tuple(ids[1:]))
+    op = built(make, ids[0], tuple(ids[1:]))
     return _queue(dev, op, ids, op.infer_all(*[a.meta for a in inputs]))
+
+
+def built(make: Callable[..., AnyOp], *ids: Any) -> AnyOp:
+    """``make(*ids)``, the op's wire model, which validates what the user passed into it.
+
+    Raises:
+        OpArgumentError: an argument the model cannot carry (an array where a scalar goes,
+            a string for a number), in place of the model's own validation error.
+    """
+    try:
+        return make(*ids)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"][:1])
+        got = type(first["input"]).__name__
+        raise OpArgumentError(
+            f"{exc.title}{'.' + where if where else ''}: {first['msg']}, not {got}"
+        ) from None
 
 
 def _queue(
@@ -88,7 +107,7 @@ def apply_inplace(
     """Queue the in-place op ``make(target id)``, whose inputs are ``target`` then ``inputs``;
     ``target`` keeps its id, shape and dtype. Returns ``target``."""
     common_device((target, *inputs))
-    op = make(target.tensor_id)
+    op = built(make, target.tensor_id)
     op.infer_all(target.meta, *(a.meta for a in inputs))
     target.device.submit(op)
     return target

@@ -26,6 +26,7 @@ from .errors import ErrorCode as ErrorCode
 from .errors import ErrorInfo as ErrorInfo
 from .errors import InvalidOpError as InvalidOpError
 from .errors import MessageLimitError as MessageLimitError
+from .errors import OpArgumentError as OpArgumentError
 from .errors import OpDTypeError as OpDTypeError
 from .errors import OpIndexError as OpIndexError
 from .errors import OpShapeError as OpShapeError

@@ -11,6 +11,8 @@ Exception tree::
     ├── OpIndexError (IndexError)       an index that does not fit the array
     ├── OpDTypeError (TypeError)        dtypes the op does not accept
     ├── OpOverflowError (OverflowError) a Python integer the target dtype cannot hold
+    ├── OpArgumentError (TypeError,     an argument the op's wire model cannot carry (an
+    │   ValueError)                     array where a scalar goes, a string for a number)
     └── GraphError (ValueError)         a graph whose ops, ids or signatures do not hold
     DeviceSpecError (ValueError)        a device spec string that names no valid device
 
@@ -108,6 +110,12 @@ class OpDTypeError(InvalidOpError, TypeError):
 
 class OpOverflowError(InvalidOpError, OverflowError):
     """A Python integer that the target integer dtype cannot hold."""
+
+
+class OpArgumentError(InvalidOpError, TypeError, ValueError):
+    """An argument that the op's wire model cannot carry (an array where a scalar goes, a
+    string where a number goes): a ``TypeError``, as numpy raises for such arguments, and a
+    ``ValueError``, as the model's own validation error is."""
 
 
 class GraphError(InvalidOpError, ValueError):

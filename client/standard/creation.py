@@ -9,16 +9,31 @@ from typing import Any
 
 import numpy as np
 
+from protocol import OpArgumentError
 from protocol.ops import Arange, Eye, Linspace, Triangle
 from protocol.scalars import PyScalar, default_dtype
 
 from .._building import apply, full, upload
-from .._handle import checked_device, wire_dtype
-from ..array import RemoteArray, astype, reshape
+from .._handle import checked_device, ints, wire_dtype
+from ..array import PY_SCALARS, RemoteArray, astype, reshape
 from ..device import Device
 from .manipulation import ManipulationFunctions
 
 _FLOAT64 = np.dtype("float64")  # the standard's default real floating dtype
+
+
+def _number(value: Any) -> Any:
+    """A numpy scalar or a 0-d array (local or remote: one read) as the Python number it
+    holds, so that a numpy integer counts as an integer (numpy's ``arange`` rule)."""
+    if isinstance(value, np.generic | np.ndarray | RemoteArray):
+        return np.asarray(value).item()
+    return value
+
+
+def _filled(shape: int | Sequence[int], fill: RemoteArray, dtype: Any) -> RemoteArray:
+    """``fill`` broadcast to ``shape`` as a new array of ``dtype`` (``fill``'s by default)."""
+    grid = ManipulationFunctions.broadcast_to(fill, ints(shape))
+    return astype(grid, fill.dtype if dtype is None else dtype)
 
 
 class CreationFunctions:
@@ -59,8 +74,23 @@ class CreationFunctions:
         dtype: Any = None,
         device: Device | None = None,
     ) -> RemoteArray:
-        wire = default_dtype(fill_value) if dtype is None else wire_dtype(dtype)
-        return full(shape, fill_value, wire, self._dev(device))
+        """``shape`` filled with ``fill_value``: a Python scalar (the default dtype of its kind),
+        or, as numpy's ``full`` takes them, a numpy scalar, an array or a remote array (its
+        dtype, broadcast to ``shape``; a remote one is copied on the device, not read)."""
+        dev = self._dev(device)
+        if isinstance(fill_value, PY_SCALARS):
+            wire = default_dtype(fill_value) if dtype is None else wire_dtype(dtype)
+            return full(shape, fill_value, wire, dev)
+        if isinstance(fill_value, RemoteArray):
+            return _filled(shape, fill_value.to_device(dev), dtype)
+        if not isinstance(fill_value, np.ndarray | np.generic):
+            kind = type(fill_value).__name__
+            raise OpArgumentError(f"full: fill_value must be a scalar or an array, not {kind}")
+        values = np.asarray(fill_value)
+        if values.ndim:
+            return _filled(shape, upload(values, dev), dtype)
+        wire = wire_dtype(values.dtype if dtype is None else dtype)
+        return full(shape, values.item(), wire, dev)
 
     def zeros(
         self, shape: int | Sequence[int], *, dtype: Any = None, device: Device | None = None
@@ -120,6 +150,7 @@ class CreationFunctions:
     ) -> RemoteArray:
         if stop is None:
             start, stop = 0, start
+        start, stop, step = _number(start), _number(stop), _number(step)
         if dtype is None:
             ints = all(isinstance(v, int) for v in (start, stop, step))
             dtype = "int64" if ints else "float64"
