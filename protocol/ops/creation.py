@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from ..dtypes import DType, is_integer, to_numpy
+from ..dtypes import DType, to_numpy
 from ..errors import OpDTypeError, OpShapeError
 from ..scalars import Scalar, check_fits, scalar_to_python
 from .base import I64, BaseOp, Dim, TensorMeta, check_shape, numel
@@ -59,9 +59,10 @@ class Arange(BaseOp):
         return max(0, math.ceil(span))
 
     def infer(self, *args: TensorMeta) -> TensorMeta:
-        if self.dtype == "bool" or self.dtype.startswith("complex"):
-            raise OpDTypeError(f"arange does not produce {self.dtype}")
-        return TensorMeta((self.length(),), self.dtype)
+        length = self.length()
+        if self.dtype == "bool" and length > 2:  # numpy's and array_api_strict's rule
+            raise OpDTypeError("arange produces bool only for a result of at most 2 elements")
+        return TensorMeta((length,), self.dtype)
 
 
 class Eye(BaseOp):
@@ -86,6 +87,5 @@ class Linspace(BaseOp):
     dtype: DType
 
     def infer(self, *args: TensorMeta) -> TensorMeta:
-        if self.dtype == "bool" or is_integer(self.dtype):
-            raise OpDTypeError(f"linspace does not produce {self.dtype}")
+        # every dtype, as numpy's: an integer one takes the floor of the values
         return TensorMeta((self.num,), self.dtype)
