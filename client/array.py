@@ -41,6 +41,7 @@ from protocol.scalars import PyScalar, scalar_dtype, scalar_from_python
 
 from ._building import apply, apply_inplace, full, upload
 from ._handle import Handle, checked_device, index_key, ints, wire_dtype
+from ._python_protocols import PythonProtocols
 from .device import register_array_type
 from .transfer import to_device
 
@@ -93,7 +94,7 @@ def _operators(name: BinaryName) -> tuple[Operator, Operator, Operator]:
     return _binary_operator(name), _binary_operator(name, reflected=True), inplace_operator_
 
 
-class RemoteArray(Handle):
+class RemoteArray(PythonProtocols, Handle):
     """A tensor on a remote device. Create them with a namespace: ``client.namespace(dev)``."""
 
     __slots__ = ()
@@ -109,10 +110,14 @@ class RemoteArray(Handle):
         return matrix_transpose(self)
 
     def __iter__(self) -> Iterator[RemoteArray]:
-        if not self.shape:
-            raise TypeError("iteration over a 0-d array")
-        for i in range(self.shape[0]):
-            yield self[i]
+        """One read for a 1-d array, none for an n-d one (``client._elements``).
+
+        Raises:
+            TypeError: a 0-d array, at once.
+        """
+        from ._elements import iterate  # it subclasses RemoteArray
+
+        return iterate(self)
 
     def __array_namespace__(self, *, api_version: str | None = None) -> Namespace:
         if api_version not in (None, "2021.12", "2022.12", "2023.12", "2024.12"):

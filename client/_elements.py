@@ -1,0 +1,140 @@
+"""Iterating a remote array: one read, not one round trip per element.
+
+``for v in x`` over a 1-d array reads ``x`` once and yields :class:`KnownScalar` elements:
+0-d remote arrays, as array_api_strict yields (SciPy passes them on to ``xp`` functions, so they
+must stay arrays of the device), that also hold the value they were made from. What needs only
+that value (``bool``, ``float``, ``int``, ``format``, ``np.asarray``, and a comparison with
+another known element of its dtype or a Python scalar, as ``max(x)`` makes) is answered here
+without the server; any other op runs on the device as for any 0-d array. Each element's tensor
+is a ``full`` op with its value: a copy, as numpy's and strict's elements are, queued with the
+next flush. An n-d array yields its rows ``x[i]``, ops that need no read at all.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+
+from protocol import TensorMeta, from_numpy
+from protocol.ops import Full
+from protocol.scalars import scalar_from_python
+
+from .array import EXACT_SCALARS, RemoteArray
+from .device import Device
+
+# The comparisons a known element answers itself, by operator name.
+_COMPARISONS: dict[str, Callable[[Any, Any], Any]] = {
+    "__lt__": operator.lt,
+    "__le__": operator.le,
+    "__gt__": operator.gt,
+    "__ge__": operator.ge,
+    "__eq__": operator.eq,
+    "__ne__": operator.ne,
+}
+
+
+def iterate(x: RemoteArray) -> Iterator[RemoteArray]:
+    """The iterator of ``iter(x)``. Raises at once (not at the first ``next``), so that
+    ``np.iterable`` and ``iter()`` see that a 0-d array is not iterable.
+
+    Raises:
+        TypeError: ``x`` is 0-d.
+    """
+    if not x.shape:
+        raise TypeError("iteration over a 0-d array")
+    if x.ndim > 1:
+        return (x[i] for i in range(x.shape[0]))
+    values = x.numpy()  # the one read
+    return (known_scalar(value, x.device) for value in values)
+
+
+def known_scalar(value: np.generic, device: Device) -> KnownScalar:
+    """A 0-d array on ``device`` holding ``value``, which it knows locally."""
+    meta = TensorMeta((), from_numpy(value.dtype))
+    out = device.new_id()
+    op = Full(out=out, shape=(), dtype=meta.dtype, value=scalar_from_python(value.item()))
+    op.infer_all()
+    device.submit(op)
+    metas = device.segment_metas  # what client.device.new_handle notes for segment replay
+    if metas is not None:
+        metas[out] = meta
+    return KnownScalar(device, out, meta, value)
+
+
+class KnownScalar(RemoteArray):
+    """A 0-d remote array whose value the client holds, until an in-place op writes it."""
+
+    __slots__ = ("_known",)
+
+    def __init__(self, device: Device, tensor_id: int, meta: TensorMeta, value: np.generic):
+        super().__init__(device, tensor_id, meta)
+        self._known: np.generic | None = value
+
+    def numpy(self) -> np.ndarray[Any, Any]:
+        if self._known is None:
+            return super().numpy()
+        return np.array(self._known)
+
+    def _scalar(self) -> Any:
+        return super()._scalar() if self._known is None else self._known.item()
+
+    def _local_operand(self, other: Any) -> Any:
+        """``other``'s value when a comparison with it can be answered here, else None:
+        a known element of this dtype, or a Python scalar (weak, as on the device)."""
+        if type(other) in EXACT_SCALARS:
+            return other
+        if isinstance(other, KnownScalar) and other._known is not None and self._known is not None:
+            return other._known if other._known.dtype == self._known.dtype else None
+        return None
+
+
+# The in-place methods: each forgets the known value before it writes the tensor.
+_WRITING = (
+    "__setitem__",
+    "__iadd__",
+    "__isub__",
+    "__imul__",
+    "__itruediv__",
+    "__ifloordiv__",
+    "__imod__",
+    "__ipow__",
+    "__imatmul__",
+    "__iand__",
+    "__ior__",
+    "__ixor__",
+    "__ilshift__",
+    "__irshift__",
+)
+
+
+def _comparison(name: str, compare: Callable[[Any, Any], Any]) -> Callable[..., Any]:
+    remote = getattr(RemoteArray, name)
+
+    def comparison(self: KnownScalar, other: Any) -> Any:
+        local = None if self._known is None else self._local_operand(other)
+        if local is None:
+            return remote(self, other)
+        return known_scalar(np.bool_(compare(self._known, local)), self.device)
+
+    comparison.__doc__ = remote.__doc__
+    return comparison
+
+
+def _writing(name: str) -> Callable[..., Any]:
+    method = getattr(RemoteArray, name)
+
+    def writing(self: KnownScalar, *args: Any) -> Any:
+        self._known = None
+        return method(self, *args)
+
+    writing.__doc__ = method.__doc__
+    return writing
+
+
+for _name, _compare in _COMPARISONS.items():
+    setattr(KnownScalar, _name, _comparison(_name, _compare))
+for _name in _WRITING:
+    setattr(KnownScalar, _name, _writing(_name))

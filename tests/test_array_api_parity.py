@@ -1,0 +1,191 @@
+"""Where remote arrays behave as numpy's and array_api_strict's do, through a real server:
+fill values of ``full``, creation dtypes, iteration (one read), ``format``, ``copy`` and
+``pickle``, error types and words, and numpy's ufuncs."""
+
+from __future__ import annotations
+
+import copy
+import pickle
+from collections.abc import Iterator
+from typing import Any
+
+import array_api_strict as strict
+import numpy as np
+import pytest
+
+import client
+from protocol import OpArgumentError
+
+
+class Counted:
+    """Counts the requests (reads, describes, stats: each a round trip) a device sends."""
+
+    def __init__(self, dev: client.RemoteDevice) -> None:
+        self.requests = 0
+        conn = dev._conn
+        self._request = conn.request
+        conn.request = self._counting  # type: ignore[method-assign]
+
+    def _counting(self, make: Any) -> Any:
+        self.requests += 1
+        return self._request(make)
+
+
+@pytest.fixture
+def requests_of(dev: client.RemoteDevice) -> Iterator[Counted]:
+    yield Counted(dev)
+
+
+# --- full's fill values -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "fill",
+    [np.float32(1.5), np.asarray(1.5), np.asarray(2, dtype=np.int16), np.float64(2.5), np.True_],
+)
+def test_full_takes_numpy_fill_values_with_numpy_dtype(xp: client.Namespace, fill: Any) -> None:
+    got = xp.full((3,), fill).numpy()
+    expected = np.full((3,), fill)
+    assert got.dtype == expected.dtype
+    np.testing.assert_array_equal(got, expected)
+
+
+def test_full_takes_a_remote_0d_array_without_a_read(
+    xp: client.Namespace, requests_of: Counted
+) -> None:
+    element = xp.asarray([1.5, 2.0], dtype=xp.float32)[0]
+    filled = xp.full((3,), element)
+    complex_fill = xp.full((2,), xp.asarray(1 + 2j))
+    as_int = xp.full((2, 2), xp.asarray(7.9), dtype=xp.int32)
+    assert requests_of.requests == 0
+    assert filled.dtype == np.float32 and complex_fill.dtype == np.complex128
+    np.testing.assert_array_equal(filled.numpy(), np.full((3,), np.float32(1.5)))
+    np.testing.assert_array_equal(complex_fill.numpy(), np.full((2,), 1 + 2j))
+    np.testing.assert_array_equal(as_int.numpy(), np.full((2, 2), np.asarray(7.9), np.int32))
+
+
+def test_full_broadcasts_an_array_fill_as_numpy(xp: client.Namespace) -> None:
+    got = xp.full((2, 3), xp.asarray([1, 2, 3])).numpy()
+    np.testing.assert_array_equal(got, np.full((2, 3), np.asarray([1, 2, 3])))
+    assert got.dtype == np.int64
+
+
+def test_arguments_a_wire_model_cannot_carry_raise_a_typed_error(xp: client.Namespace) -> None:
+    with pytest.raises(OpArgumentError, match="fill_value"):
+        xp.full((2,), "a")
+    with pytest.raises(OpArgumentError, match=r"Sort\.stable.*not str") as info:
+        xp.sort(xp.asarray([2.0, 1.0]), stable="yes")
+    assert isinstance(info.value, TypeError) and isinstance(info.value, ValueError)
+    assert "pydantic" not in type(info.value).__module__
+
+
+# --- creation dtypes ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "args", "dtype"),
+    [
+        ("linspace", (0, 10, 5), "int32"),
+        ("linspace", (-3.7, 10, 5), "int32"),
+        ("linspace", (0, 10, 5), "uint8"),
+        ("linspace", (0, 1, 3), "bool"),
+        ("arange", (3,), "complex128"),
+        ("arange", (0.5, 3, 0.5), "complex64"),
+        ("arange", (2,), "bool"),
+    ],
+)
+def test_creation_dtypes_numpy_and_strict_accept(
+    xp: client.Namespace, name: str, args: tuple[Any, ...], dtype: str
+) -> None:
+    got = getattr(xp, name)(*args, dtype=getattr(xp, dtype)).numpy()
+    by_numpy = getattr(np, name)(*args, dtype=np.dtype(dtype))
+    by_strict = np.asarray(getattr(strict, name)(*args, dtype=getattr(strict, dtype)))
+    for expected in (by_numpy, by_strict):
+        assert got.dtype == expected.dtype
+        np.testing.assert_array_equal(got, expected)
+
+
+def test_arange_counts_numpy_integers_as_integers(xp: client.Namespace) -> None:
+    got = xp.arange(np.int64(3)).numpy()
+    assert got.dtype == np.arange(np.int64(3)).dtype
+    np.testing.assert_array_equal(got, np.arange(3))
+
+
+# --- iteration --------------------------------------------------------------------------------
+
+
+def test_a_0d_array_is_not_iterable(xp: client.Namespace) -> None:
+    x = xp.asarray(1.0)
+    assert not np.iterable(x)
+    with pytest.raises(TypeError, match="0-d"):
+        iter(x)
+
+
+def test_iterating_costs_one_read(xp: client.Namespace, requests_of: Counted) -> None:
+    values = np.arange(2000.0)
+    x = xp.asarray(values)
+    largest = max(x)
+    smallest = min(x)
+    total = sum(float(v) for v in x)
+    assert requests_of.requests == 3  # each of the three iterations read x once, no more
+    assert isinstance(largest, client.RemoteArray) and largest.shape == ()
+    assert float(largest) == max(values) and float(smallest) == min(values)
+    assert total == float(np.sum(values))
+    assert requests_of.requests == 3
+    np.testing.assert_array_equal((largest + 1).numpy(), np.float64(2000.0))  # still an array
+
+
+def test_iterated_elements_are_copies_with_the_arrays_dtype(xp: client.Namespace) -> None:
+    x = xp.asarray(np.asarray([3, 1, 2], dtype=np.int16))
+    elements = list(x)
+    x[0] = 9
+    assert [e.dtype for e in elements] == [np.dtype(np.int16)] * 3
+    assert [int(e) for e in elements] == [3, 1, 2]  # numpy's elements are copies too
+    assert bool(elements[1] < elements[2]) and bool(elements[0] == 3)
+    elements[1] += 5  # an in-place op writes the element: its value is read anew
+    assert int(elements[1]) == 6 and elements[1].numpy() == np.int16(6)
+
+
+def test_iterating_rows_needs_no_read(xp: client.Namespace, requests_of: Counted) -> None:
+    values = np.arange(12.0).reshape(3, 4)
+    rows = list(xp.asarray(values))
+    assert requests_of.requests == 0 and [r.shape for r in rows] == [(4,)] * 3
+    np.testing.assert_array_equal(np.stack([r.numpy() for r in rows]), values)
+
+
+# --- format, copy, pickle ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("spec", [".3g", "", "8.2f", "e"])
+def test_format_of_a_0d_array_is_numpys(xp: client.Namespace, spec: str) -> None:
+    value = np.asarray(np.float32(1.23456))
+    assert format(xp.asarray(value), spec) == format(value, spec)
+    assert f"{xp.asarray(2.5):.1f}" == "2.5"
+
+
+def test_format_of_an_nd_array_takes_no_spec_as_numpys(xp: client.Namespace) -> None:
+    x = xp.asarray([1.0, 2.0])
+    with pytest.raises(TypeError, match="unsupported format string"):
+        format(x, ".3g")
+    assert format(x, "") == str(x)
+
+
+def test_copies_stay_on_the_device(xp: client.Namespace, requests_of: Counted) -> None:
+    x = xp.asarray([1.0, 2.0])
+    deep, shallow = copy.deepcopy(x), copy.copy(x)
+    assert requests_of.requests == 0
+    for c in (deep, shallow):
+        assert isinstance(c, client.RemoteArray) and c.device is x.device
+        assert c.tensor_id != x.tensor_id
+    x[0] = 5.0
+    np.testing.assert_array_equal(deep.numpy(), [1.0, 2.0])
+    np.testing.assert_array_equal(shallow.numpy(), [1.0, 2.0])
+
+
+@pytest.mark.parametrize("protocol", [2, pickle.HIGHEST_PROTOCOL])
+def test_pickle_carries_the_values_as_a_numpy_array(xp: client.Namespace, protocol: int) -> None:
+    values = np.asarray([[1, 2], [3, 4]], dtype=np.int32)
+    restored = pickle.loads(pickle.dumps(xp.asarray(values), protocol=protocol))
+    assert type(restored) is np.ndarray and restored.dtype == values.dtype
+    np.testing.assert_array_equal(restored, values)
+    assert pickle.loads(pickle.dumps(xp.asarray(2.5))) == np.asarray(2.5)
