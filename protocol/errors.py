@@ -11,8 +11,8 @@ Exception tree::
     ├── OpIndexError (IndexError)       an index that does not fit the array
     ├── OpDTypeError (TypeError)        dtypes the op does not accept
     ├── OpOverflowError (OverflowError) a Python integer the target dtype cannot hold
-    ├── OpArgumentError (TypeError,     an argument the op's wire model cannot carry (an
-    │   ValueError)                     array where a scalar goes, a string for a number)
+    ├── OpArgumentError (TypeError,     an argument the op cannot take (an array where a
+    │   ValueError)                     scalar goes, a string for a number, none at all)
     └── GraphError (ValueError)         a graph whose ops, ids or signatures do not hold
     DeviceSpecError (ValueError)        a device spec string that names no valid device
 
@@ -113,9 +113,10 @@ class OpOverflowError(InvalidOpError, OverflowError):
 
 
 class OpArgumentError(InvalidOpError, TypeError, ValueError):
-    """An argument that the op's wire model cannot carry (an array where a scalar goes, a
-    string where a number goes): a ``TypeError``, as numpy raises for such arguments, and a
-    ``ValueError``, as the model's own validation error is."""
+    """An argument that the op cannot take: one its wire model cannot carry (an array where a
+    scalar goes, a string where a number goes), or none where one is needed. A ``TypeError``,
+    as numpy raises for such arguments, and a ``ValueError``, as the model's own validation
+    error is (and as array_api_strict's ``result_type`` raises with no array)."""
 
 
 class GraphError(InvalidOpError, ValueError):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import pickle
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -189,3 +190,33 @@ def test_pickle_carries_the_values_as_a_numpy_array(xp: client.Namespace, protoc
     assert type(restored) is np.ndarray and restored.dtype == values.dtype
     np.testing.assert_array_equal(restored, values)
     assert pickle.loads(pickle.dumps(xp.asarray(2.5))) == np.asarray(2.5)
+
+
+# --- error types and words ----------------------------------------------------------------------
+
+
+def test_result_type_without_an_array_raises_as_strict(xp: client.Namespace) -> None:
+    with pytest.raises(ValueError, match="at least one array or dtype is required"):
+        strict.result_type(1, 2.0)
+    with pytest.raises(ValueError, match="at least one array or dtype is required") as info:
+        xp.result_type(1, 2.0)
+    assert isinstance(info.value, TypeError)  # what it raised before, still caught
+
+
+def test_broadcast_and_cast_errors_use_numpys_words(xp: client.Namespace) -> None:
+    words = "operands could not be broadcast together with shapes (3,) (2,)"
+    with pytest.raises(ValueError, match=re.escape(words)):
+        np.ones(3) + np.ones(2)
+    with pytest.raises(ValueError, match=re.escape(words)):
+        xp.ones(3) + xp.ones(2)
+    with pytest.raises(ValueError, match="could not be broadcast"):
+        xp.broadcast_to(xp.ones(3), (2,))
+    with pytest.raises(ValueError, match="could not broadcast input array from shape"):
+        xp.ones((2, 3))[0, :] = xp.ones(2)
+    ints = np.ones(3, dtype=np.int64)
+    cast = "Cannot cast ufunc 'add' output from dtype('float64') to dtype('int64')"
+    with pytest.raises(TypeError, match=re.escape(cast)):
+        ints += np.ones(3)
+    remote_ints = xp.ones(3, dtype=xp.int64)
+    with pytest.raises(TypeError, match=re.escape(cast)):
+        remote_ints += xp.ones(3)

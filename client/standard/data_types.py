@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from protocol import to_numpy
+from protocol import OpArgumentError, to_numpy
 from protocol.scalars import scalar_dtype
 
 from .._handle import common_device, wire_dtype
@@ -34,7 +34,8 @@ class DataTypeFunctions:
         dtypes = [np.dtype(a) for a in items if not isinstance(a, bool | int | float | complex)]
         scalars = [a for a in items if isinstance(a, bool | int | float | complex)]
         if not dtypes:
-            raise TypeError("result_type needs at least one array or dtype")
+            # array_api_strict's error and words; also a TypeError, which this raised before
+            raise OpArgumentError("at least one array or dtype is required")
         result = wire_dtype(np.result_type(*dtypes))
         for value in scalars:
             result = wire_dtype(np.result_type(result, scalar_dtype(value, result)))

@@ -146,7 +146,8 @@ def broadcast_shapes(*shapes: tuple[int, ...]) -> tuple[int, ...]:
     for i in range(-ndim, 0):
         dims = {s[i] for s in shapes if len(s) >= -i} - {1}
         if len(dims) > 1:
-            raise OpShapeError(f"shapes {', '.join(map(str, shapes))} do not broadcast")
+            together = " ".join(map(str, shapes))  # numpy's words, which libraries' tests match
+            raise OpShapeError(f"operands could not be broadcast together with shapes {together}")
         out.append(dims.pop() if dims else 1)
     return tuple(out)
 

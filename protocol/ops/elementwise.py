@@ -239,7 +239,11 @@ def inplace_meta(op: BinaryName, x: TensorMeta, other: TensorMeta) -> TensorMeta
     if result.dtype != x.dtype and not np.can_cast(
         to_numpy(result.dtype), to_numpy(x.dtype), casting="same_kind"
     ):
-        raise OpDTypeError(f"in-place {op} cannot store {result.dtype} into {x.dtype}")
+        raise OpDTypeError(  # numpy's words first: libraries' tests match them
+            f"Cannot cast ufunc '{op}' output from dtype('{result.dtype}') to "
+            f"dtype('{x.dtype}') with casting rule 'same_kind': in-place {op} cannot store "
+            f"{result.dtype} into {x.dtype}"
+        )
     return x
 
 

@@ -194,12 +194,18 @@ class SetItem(BaseOp):
         x, value, *index = args
         target = index_shape(x.shape, self.key, tuple(index))
         if value.dtype != x.dtype:
-            raise OpDTypeError(f"cannot store {value.dtype} values into a {x.dtype} array")
+            raise OpDTypeError(
+                f"Cannot cast array data from dtype('{value.dtype}') to dtype('{x.dtype}'): "
+                f"cannot store {value.dtype} values into a {x.dtype} array"
+            )
         if len(value.shape) > len(target):
             raise OpShapeError(f"value of shape {value.shape} does not fit {target}")
         for v, t in zip(reversed(value.shape), reversed(target), strict=False):
             if v not in (1, t) and t != UNKNOWN:
-                raise OpShapeError(f"value of shape {value.shape} does not broadcast to {target}")
+                raise OpShapeError(
+                    f"could not broadcast input array from shape {value.shape} into shape "
+                    f"{target}: the value does not broadcast to it"
+                )
         return x
 
 

@@ -186,7 +186,10 @@ class BroadcastTo(BaseOp):
     def infer(self, *args: TensorMeta) -> TensorMeta:
         (x,) = args
         if len(x.shape) > len(self.shape) or broadcast_shapes(x.shape, self.shape) != self.shape:
-            raise OpShapeError(f"cannot broadcast {x.shape} to {self.shape}")
+            raise OpShapeError(
+                f"operands could not be broadcast together: cannot broadcast {x.shape} to "
+                f"{self.shape}"
+            )
         return TensorMeta(check_shape(self.shape), x.dtype)
 
 
