@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+from . import _elements as _elements  # registers RemoteArray's iteration
 from . import capture as capture
 from ._stats import SegmentStats as SegmentStats
 from ._stats import SessionStats as SessionStats

@@ -22,7 +22,7 @@ from protocol import TensorMeta, from_numpy
 from protocol.ops import Full
 from protocol.scalars import scalar_from_python
 
-from .array import EXACT_SCALARS, RemoteArray
+from .array import EXACT_SCALARS, RemoteArray, register_iteration
 from .device import Device
 
 # The comparisons a known element answers itself, by operator name.
@@ -138,3 +138,5 @@ for _name, _compare in _COMPARISONS.items():
     setattr(KnownScalar, _name, _comparison(_name, _compare))
 for _name in _WRITING:
     setattr(KnownScalar, _name, _writing(_name))
+
+register_iteration(iterate)

@@ -42,6 +42,7 @@ from protocol.scalars import PyScalar, scalar_dtype, scalar_from_python
 from ._building import apply, apply_inplace, full, upload
 from ._handle import Handle, checked_device, index_key, ints, wire_dtype
 from ._python_protocols import PythonProtocols
+from ._ufuncs import NumpyUfuncs
 from .device import register_array_type
 from .transfer import to_device
 
@@ -60,6 +61,15 @@ def register_namespace(namespace_of: Callable[[Device], Namespace]) -> None:
     ``client.namespace``."""
     global _namespace_of
     _namespace_of = namespace_of
+
+
+_iterate: Callable[[RemoteArray], Iterator[RemoteArray]] | None = None
+
+
+def register_iteration(iterate: Callable[[RemoteArray], Iterator[RemoteArray]]) -> None:
+    """Make ``iter(x)`` return ``iterate(x)``. Called once by ``client._elements``."""
+    global _iterate
+    _iterate = iterate
 
 
 # --- the operators, from factories (each is a plain method to Python and to mypy) -------------
@@ -94,11 +104,10 @@ def _operators(name: BinaryName) -> tuple[Operator, Operator, Operator]:
     return _binary_operator(name), _binary_operator(name, reflected=True), inplace_operator_
 
 
-class RemoteArray(PythonProtocols, Handle):
+class RemoteArray(PythonProtocols, NumpyUfuncs, Handle):
     """A tensor on a remote device. Create them with a namespace: ``client.namespace(dev)``."""
 
     __slots__ = ()
-    __array_ufunc__ = None  # numpy defers to our reflected operators instead of downloading
     __hash__ = None  # type: ignore[assignment]  # __eq__ is element-wise, as in numpy
 
     @property
@@ -110,14 +119,14 @@ class RemoteArray(PythonProtocols, Handle):
         return matrix_transpose(self)
 
     def __iter__(self) -> Iterator[RemoteArray]:
-        """One read for a 1-d array, none for an n-d one (``client._elements``).
+        """One read for a 1-d array, none for an n-d one (``client._elements``, a subclass
+        of this one, which registers its iteration here on import).
 
         Raises:
             TypeError: a 0-d array, at once.
         """
-        from ._elements import iterate  # it subclasses RemoteArray
-
-        return iterate(self)
+        assert _iterate is not None, "client._elements registers itself on import"
+        return _iterate(self)
 
     def __array_namespace__(self, *, api_version: str | None = None) -> Namespace:
         if api_version not in (None, "2021.12", "2022.12", "2023.12", "2024.12"):

@@ -13,6 +13,7 @@ from typing import Any
 import array_api_strict as strict
 import numpy as np
 import pytest
+from scipy.special import _ufuncs as special_ufuncs  # the raw ufuncs, not the xp wrappers
 
 import client
 from protocol import OpArgumentError
@@ -220,3 +221,53 @@ def test_broadcast_and_cast_errors_use_numpys_words(xp: client.Namespace) -> Non
     remote_ints = xp.ones(3, dtype=xp.int64)
     with pytest.raises(TypeError, match=re.escape(cast)):
         remote_ints += xp.ones(3)
+
+
+# --- numpy's ufuncs ------------------------------------------------------------------------------
+
+
+def test_numpy_ufuncs_the_server_knows_run_on_the_device(
+    xp: client.Namespace, requests_of: Counted
+) -> None:
+    local = np.asarray([0.25, 0.5, 2.0])
+    x = xp.asarray(local)
+    results = {
+        "exp": (np.exp(x), np.exp(local)),
+        "arccos": (np.arccos(x[:2]), np.arccos(local[:2])),
+        "add numpy first": (np.add(np.asarray([1.0, 2.0, 3.0]), x), np.add([1.0, 2.0, 3.0], local)),
+        "operator numpy first": (np.asarray([1.0, 2.0, 3.0]) * x, [1.0, 2.0, 3.0] * local),
+        "power with a scalar": (np.power(x, 2), np.power(local, 2)),
+        "numpy scalar first": (np.float32(2) - x, np.float32(2) - local),
+        "comparison": (np.less(local[::-1], x), np.less(local[::-1], local)),
+    }
+    assert requests_of.requests == 0  # all queued on the device
+    for name, (remote, expected) in results.items():
+        assert isinstance(remote, client.RemoteArray), name
+        assert remote.dtype == expected.dtype, name
+        np.testing.assert_allclose(remote.numpy(), expected, rtol=1e-15, err_msg=name)
+
+
+def test_numpy_ufuncs_write_out(xp: client.Namespace) -> None:
+    x = xp.asarray([1.0, 2.0])
+    remote_out = xp.zeros(2)
+    assert np.add(x, 1, out=remote_out) is remote_out
+    np.testing.assert_array_equal(remote_out.numpy(), [2.0, 3.0])
+    local = np.asarray([10.0, 20.0])
+    local += x  # numpy writes the result into its own array
+    np.testing.assert_array_equal(local, [11.0, 22.0])
+
+
+@pytest.mark.parametrize(
+    ("call", "words"),
+    [
+        (lambda x: special_ufuncs.erf(x), "erf is not one of numpy's.*np.asarray\\(x\\)"),
+        (lambda x: special_ufuncs.expm1(x), "call xp.expm1\\(...\\).*np.asarray\\(x\\)"),
+        (lambda x: np.add.reduce(x), "add.reduce.*call xp.sum\\(...\\)"),
+        (lambda x: np.add(x, 1, where=True), "add with where=.*call xp.add"),
+    ],
+)
+def test_other_ufuncs_say_what_to_call_instead(xp: client.Namespace, call: Any, words: str) -> None:
+    x = xp.asarray([0.5, 1.0])
+    with pytest.raises(TypeError, match=words):
+        call(x)
+    np.testing.assert_allclose(special_ufuncs.erf(np.asarray(x)), special_ufuncs.erf([0.5, 1.0]))
