@@ -24,6 +24,7 @@ from .errors import ConnectionLost as ConnectionLost
 from .errors import DeviceIndexError as DeviceIndexError
 from .errors import FeatureNotSupportedError as FeatureNotSupportedError
 from .errors import HandshakeError as HandshakeError
+from .errors import MessageTooLargeError as MessageTooLargeError
 from .errors import RemoteError as RemoteError
 from .errors import ServerBusyError as ServerBusyError
 from .errors import ServerNotResponding as ServerNotResponding

@@ -75,11 +75,7 @@ from ._resuming import Retained
 from ._segments import segmenter
 from ._stats import SegmentStats
 from ._transport import Closed, Transport
-from .errors import (
-    ConnectionLost,
-    ServerNotResponding,
-    SessionLost,
-)
+from .errors import ConnectionLost, ServerNotResponding, SessionLost
 
 FLUSH_OPS = 2048
 FLUSH_BYTES = 1 << 20
@@ -130,6 +126,7 @@ class Connection(Recovering):
             self._ws.close()
             raise
         self._ws.opened()
+        self._batch.limit = self.welcome.max_message_size  # the server's, if it said
         self._current = (self._ws, self._generation)
         resumable = self.welcome.resume_secret is not None and options.backoff.attempts > 0
         self._sent = Retained(keep=resumable)  # the messages the server may not have yet
@@ -241,18 +238,22 @@ class Connection(Recovering):
 
         Raises:
             ConnectionLost: the connection is closed or broke before a large upload was sent.
+            MessageTooLargeError: ``data`` cannot fit in a message the server takes.
         """
-        self._queue(partial(self._batch.add_upload, make_op, data))
+        self._queue(partial(self._batch.add_upload, make_op, data), (data,))
 
     def register_graph(self, graph_id: int, graph: GraphDef, data: Sequence[memoryview]) -> None:
         """Queue ``graph``'s registration under ``graph_id``; ``data`` are its constants' bytes,
         in order, taken as :meth:`submit_upload` takes an upload's. Raises as it does."""
         if self._batch.drops:  # a batch's drops apply after its registrations: make room first
             self.flush()
-        self._queue(partial(self._batch.add_graph, graph_id, graph, data))
+        self._queue(partial(self._batch.add_graph, graph_id, graph, data), data)
 
-    def _queue(self, add: Callable[[], bool]) -> None:
-        """Call ``add`` (True: a large buffer, sent before returning) and flush if need be."""
+    def _queue(self, add: Callable[[], bool], data: Sequence[memoryview]) -> None:
+        """Call ``add`` (True: a large buffer, sent before returning) and flush if need be; first
+        send the batch if the buffers ``data`` would take it past the server's limit."""
+        if self._batch.needs_room(data):
+            self.flush()
         frames: Sending | None = None
         with self._lock:
             self._check_open()

@@ -18,16 +18,23 @@ from protocol.graphs import GraphDef, RegisterGraph
 from protocol.messages import Request
 from protocol.ops import AnyOp
 
+from ._splitting import MEASURED_BELOW, within
+from .errors import MessageTooLargeError
+
 COPY_BELOW = 1 << 20  # uploads smaller than this are copied; larger ones are sent before return
+# The bytes of a message's limit kept for its header (its ops, the registration a buffer belongs
+# to), at most: an eighth of a small limit.
+HEADER_ROOM = 1 << 16
 # Frees in one message: 32,768 ids are at most ~460 KB of header, far under a server's
 # --max-header-size (4 MiB by default), however many handles were dropped since the last flush.
 MAX_FREES = 32_768
 
 
 class Pending:
-    """What the next flush sends; ``buffered`` counts the bytes of ``buffers``."""
+    """What the next flush sends; ``buffered`` counts the bytes of ``buffers``. ``limit`` is
+    the server's largest message (None: not said), which the connection sets once."""
 
-    __slots__ = ("ops", "buffers", "buffered", "frees", "graphs", "drops")
+    __slots__ = ("ops", "buffers", "buffered", "frees", "graphs", "drops", "limit")
 
     def __init__(self) -> None:
         self.ops: list[AnyOp] = []
@@ -36,6 +43,7 @@ class Pending:
         self.frees: collections.deque[int] = collections.deque()  # tensor ids
         self.graphs: list[RegisterGraph] = []
         self.drops: collections.deque[int] = collections.deque()  # graph ids
+        self.limit: int | None = None
 
     def __bool__(self) -> bool:
         return bool(self.ops or self.frees or self.buffers or self.graphs or self.drops)
@@ -67,6 +75,28 @@ class Pending:
             self.buffered += view.nbytes
         return large
 
+    def needs_room(self, data: Sequence[memoryview]) -> bool:
+        """Whether this batch must be sent before the buffers ``data`` join it, for its
+        message to stay within the server's limit: a batch's buffers take at most half of what
+        the limit leaves for data, so that its ops' header has room too.
+
+        Raises:
+            MessageTooLargeError: ``data`` do not fit in any message the server takes.
+        """
+        limit = self.limit
+        if limit is None:
+            return False
+        nbytes = sum(view.nbytes for view in data)
+        room = limit - min(HEADER_ROOM, limit // 8)
+        if nbytes > room:
+            raise MessageTooLargeError(
+                f"an upload of {nbytes} bytes does not fit in one message to this server: it "
+                f"takes messages of at most {limit} bytes (--max-message-size), {room} of them "
+                "for data; upload smaller parts (and join them with xp.concat), or raise the "
+                "server's limit"
+            )
+        return bool(self) and self.buffered + nbytes > room // 2
+
     def messages(
         self, requests: Sequence[Request], ack: int = 0
     ) -> list[tuple[Batch, list[memoryview]]]:
@@ -77,6 +107,9 @@ class Pending:
         ``ack`` (``Batch.ack``)."""
         taken = [self.take((), MAX_FREES, ack) for _ in range(len(self.frees) // MAX_FREES)]
         taken.append(self.take(requests, MAX_FREES, ack))
+        limit = self.limit
+        if limit is not None and limit < MEASURED_BELOW:  # cut to the server's limit
+            return [part for message in taken for part in within(limit, *message)]
         return taken
 
     def take(

@@ -15,6 +15,8 @@ Exception tree::
     ├── CaptureError (RuntimeError)         a capture scope refused what it was asked to record
     ├── GraphFileError (ValueError)         a graph file that is malformed, hostile or of another
     │                                       format version; nothing of it runs
+    ├── MessageTooLargeError (MemoryError)  an upload larger than one message the server takes;
+    │                                       refused before it is sent, the session goes on
     └── ConnectionLost (ConnectionError)    the connection closed or broke; pending work fails;
         │                                   ``code`` says why when the server said so
         └── SessionLost                     the session cannot be resumed (``reason``: the
@@ -72,6 +74,13 @@ class CaptureError(TensorwireError, RuntimeError):
 class GraphFileError(TensorwireError, ValueError):
     """A graph file (``Graph.load``) that cannot be used: not a graph, truncated, another
     format version, or a graph that does not hold together. Nothing of it runs."""
+
+
+class MessageTooLargeError(TensorwireError, MemoryError):
+    """An upload (or a graph's constants) larger than one message the server takes (its
+    ``--max-message-size``, which its welcome says): refused before anything is sent, as numpy
+    raises ``MemoryError`` for an array it cannot allocate. Nothing was queued; the session
+    goes on."""
 
 
 class FeatureNotSupportedError(TensorwireError, TypeError):

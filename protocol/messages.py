@@ -30,8 +30,9 @@ PROTOCOL_VERSION = 2
 FEATURE_RESUME = "resume"  # sessions resume after a lost connection (Welcome.resume_secret)
 FEATURE_NN = "nn"  # the neural-network extension's ops (protocol/ops/nn.py)
 FEATURE_SEGMENTS = "segments"  # run_segment, and GraphRefused (client._segments)
+FEATURE_LIMITS = "limits"  # Welcome.max_message_size
 # what this package speaks, beyond its version's baseline
-FEATURES = (FEATURE_RESUME, FEATURE_NN, FEATURE_SEGMENTS)
+FEATURES = (FEATURE_RESUME, FEATURE_NN, FEATURE_SEGMENTS, FEATURE_LIMITS)
 
 RequestId = Annotated[int, Field(ge=0, lt=2**63)]
 ServerId = Annotated[str, Field(pattern=r"^[0-9a-f]{1,64}$")]  # Welcome.server_id
@@ -173,6 +174,10 @@ class Welcome(Message):
     to take the session up again within ``resume_window`` seconds of losing its connection.
     On a resumed session ``resumed`` is true and ``received`` is how many of the client's
     messages the server has received whole: the client sends the ones after them again.
+
+    ``max_message_size`` (feature ``limits``; None: not said) is the largest message, in bytes,
+    that the server takes: a larger one closes the connection, so the client checks before it
+    sends. Left out of the JSON when None, for a client that does not speak ``limits``.
     """
 
     type: Literal["welcome"] = "welcome"
@@ -186,6 +191,7 @@ class Welcome(Message):
     resume_window: float = 0.0
     resumed: bool = False
     received: Count = 0
+    max_message_size: NBytes | None = Field(default=None, exclude_if=lambda size: size is None)
 
 
 class Refused(Message):

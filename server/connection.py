@@ -226,6 +226,7 @@ class Connections:
             secret=secret,
             window=self._config.resume_window,
             received=received,
+            max_message_size=self._config.max_message_size,
         )
 
     async def _refuse(self, ws: WireConnection, error: ErrorInfo) -> None:

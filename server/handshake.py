@@ -11,6 +11,7 @@ from functools import partial
 
 from protocol import (
     CLIENT_ADAPTER,
+    FEATURE_LIMITS,
     FEATURE_NN,
     FEATURE_RESUME,
     FEATURE_SEGMENTS,
@@ -104,19 +105,27 @@ def welcome(
     secret: str | None,
     window: float,
     received: int = 0,
+    max_message_size: int | None = None,
 ) -> Welcome:
-    """The welcome of a session (``received``: a resumed session's client messages so far)."""
+    """The welcome of a session (``received``: a resumed session's client messages so far;
+    ``max_message_size``: the server's limit, said to a client that speaks ``limits``)."""
     return Welcome(
         protocol=PROTOCOL_VERSION,
         device_index=hello.device_index,
         device_count=device_count,
         server_id=server_id,
         session_id=session_id,
-        features=[FEATURE_NN, FEATURE_SEGMENTS, *([FEATURE_RESUME] if secret is not None else [])],
+        features=[
+            FEATURE_NN,
+            FEATURE_SEGMENTS,
+            FEATURE_LIMITS,
+            *([FEATURE_RESUME] if secret is not None else []),
+        ],
         resume_secret=secret,
         resume_window=window if secret is not None else 0.0,
         resumed=hello.resume is not None,
         received=received,
+        max_message_size=max_message_size if FEATURE_LIMITS in hello.features else None,
     )
 
 

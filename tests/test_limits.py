@@ -386,8 +386,32 @@ def test_declared_buffer_bomb_is_refused_before_allocation(raw: Raw, witness: Wi
     witness.assert_intact()
 
 
-def test_oversized_message_closes_with_1009(dev: client.RemoteDevice, witness: Witness) -> None:
+def test_an_upload_over_the_message_limit_fails_alone(
+    dev: client.RemoteDevice, witness: Witness
+) -> None:
+    """The welcome says the server's limit; an upload that cannot fit is refused before it is
+    sent, with a MemoryError as numpy's for an array it cannot allocate, and the session goes
+    on."""
     xp = client.namespace(dev)
+    assert dev._conn.welcome.max_message_size == 2 * MIB
+    kept = xp.asarray(np.arange(10.0))
+    before = dev.stats()
+    with pytest.raises(client.MessageTooLargeError, match="at most 2097152 bytes") as info:
+        xp.asarray(np.zeros(3 * MIB // 8))  # 3 MiB > --max-message-size 2MiB
+    assert isinstance(info.value, MemoryError)
+    np.testing.assert_array_equal((kept + 1).numpy(), np.arange(1.0, 11.0))  # it goes on
+    after = dev.stats()
+    assert (after.tensors, after.tensor_bytes) == (before.tensors, before.tensor_bytes)
+    del kept
+    dev.sync()  # the free reaches the server
+    witness.assert_intact()
+
+
+def test_oversized_message_closes_with_1009(dev: client.RemoteDevice, witness: Witness) -> None:
+    """A client that does not check the limit (one that predates the welcome's
+    ``max_message_size``) sends the message; the server closes the connection."""
+    xp = client.namespace(dev)
+    dev._conn._batch.limit = None
     with pytest.raises(client.ConnectionLost) as info:  # 3 MiB > --max-message-size 2MiB
         xp.asarray(np.zeros(3 * MIB // 8))
         dev.sync()
