@@ -7,7 +7,9 @@ that value (``bool``, ``float``, ``int``, ``format``, ``np.asarray``, and a comp
 another known element of its dtype or a Python scalar, as ``max(x)`` makes) is answered here
 without the server; any other op runs on the device as for any 0-d array. Each element's tensor
 is a ``full`` op with its value: a copy, as numpy's and strict's elements are, queued with the
-next flush. An n-d array yields its rows ``x[i]``, ops that need no read at all.
+next flush. An n-d array yields its rows ``x[i]``, ops that need no read at all; so does a
+1-d array on a device a capture records (``client.capture``), whose graph must take its
+elements from ``x`` at every replay, not the values of the recording.
 """
 
 from __future__ import annotations
@@ -45,7 +47,8 @@ def iterate(x: RemoteArray) -> Iterator[RemoteArray]:
     """
     if not x.shape:
         raise TypeError("iteration over a 0-d array")
-    if x.ndim > 1:
+    if x.ndim > 1 or getattr(x.device, "_capturing", None) is not None:
+        # rows, and the elements of an array a capture records: ops on x, not values
         return (x[i] for i in range(x.shape[0]))
     values = x.numpy()  # the one read
     return (known_scalar(value, x.device) for value in values)

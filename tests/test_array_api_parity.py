@@ -271,3 +271,13 @@ def test_other_ufuncs_say_what_to_call_instead(xp: client.Namespace, call: Any, 
     with pytest.raises(TypeError, match=words):
         call(x)
     np.testing.assert_allclose(special_ufuncs.erf(np.asarray(x)), special_ufuncs.erf([0.5, 1.0]))
+
+
+def test_iterating_in_a_capture_records_ops_on_the_array(dev: client.RemoteDevice) -> None:
+    xp = client.namespace(dev)
+    recorded = xp.asarray([1.0, 2.0, 3.0])
+    with client.capture.Capture(dev) as cap:
+        x = cap.input("x", recorded)
+        cap.output("y", xp.stack([v * 2 for v in x]))
+    replayed = cap.graph.replay(dev, {"x": xp.asarray([5.0, 6.0, 7.0])})["y"]
+    np.testing.assert_array_equal(replayed.numpy(), [10.0, 12.0, 14.0])
