@@ -68,7 +68,10 @@ def known_scalar(value: np.generic, device: Device) -> KnownScalar:
 
 
 class KnownScalar(RemoteArray):
-    """A 0-d remote array whose value the client holds, until an in-place op writes it."""
+    """A 0-d remote array whose value the client holds, until an in-place op writes it or it
+    is indexed (a view, which may be written). Note: a view made by a namespace function
+    (``xp.reshape(v, (1,))``) and written in place is not seen: an element is a scalar to
+    compare and convert, as numpy's are."""
 
     __slots__ = ("_known",)
 
@@ -86,16 +89,21 @@ class KnownScalar(RemoteArray):
 
     def _local_operand(self, other: Any) -> Any:
         """``other``'s value when a comparison with it can be answered here, else None:
-        a known element of this dtype, or a Python scalar (weak, as on the device)."""
+        a known element of this dtype, or a Python scalar (weak, as on the device); complex
+        values are left to the device, which refuses to order them."""
+        if self._known is None or self._known.dtype.kind == "c" or isinstance(other, complex):
+            return None
         if type(other) in EXACT_SCALARS:
             return other
-        if isinstance(other, KnownScalar) and other._known is not None and self._known is not None:
+        if isinstance(other, KnownScalar) and other._known is not None:
             return other._known if other._known.dtype == self._known.dtype else None
         return None
 
 
-# The in-place methods: each forgets the known value before it writes the tensor.
+# The methods that may write the tensor: the in-place ones, and indexing, whose result may be a
+# view that is written later. Each forgets the known value first (it is read again if needed).
 _WRITING = (
+    "__getitem__",
     "__setitem__",
     "__iadd__",
     "__isub__",
@@ -117,7 +125,7 @@ def _comparison(name: str, compare: Callable[[Any, Any], Any]) -> Callable[..., 
     remote = getattr(RemoteArray, name)
 
     def comparison(self: KnownScalar, other: Any) -> Any:
-        local = None if self._known is None else self._local_operand(other)
+        local = self._local_operand(other)
         if local is None:
             return remote(self, other)
         return known_scalar(np.bool_(compare(self._known, local)), self.device)

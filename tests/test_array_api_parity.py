@@ -281,3 +281,10 @@ def test_iterating_in_a_capture_records_ops_on_the_array(dev: client.RemoteDevic
         cap.output("y", xp.stack([v * 2 for v in x]))
     replayed = cap.graph.replay(dev, {"x": xp.asarray([5.0, 6.0, 7.0])})["y"]
     np.testing.assert_array_equal(replayed.numpy(), [10.0, 12.0, 14.0])
+
+
+def test_an_element_written_through_an_index_is_read_again(xp: client.Namespace) -> None:
+    (element,) = xp.asarray([1.0])
+    view = element[...]
+    view += 1.0
+    assert float(element) == 2.0 and bool(element > 1.5)
