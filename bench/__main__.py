@@ -21,6 +21,7 @@ import numpy as np
 import pydantic
 
 import client
+from protocol.version import version_text
 
 from . import _procs, compute, consumer, latency, memory, models, servers, training, transfer
 from ._params import FULL, QUICK, Params
@@ -48,6 +49,7 @@ Tick = Callable[[], None]
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    parser.add_argument("--version", action="version", version=version_text())
     parser.add_argument("--quick", action="store_true", help="a seconds-long smoke version")
     parser.add_argument(
         "--json", type=Path, default=Path(__file__).parent / "results.json", help="output path"

@@ -45,6 +45,7 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from protocol.ops import Pool, PoolBackward
+from protocol.version import version_text
 from server.executor import convolution, pooling
 
 from ._conv_candidates import (
@@ -155,6 +156,7 @@ def _pool_cases(everything: bool, dtypes: Sequence[str]) -> Iterator[Case]:
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.conv_formulations", description=__doc__)
+    parser.add_argument("--version", action="version", version=version_text())
     parser.add_argument("--all", action="store_true", help="larger shapes and float64 too")
     parser.add_argument("--seconds", type=float, default=0.05, help="per row, at least 3 rounds")
     parser.add_argument(

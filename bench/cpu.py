@@ -29,6 +29,7 @@ from protocol import CLIENT_ADAPTER, Batch, TensorMeta, decode, encode
 from protocol.codec import byte_view
 from protocol.graphs import GraphDef, GraphTensor, RegisterGraph, renumber
 from protocol.ops import Binary, BinaryScalar, FromBuffer, RunSegment
+from protocol.version import version_text
 from server.session import Session
 
 from . import _kinds
@@ -103,6 +104,7 @@ def _segment(batch: Batch) -> tuple[bytes, bytes]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.cpu", description=__doc__)
+    parser.add_argument("--version", action="version", version=version_text())
     parser.add_argument("--kinds", action="store_true", help="per op kind of training steps")
     parser.add_argument("--reps", type=int, default=7, help="repetitions, the best one kept")
     parser.add_argument(

@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 import client
+from protocol.version import version_text
 
 from . import _procs, _progress, _twins, soak
 from .attacks import ATTACKS, attack_until
@@ -248,6 +249,7 @@ def verdict(figures: dict[str, Any]) -> dict[str, bool]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.faults", description=__doc__)
+    parser.add_argument("--version", action="version", version=version_text())
     parser.add_argument("--seconds", type=float, default=1800.0)
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--quick", action="store_true", help="20 s, 2 clients (a smoke run)")

@@ -21,6 +21,7 @@ import numpy as np
 
 from protocol.ops import AnyOp, BatchNorm, Pool, PoolBackward, Random, Softmax
 from protocol.ops.nn import FloatDType
+from protocol.version import version_text
 
 from ._nn_shapes import conv_problems, pool_problems
 from ._timing import add_timing_options, best_seconds, blas_held, count, run_op
@@ -61,6 +62,7 @@ def elementwise_rows(dtype: FloatDType) -> Iterator[Row]:
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.nn_costs", description=__doc__)
+    parser.add_argument("--version", action="version", version=version_text())
     parser.add_argument("--all", action="store_true", help="every shape, and float64 too")
     add_timing_options(parser, rounds=5)
     args = parser.parse_args(argv)

@@ -19,6 +19,7 @@ import contextlib
 from collections.abc import Iterator, Sequence
 
 from protocol import InvalidOpError
+from protocol.version import version_text
 
 from . import nn_costs
 from ._op_cases import AGAINST_LAYOUT, FAMILIES, Case
@@ -47,6 +48,7 @@ def cases(families: Sequence[str], everything: bool) -> Iterator[tuple[str, Case
 def main(argv: Sequence[str] | None = None) -> None:
     names = [*FAMILIES, NN]
     parser = argparse.ArgumentParser(prog="python -m bench.op_costs", description=__doc__)
+    parser.add_argument("--version", action="version", version=version_text())
     parser.add_argument("--all", action="store_true", help="more sizes and dtypes")
     parser.add_argument("--only", action="append", choices=names, help="just these families")
     add_timing_options(parser, rounds=3)

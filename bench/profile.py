@@ -25,6 +25,7 @@ import numpy as np
 
 import client
 from client.autodiff import Autodiff
+from protocol.version import version_text
 
 from . import _procs, training
 
@@ -181,6 +182,7 @@ def profile(name: str, size: int, out: Path) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.profile", description=__doc__)
+    parser.add_argument("--version", action="version", version=version_text())
     parser.add_argument("--out", type=Path, default=Path("bench/profiles"))
     parser.add_argument("--ops", type=int, default=50_000)
     parser.add_argument("--mib", type=int, default=256)

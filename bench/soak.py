@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 import client
+from protocol.version import version_text
 
 from . import _procs
 from .attacks import ATTACKS, MIB, PEERS, attack_until
@@ -156,6 +157,7 @@ def verdict(figures: dict[str, Any]) -> dict[str, bool]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.soak", description=__doc__)
+    parser.add_argument("--version", action="version", version=version_text())
     parser.add_argument("--seconds", type=float, default=600.0)
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument(

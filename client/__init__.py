@@ -11,6 +11,16 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from runpy import run_path
+
+# protocol/shadowing.py by its path: ``import protocol`` could be a user's protocol.py
+run_path(str(Path(__file__).parent.parent / "protocol" / "shadowing.py"))["refuse_shadowing"](
+    __file__
+)
+
+from protocol import __version__ as __version__
+
 from . import _elements as _elements  # registers RemoteArray's iteration
 from . import capture as capture
 from ._stats import SegmentStats as SegmentStats

@@ -13,7 +13,6 @@ through the hook :func:`register_array_type`, which :func:`new_handle` calls.
 from __future__ import annotations
 
 import asyncio
-import os
 import weakref
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
@@ -38,6 +37,7 @@ from protocol.messages import Request
 from protocol.ops import AnyOp
 
 from ._connection import Connection
+from ._environment import server_token, server_url
 from ._opening import url_of
 from ._options import ConnectionKeywords, ConnectionOptions
 from ._stats import SegmentStats, SessionStats, session_stats
@@ -45,8 +45,6 @@ from .errors import ServerProtocolError
 
 if TYPE_CHECKING:
     from .array import RemoteArray
-
-TOKEN_ENV = "TENSOR_SERVER_TOKEN"  # noqa: S105 - the variable's name, not a token
 
 ArrayType = Callable[["Device", int, TensorMeta], "RemoteArray"]
 
@@ -123,15 +121,13 @@ class Device:
 
     def __init__(
         self,
-        url: str,
+        url: str | None = None,
         index: int = 0,
         token: str | None = None,
         **keywords: Unpack[ConnectionKeywords],
     ) -> None:
-        if token is None:
-            token = os.environ.get(TOKEN_ENV) or None
-        url = url_of(url)
-        options = ConnectionOptions(token=token, **keywords)  # checked before connecting
+        url = url_of(server_url(url))  # without one: TENSORWIRE_URL (client._environment)
+        options = ConnectionOptions(token=server_token(token), **keywords)  # checked here
         self._attach(Connection(url, index, options), url, index)
 
     @classmethod
@@ -303,8 +299,9 @@ class RemoteDevice(SyncDevice):
             xp = client.namespace(dev)
 
     ``url`` is ``ws://HOST:PORT`` (or ``wss://``), or the same as a device spec,
-    ``remote:ws://HOST:PORT``. ``index`` picks one of the server's devices. ``token`` defaults
-    to the ``TENSOR_SERVER_TOKEN`` environment variable; it travels as
+    ``remote:ws://HOST:PORT``; without one, ``TENSORWIRE_URL``. ``index`` picks one of the
+    server's devices. ``token`` defaults to ``TENSORWIRE_TOKEN``, or the contents of the file
+    ``TENSORWIRE_TOKEN_FILE``, or ``TENSOR_SERVER_TOKEN`` (``client._environment``); it travels as
     ``Authorization: Bearer TOKEN`` on the upgrade request. For ``wss://`` the server's
     certificate is verified against ``ca_file`` (a PEM file) or the system's CAs. Connecting,
     the upgrade and the handshake together may take ``open_timeout`` seconds (10 by default).
@@ -336,7 +333,8 @@ class RemoteDevice(SyncDevice):
             ServerShuttingDownError) the server is shutting down.
         HandshakeError: (another subclass of) the server refused the session.
         ConnectionLost: the server cannot be reached, or TLS verification failed.
-        ValueError: ``timeout``, ``ping_interval`` or ``ping_timeout`` is not positive, or a
+        ValueError: no URL (nor ``TENSORWIRE_URL``), an unreadable ``TENSORWIRE_TOKEN_FILE``,
+            ``timeout``, ``ping_interval`` or ``ping_timeout`` is not positive, or a
             reconnection bound is out of range.
     """
 
@@ -359,7 +357,7 @@ class AsyncRemoteDevice(Device):
     @classmethod
     async def connect(
         cls,
-        url: str,
+        url: str | None = None,
         index: int = 0,
         token: str | None = None,
         **keywords: Unpack[ConnectionKeywords],

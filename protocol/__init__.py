@@ -7,6 +7,10 @@ check it).
 
 from __future__ import annotations
 
+from .shadowing import refuse_shadowing
+
+refuse_shadowing(__file__)  # before a sibling package's import can run a user's file
+
 from .codec import MessageDecoder as MessageDecoder
 from .codec import byte_view as byte_view
 from .codec import decode as decode
@@ -63,3 +67,6 @@ from .messages import Welcome as Welcome
 from .ops import AnyOp as AnyOp
 from .ops import Op as Op
 from .ops import TensorMeta as TensorMeta
+from .version import distribution_version
+
+__version__ = distribution_version()

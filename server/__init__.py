@@ -13,9 +13,18 @@ The names below load their modules on first use (PEP 562), so ``python -m server
 from __future__ import annotations
 
 from importlib import import_module
+from pathlib import Path
+from runpy import run_path
 from typing import TYPE_CHECKING, Any
 
+# protocol/shadowing.py by its path: ``import protocol`` could be a user's protocol.py
+run_path(str(Path(__file__).parent.parent / "protocol" / "shadowing.py"))["refuse_shadowing"](
+    __file__
+)
+
 if TYPE_CHECKING:
+    from protocol import __version__ as __version__
+
     from .app import Server as Server
     from .app import serve as serve
     from .config import InsecureConfigError as InsecureConfigError
@@ -32,8 +41,9 @@ _EXPORTS = {
     "validate_host_device": ".config",
     "InsecureConfigError": ".config",
     "validate_security": ".config",
+    "__version__": "protocol",  # the package metadata's version, as protocol reads it
 }
-__all__ = list(_EXPORTS)
+__all__ = [name for name in _EXPORTS if name != "__version__"]
 
 
 def __getattr__(name: str) -> Any:

@@ -2,7 +2,8 @@
 
 Every :class:`~server.config.ServerConfig` field is a flag here and a ``TENSOR_SERVER_*``
 variable (``--help`` lists both); a flag beats the variable. ``--check-config`` validates
-everything, prints the effective settings (token hidden) and exits 0 without binding.
+everything, prints the effective settings (token hidden; the memory budget and session quota as
+the numbers that will apply) and exits 0 without binding.
 
 Exit status: 0 after SIGINT or SIGTERM (the first one drains: see :meth:`Server.drain`; a second
 one cuts the drain short), 2 for a bad command line, a bad setting, a device the server must
@@ -31,10 +32,12 @@ from pydantic.fields import FieldInfo
 from pydantic_settings import SettingsError
 
 from protocol import DeviceSpecError
+from protocol.version import version_text
 
 from . import logs
 from .app import Server
 from .config import ENV_PREFIX, InsecureConfigError, ServerConfig, UnsupportedDeviceError
+from .setting_values import NEW_ENV_PREFIX
 
 PROG = "python -m server"
 _SHOWN_DEFAULTS = {"device": "ndarray", "worker_threads": "the number of cores"}
@@ -76,7 +79,9 @@ def parser(model: type[ServerConfig] = ServerConfig) -> argparse.ArgumentParser:
     p = _Parser(
         prog=PROG,
         description="Serve numpy tensor ops to Tensorwire clients over websockets. Every flag "
-        f"can also be set with the environment variable shown ({ENV_PREFIX}*); a flag wins.",
+        f"can also be set with the environment variable shown ({ENV_PREFIX}*), or the same "
+        f"with the prefix {NEW_ENV_PREFIX} (which wins where both are set); a flag wins over "
+        "both.",
         argument_default=argparse.SUPPRESS,
     )
     for name, info in model.model_fields.items():
@@ -88,6 +93,7 @@ def parser(model: type[ServerConfig] = ServerConfig) -> argparse.ArgumentParser:
             p.add_argument(
                 flag(name), dest=name, metavar=_metavar(name, info), help=_help(name, info)
             )
+    p.add_argument("--version", action="version", version=version_text())
     p.add_argument(
         "--check-config",
         action="store_true",
@@ -145,8 +151,12 @@ def build_server(argv: list[str] | None = None) -> Server:
 
 
 def describe_config(config: ServerConfig) -> str:
-    """The effective settings as one JSON line, with the tokens hidden."""
+    """The effective settings as one JSON line, with the tokens hidden: what the server will
+    apply, so an unset memory budget or session quota shows the number its default works out
+    to on this machine."""
     shown = config.model_dump(mode="json")
+    shown["memory_budget"] = config.effective_memory_budget
+    shown["session_quota"] = config.effective_session_quota
     for secret in ("token", "peer_token"):
         if shown[secret] is not None:
             shown[secret] = "<hidden>"

@@ -1,5 +1,4 @@
-"""Server configuration, read from flags and ``TENSOR_SERVER_*`` variables, and the startup
-validator.
+"""Server configuration, read from flags and ``TENSORWIRE_*`` or ``TENSOR_SERVER_*`` variables.
 
 Nothing here binds, spawns or starts a loop (an import contract in ``pyproject.toml`` keeps
 sockets, processes and event loops out). Reading ``--token-file`` and the cgroup memory limit
@@ -7,12 +6,13 @@ are the only file reads; the TLS files are read by ``server.guard`` when the ser
 
 Every field of :class:`ServerConfig` is one setting: ``python -m server`` makes a flag of it
 (``max_message_size`` -> ``--max-message-size``) and pydantic-settings reads the same setting
-from the environment (``TENSOR_SERVER_MAX_MESSAGE_SIZE``); a flag beats the variable, the
-variable beats the default. Adding a setting is adding a field with a ``description``.
+from the environment (``TENSORWIRE_MAX_MESSAGE_SIZE``, or the older
+``TENSOR_SERVER_MAX_MESSAGE_SIZE``; the first wins where both are set); a flag beats the
+variables, the variables beat the default. Adding a setting is adding a field with a
+``description``.
 
-The validator is the seed of this project (from Burn's remote backend): a server must never host
-a *remote* device (it would forward ops to another server, forever) nor a *capture* device (it
-records ops instead of executing them). It runs before anything binds.
+The checks a configuration passes before anything binds (the device, the exposure) live in
+``server.startup_checks``; this module exports them.
 """
 
 from __future__ import annotations
@@ -22,16 +22,22 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, model_validator
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic_settings import (
+    BaseSettings,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
 
-from protocol import CaptureSpec, DeviceSpec, NdArraySpec, RemoteSpec
+from protocol import DeviceSpec, NdArraySpec
 from protocol.codec import MAX_BUFFERS
 
-from .peer_urls import URL_PARTS, exposed, is_loopback
+from .peer_urls import URL_PARTS
 from .setting_values import AUTO_BUDGET_FRACTION as AUTO_BUDGET_FRACTION
 from .setting_values import ENV_PREFIX as ENV_PREFIX
 from .setting_values import (
     Size,
+    environment_sources,
     parse_budget,
     parse_device,
     parse_list,
@@ -41,6 +47,10 @@ from .setting_values import (
     read_token_file,
 )
 from .setting_values import cgroup_memory_limit as cgroup_memory_limit
+from .startup_checks import InsecureConfigError as InsecureConfigError
+from .startup_checks import UnsupportedDeviceError as UnsupportedDeviceError
+from .startup_checks import validate_host_device as validate_host_device
+from .startup_checks import validate_security as validate_security
 
 # Element operations one op may cost (``executor.cost``, about a nanosecond each): the default
 # of ``--max-op-cost``. It passes a 4096x4096 float32 matmul 8 times over, a 6000x6000 float64
@@ -53,18 +63,11 @@ MAX_OP_COST = 2**35
 PeerURL = Annotated[str, Field(pattern=URL_PARTS.pattern)]
 
 
-class UnsupportedDeviceError(ValueError):
-    """The server was asked to host a device it must never host (remote or capture)."""
-
-
-class InsecureConfigError(ValueError):
-    """A configuration that would expose the server unsafely (see :func:`validate_security`)."""
-
-
 class ServerConfig(BaseSettings):
     """Everything ``python -m server`` takes. Validated as a whole before anything binds.
 
-    Constructing one reads ``TENSOR_SERVER_*`` variables for the fields not given.
+    Constructing one reads ``TENSORWIRE_*`` and ``TENSOR_SERVER_*`` variables for the fields not
+    given (``TENSORWIRE_*`` first).
 
     Raises:
         pydantic.ValidationError: a value is out of range, malformed, or ``token_file`` cannot
@@ -262,6 +265,18 @@ class ServerConfig(BaseSettings):
         default=100.0, description="log lines a second at most, a tenth per connection; 0: none"
     )
 
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """Flags (given as arguments), then ``TENSORWIRE_*``, then ``TENSOR_SERVER_*``."""
+        return (init_settings, *environment_sources(settings_cls))
+
     @model_validator(mode="before")
     @classmethod
     def _prepare(cls, data: Any) -> Any:
@@ -310,89 +325,3 @@ class ServerConfig(BaseSettings):
                 f"({ENV_PREFIX}PORT); leave it unset to serve /metrics on the main port"
             )
         return self
-
-
-def validate_host_device(device: NdArraySpec | RemoteSpec | CaptureSpec) -> NdArraySpec:
-    """Return the local device a server may host, or refuse with the reason and the fix.
-
-    Raises:
-        UnsupportedDeviceError: ``device`` is a remote or a capture device. The message is one
-            line, fit for stderr.
-    """
-    if isinstance(device, RemoteSpec):
-        raise UnsupportedDeviceError(
-            f"cannot host a remote server on a remote device ({device}): a server must execute "
-            "ops itself; point it at a local backend such as --device ndarray, and never reuse "
-            "a client's remote device config for the server"
-        )
-    if isinstance(device, CaptureSpec):
-        inner = device.inner
-        while isinstance(inner, CaptureSpec):
-            inner = inner.inner
-        serve = "ndarray" if inner is None else str(inner)
-        raise UnsupportedDeviceError(
-            f"cannot host a remote server on a capture device ({device}): a capture device "
-            f"records ops instead of executing them and belongs on the client "
-            f"(client.open_device); serve the inner device instead: --device {serve}"
-        )
-    return device
-
-
-def validate_security(config: ServerConfig) -> list[str]:
-    """Refuse an exposed server without a token (like Redis's protected mode); return the
-    warnings to print, one line each.
-
-    Raises:
-        InsecureConfigError: a non-loopback bind without a token or ``insecure``, only one of
-            ``tls_cert``/``tls_key``, or a peer token sent to any port of a ``--peers`` host
-            without ``allow_any_peer_port``. The message is one line, fit for stderr.
-    """
-    if (config.tls_cert is None) != (config.tls_key is None):
-        raise InsecureConfigError(
-            f"--tls-cert ({ENV_PREFIX}TLS_CERT) and --tls-key ({ENV_PREFIX}TLS_KEY) go together"
-        )
-    warnings = _peer_warnings(config)
-    if is_loopback(config.host):
-        return warnings
-    if config.token is None and not config.insecure:
-        raise InsecureConfigError(
-            f"refusing to bind {config.host} without a token: anyone who can reach it could run "
-            f"ops and read every tensor; set --token or {ENV_PREFIX}TOKEN (or --token-file), "
-            "bind 127.0.0.1, or pass --insecure to accept the risk"
-        )
-    if config.token is None:
-        warnings.append(
-            f"--insecure: serving {config.host} with no token; anyone who can reach "
-            "this port can run ops and read every tensor"
-        )
-    elif config.tls_cert is None:
-        warnings.append(
-            f"serving {config.host} without TLS: the token and tensors travel in clear; "
-            "use --tls-cert/--tls-key"
-        )
-    return warnings
-
-
-def _peer_warnings(config: ServerConfig) -> list[str]:
-    """What the peer settings expose: the peer token sent in clear, or to any port.
-
-    Raises:
-        InsecureConfigError: to any port, without ``allow_any_peer_port``.
-    """
-    if config.credentials is None:
-        return []
-    clear, any_port = exposed(config.peers)
-    if any_port and not config.allow_any_peer_port:
-        raise InsecureConfigError(
-            f"--peers {', '.join(any_port)}: any port matches, so a client could have this server "
-            "present its peer token to any listener on those hosts; name the port, or pass "
-            f"--allow-any-peer-port ({ENV_PREFIX}ALLOW_ANY_PEER_PORT) to accept the risk"
-        )
-    return [
-        f"--peers {', '.join(peers)}: {why}"
-        for peers, why in (
-            (clear, "this server's peer token travels to them in clear; use wss:// peers"),
-            (any_port, "any port matches, so any listener on those hosts may get the peer token"),
-        )
-        if peers
-    ]

@@ -6,8 +6,10 @@ request instead of upgrading it (``server/listener.py``).
 ``/healthz`` needs no token (container health checks and load balancers call it) and says only
 whether the server takes new sessions::
 
-    200 {"status": "serving", "protocol": 2, "device": "ndarray"}
-    503 {"status": "draining", "protocol": 2, "device": "ndarray"}
+    200 {"status": "serving", "protocol": 2, "device": "ndarray", "version": "0.1.0"}
+    503 {"status": "draining", "protocol": 2, "device": "ndarray", "version": "0.1.0"}
+
+(``version``: the package's, which ``tensorwire ping`` shows.)
 
 ``/metrics`` is the Prometheus text format of :mod:`server.metrics`. With ``--metrics-auth
 token`` (the default) and a server token, it needs ``Authorization: Bearer TOKEN`` (401
@@ -22,7 +24,7 @@ from http import HTTPStatus
 
 from websockets.http11 import Request, Response
 
-from protocol import PROTOCOL_VERSION
+from protocol import PROTOCOL_VERSION, __version__
 
 from .guard import token_matches
 from .metrics import CONTENT_TYPE, Metrics
@@ -40,7 +42,9 @@ def path_of(request: Request) -> str:
 def health(draining: bool, device: str) -> Response:
     """200 while the server takes sessions, 503 once it drains."""
     status = "draining" if draining else "serving"
-    body = json.dumps({"status": status, "protocol": PROTOCOL_VERSION, "device": device})
+    body = json.dumps(
+        {"status": status, "protocol": PROTOCOL_VERSION, "device": device, "version": __version__}
+    )
     code = HTTPStatus.SERVICE_UNAVAILABLE if draining else HTTPStatus.OK
     return respond(code, body.encode() + b"\n", "application/json")
 

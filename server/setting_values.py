@@ -1,7 +1,8 @@
-"""How one server setting's text (a flag or a ``TENSOR_SERVER_*`` variable) becomes its value:
-sizes, the memory budget (``auto`` reads the cgroup limit), tokens and token files, lists, device
-specs. ``server.config`` declares the settings with these. Reading a token file and the cgroup
-memory limit are the only file reads.
+"""How one server setting's text (a flag or a ``TENSORWIRE_*`` or ``TENSOR_SERVER_*``
+variable) becomes its value: sizes, the memory budget (``auto`` reads the cgroup limit), tokens
+and token files, lists, device specs; and the two variable prefixes. ``server.config`` declares
+the settings with these. Reading a token file and the cgroup memory limit are the only file
+reads.
 """
 
 from __future__ import annotations
@@ -11,10 +12,14 @@ from pathlib import Path
 from typing import Annotated
 
 from pydantic import BeforeValidator, ByteSize, Field, TypeAdapter
+from pydantic_settings import BaseSettings, EnvSettingsSource
 
 from protocol import parse_device_spec
 
-ENV_PREFIX = "TENSOR_SERVER_"
+ENV_PREFIX = "TENSOR_SERVER_"  # the settings' variables, as the messages name them
+# The same settings under the client's prefix (TENSORWIRE_URL, TENSORWIRE_TOKEN): TENSORWIRE_PORT
+# is TENSOR_SERVER_PORT; where both are set, TENSORWIRE_* wins.
+NEW_ENV_PREFIX = "TENSORWIRE_"
 CGROUP_MEMORY_MAX = Path("/sys/fs/cgroup/memory.max")  # cgroup v2: the container's memory limit
 AUTO_BUDGET_FRACTION = 0.75  # of the container's limit; the rest is Python, buffers, replies
 
@@ -99,3 +104,12 @@ def read_token_file(path: Path, flag: str = "token-file") -> str:
     if not token:
         raise ValueError(f"{where}: {path} is empty")
     return token
+
+
+def environment_sources(settings: type[BaseSettings]) -> tuple[EnvSettingsSource, ...]:
+    """The settings' variables, first source first: ``TENSORWIRE_*``, then ``TENSOR_SERVER_*``
+    (an empty variable counts as unset)."""
+    return tuple(
+        EnvSettingsSource(settings, env_prefix=prefix, env_ignore_empty=True)
+        for prefix in (NEW_ENV_PREFIX, ENV_PREFIX)
+    )

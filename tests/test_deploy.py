@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
+import protocol
 from server.config import ServerConfig
 from server.process import start_server
 
@@ -283,7 +284,8 @@ def test_image_command_serves_checks_health_runs_a_client_and_drains(tmp_path: P
     workdir.mkdir()
     with start_server(command=argv, cwd=workdir, env=env, timeout=30) as proc:
         url, port = proc.url, proc.port
-        assert health(port) == (200, {"status": "serving", "protocol": 2, "device": "ndarray"})
+        serving = {"status": "serving", "protocol": 2, "device": "ndarray"}
+        assert health(port) == (200, serving | {"version": protocol.__version__})
 
         checker = _healthcheck(workdir, env, port)  # the HEALTHCHECK, on the port it took
         assert checker.returncode == 0, checker.stdout + checker.stderr

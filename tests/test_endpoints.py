@@ -16,6 +16,7 @@ import websockets.sync.client as ws_client
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 import client
+import protocol
 from protocol import (
     PROTOCOL_VERSION,
     SERVER_ADAPTER,
@@ -43,7 +44,12 @@ def test_healthz_serving_and_no_token_needed() -> None:
     with run_server("--token", TOKEN) as proc:
         status, body = health(proc.port)
         assert status == 200
-        assert body == {"status": "serving", "protocol": PROTOCOL_VERSION, "device": "ndarray"}
+        assert body == {
+            "status": "serving",
+            "protocol": PROTOCOL_VERSION,
+            "device": "ndarray",
+            "version": protocol.__version__,
+        }
         status, _, _ = http_get(proc.port, "/healthz?verbose=1")
         assert status == 200
 

@@ -17,6 +17,7 @@ import server
 from protocol import RemoteSpec
 from server.__main__ import env_var, flag, parser
 from server.config import AUTO_BUDGET_FRACTION, ServerConfig, cgroup_memory_limit
+from server.setting_values import physical_memory
 
 from .servers import ROOT, run_server
 
@@ -28,7 +29,9 @@ REMOTE_REFUSAL = (
 
 
 def _clean_env(**values: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TENSOR_SERVER_")}
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("TENSOR_SERVER_", "TENSORWIRE_"))
+    }
     env.update(values)
     return env
 
@@ -62,7 +65,7 @@ def test_help_documents_every_setting_with_its_variable() -> None:
     for name in ServerConfig.model_fields:
         assert flag(name) in text and env_var(name) in text, name
     assert "--check-config" in text
-    actions = {a.dest for a in parser()._actions} - {"help", "check_config"}
+    actions = {a.dest for a in parser()._actions} - {"help", "version", "check_config"}
     assert actions == set(ServerConfig.model_fields)  # a new field is a new flag
 
 
@@ -83,6 +86,28 @@ def test_variables_flags_and_defaults() -> None:
     assert from_env["memory_budget"] == 2**30
     flag_wins = _checked("--port", "9002", TENSOR_SERVER_PORT="9001")
     assert flag_wins["port"] == 9002
+
+
+@pytest.mark.server
+def test_the_tensorwire_prefix_sets_every_setting_and_wins_over_the_older_one() -> None:
+    new = _checked(TENSORWIRE_PORT="9003", TENSORWIRE_LOG_LEVEL="info")
+    assert new["port"] == 9003 and new["log_level"] == "INFO"
+    both = _checked(
+        TENSORWIRE_PORT="9003", TENSOR_SERVER_PORT="9001", TENSOR_SERVER_SHUTDOWN_GRACE="2.5"
+    )
+    assert both["port"] == 9003  # TENSORWIRE_* wins where both name a setting
+    assert both["shutdown_grace"] == 2.5  # the older name still sets what the new one does not
+    assert _checked("--port", "9002", TENSORWIRE_PORT="9003")["port"] == 9002  # a flag wins
+    assert _checked(TENSORWIRE_PORT="", TENSOR_SERVER_PORT="9001")["port"] == 9001  # empty: unset
+
+
+@pytest.mark.server
+def test_check_config_prints_the_budget_and_quota_that_will_apply() -> None:
+    unset = _checked()
+    assert unset["memory_budget"] == physical_memory() // 2
+    assert unset["session_quota"] == physical_memory() // 4
+    assert _checked("--memory-budget", "1GiB")["session_quota"] == 2**29
+    assert _checked("--session-quota", "1MiB")["session_quota"] == 2**20
 
 
 @pytest.mark.server
@@ -171,7 +196,8 @@ def test_memory_budget_auto_follows_the_cgroup_limit(tmp_path: Path) -> None:
     assert cgroup_memory_limit(limit_file) is None
     assert cgroup_memory_limit(tmp_path / "absent") is None
     here = cgroup_memory_limit()  # this machine's own limit, as a container would see its own
-    expected = None if here is None else int(here * AUTO_BUDGET_FRACTION)
+    # without a limit, "auto" leaves the budget unset: half the machine's memory applies
+    expected = physical_memory() // 2 if here is None else int(here * AUTO_BUDGET_FRACTION)
     assert _checked("--memory-budget", "auto")["memory_budget"] == expected
     assert _checked("--memory-budget", "3GiB")["memory_budget"] == 3 * 2**30
     assert _checked(TENSOR_SERVER_MEMORY_BUDGET="1000000")["memory_budget"] == 10**6

@@ -11,6 +11,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from protocol.version import version_text
+
 from ..errors import GraphFileError
 from .graph import Graph
 
@@ -24,6 +26,7 @@ def printable(text: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m client.capture", description=__doc__)
+    parser.add_argument("--version", action="version", version=version_text())
     commands = parser.add_subparsers(dest="command", required=True)
     summary = commands.add_parser("summary", help="print a saved graph's summary")
     summary.add_argument("file", help="a graph file written by Graph.save")
