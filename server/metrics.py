@@ -32,6 +32,12 @@ Series (all prefixed ``tensorwire_``)::
     log_records_dropped_total{reason}  counter  log lines not written: over a connection's
                                              rate, the server's, or a kind's (server/logs.py)
     log_records_cut_total           counter  log lines with a field cut to its bound
+    build_info{version,protocol}    gauge    1, labelled with the package's version and protocol
+
+and the process's own, with Prometheus' standard names (no prefix; prometheus_client's
+``ProcessCollector``, on Linux): ``process_resident_memory_bytes``,
+``process_virtual_memory_bytes``, ``process_cpu_seconds_total``, ``process_open_fds``,
+``process_max_fds``, ``process_start_time_seconds``.
 
 Neither this module nor ``/metrics`` ever sees tensor data.
 """
@@ -43,7 +49,7 @@ from collections import Counter as Tally
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry, Counter, Gauge, ProcessCollector
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -53,7 +59,7 @@ from prometheus_client.core import (
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 
-from protocol import ErrorCode
+from protocol import PROTOCOL_VERSION, ErrorCode, __version__
 
 from . import logs
 
@@ -258,6 +264,14 @@ class Metrics:
             self.refusals.labels(limit)  # every known limit shows up at 0 before it is hit
         r.register(_SessionCollector(self))
         r.register(_LogCollector())
+        ProcessCollector(registry=r)  # memory, CPU seconds, open fds, start time (Linux /proc)
+        build = Gauge(
+            f"{PREFIX}_build_info",
+            "1, labelled with the server's package version and protocol version.",
+            ["version", "protocol"],
+            registry=r,
+        )
+        build.labels(__version__, str(PROTOCOL_VERSION)).set(1)
 
     def refused(self, limit: str) -> None:
         """Count one refusal because of ``limit`` (see :data:`REFUSAL_LIMITS`)."""
