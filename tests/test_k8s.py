@@ -18,18 +18,22 @@ from copy import deepcopy
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import kubernetes_validate  # type: ignore[import-untyped]
 import pytest
+import referencing
 import yaml
 
 from server.config import AUTO_BUDGET_FRACTION, ServerConfig, cgroup_memory_limit
-from server.endpoints import HEALTH_PATH
+from server.endpoints import HEALTH_PATH, METRICS_PATH
 
 from .ops_helpers import parse_dockerfile
 from .servers import ROOT
 
 K8S = ROOT / "docker" / "k8s"
 KUSTOMIZATION = K8S / "kustomization.yaml"
+# the Prometheus Operator's ServiceMonitor: a kustomization of its own (its CRD is not core)
+MONITORING = K8S / "monitoring"
 # the oldest Kubernetes these manifests claim, and the newest schemas kubernetes-validate ships
 KUBERNETES_VERSIONS = ("1.30.0", "1.37.0")
 # the keys the resolver below understands; a kustomization using others needs it taught
@@ -164,7 +168,7 @@ def test_kustomization_lists_every_manifest_once() -> None:
     assert kustomization["apiVersion"] == "kustomize.config.k8s.io/v1beta1"
     assert kustomization["kind"] == "Kustomization"
     listed = kustomization["resources"]
-    on_disk = sorted(p.name for p in K8S.iterdir() if p != KUSTOMIZATION)
+    on_disk = sorted(p.name for p in K8S.iterdir() if p not in (KUSTOMIZATION, MONITORING))
     assert len(listed) == len(set(listed)) and sorted(listed) == on_disk
 
 
@@ -284,7 +288,7 @@ def test_the_token_comes_only_from_the_secret() -> None:
     token_file = train["command"][train["command"].index("--token-file") + 1]
     assert job_secret == secret and Path(token_file) == Path(job_mount) / "token"
     assert all(r["kind"] not in ("Secret", "ConfigMap") for r in _build())
-    for path in K8S.iterdir():  # no Secret data, and no token in any variable
+    for path in K8S.rglob("*.yaml"):  # no Secret data, and no token in any variable
         text = path.read_text()
         assert not re.search(r"^\s*(data|stringData):", text, re.M), path
         assert not re.search(r"name: TENSOR_SERVER_TOKEN\s*$", text, re.M), path
@@ -418,3 +422,87 @@ def test_the_network_policy_admits_only_clients_and_the_servers() -> None:
     assert not _admits({"app": "other"}, {"team": "x"}, same=False)  # another namespace
     assert not _admits(CLIENT_LABEL, {}, same=False)  # a pod's own label, elsewhere
     assert not _admits(server_labels, {}, same=False)  # server-like labels, elsewhere
+
+
+# --- the ServiceMonitor (docker/k8s/monitoring/) ------------------------------------------------
+
+# The fields of the operator's ServiceMonitor spec and Endpoint these manifests may use
+# (monitoring.coreos.com/v1, the Prometheus Operator's API reference): its CRD schema is not
+# among the Kubernetes schemas shipped, so the parts that are core types are checked against
+# those (ObjectMeta, LabelSelector) and the rest against these names.
+SERVICE_MONITOR_SPEC = {"selector", "endpoints", "namespaceSelector", "jobLabel"}
+SERVICE_MONITOR_ENDPOINT = {"port", "path", "scheme", "interval", "scrapeTimeout", "authorization"}
+
+
+def _service_monitor() -> Resource:
+    (kustomization,) = _documents(MONITORING / "kustomization.yaml")
+    assert set(kustomization) <= KNOWN_KEYS
+    assert kustomization["namespace"] == _kustomization()["namespace"]  # where the Secret is
+    assert sorted(kustomization["resources"]) == sorted(
+        p.name for p in MONITORING.iterdir() if p.name != "kustomization.yaml"
+    )
+    (monitor,) = (d for name in kustomization["resources"] for d in _documents(MONITORING / name))
+    return monitor
+
+
+def _core_schema_check(instance: Any, schema_file: str, version: str) -> None:
+    """``instance`` against a core type's strict schema that kubernetes-validate ships
+    (``labelselector-meta-v1.json``), resolved as its ``validate`` resolves a resource's."""
+    directory = f"kubernetes-json-schema/v{version}-local-strict"
+    schema = kubernetes_validate.utils.schema_contents(f"{directory}/{schema_file}", version)
+    definitions = kubernetes_validate.utils.schema_contents(
+        f"{directory}/_definitions.json", version
+    )
+    registry = referencing.Resource.from_contents(schema) @ referencing.Registry()
+    registry = referencing.Resource.from_contents(definitions) @ registry
+    jsonschema.validators.Draft202012Validator(schema, registry=registry).validate(instance)
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+def test_the_service_monitor_passes_the_schemas_it_can(version: str) -> None:
+    monitor = _service_monitor()
+    assert (monitor["apiVersion"], monitor["kind"]) == (
+        "monitoring.coreos.com/v1",
+        "ServiceMonitor",
+    )
+    with pytest.raises(kubernetes_validate.SchemaNotFoundError):  # not a core kind: why not
+        kubernetes_validate.validate(monitor, version, strict=True)
+    assert set(monitor) == {"apiVersion", "kind", "metadata", "spec"}
+    _core_schema_check(monitor["metadata"], "objectmeta-meta-v1.json", version)
+    _core_schema_check(monitor["spec"]["selector"], "labelselector-meta-v1.json", version)
+    assert set(monitor["spec"]) <= SERVICE_MONITOR_SPEC
+    for endpoint in monitor["spec"]["endpoints"]:
+        assert set(endpoint) <= SERVICE_MONITOR_ENDPOINT
+
+
+def test_the_core_schema_check_can_fail() -> None:
+    with pytest.raises(jsonschema.ValidationError):
+        _core_schema_check(
+            {"matchLabels": {"a": 1}},  # a label value must be a string
+            "labelselector-meta-v1.json",
+            KUBERNETES_VERSIONS[0],
+        )
+
+
+def test_the_service_monitor_scrapes_each_server_once_with_the_token() -> None:
+    monitor = _service_monitor()
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    selected = [
+        r
+        for r in _build()
+        if r["kind"] == "Service" and _selects(selector, r["metadata"]["labels"])
+    ]
+    assert [s["metadata"]["name"] for s in selected] == [_servers()["spec"]["serviceName"]]
+    (service,) = selected
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert endpoint["port"] in {port["name"] for port in service["spec"]["ports"]}
+    assert endpoint["path"] == METRICS_PATH and endpoint["scheme"] == "http"
+    secrets = [v["secret"] for v in _server_pod()["spec"]["volumes"] if "secret" in v]
+    (secret,) = secrets
+    credentials = endpoint["authorization"]["credentials"]
+    assert endpoint["authorization"]["type"] == "Bearer"
+    assert credentials["name"] == secret["secretName"]
+    assert credentials["key"] in {item["key"] for item in secret["items"]}
+    assert "metrics_auth" not in {  # the servers keep /metrics behind the token
+        k.removeprefix("TENSOR_SERVER_").lower() for k in _server_env()
+    }
