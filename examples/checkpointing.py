@@ -29,7 +29,7 @@ def add_flags(p: argparse.ArgumentParser) -> None:
         type=int,
         default=100,
         metavar="N",
-        help="with --checkpoint: save every N steps, and at the end (default 100)",
+        help="with --checkpoint: save every N steps, and at the end",
     )
     p.add_argument(
         "--resume",

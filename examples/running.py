@@ -1,6 +1,6 @@
 """What the training examples share: the flags that say where to train (``--url``,
-``--token-file``, ``--local``, ``--jit``), opening the device they name, the progress bar and
-the moving average of a curve.
+``--token-file``, ``--local``, ``--jit``) and where outputs go (``--out``), opening the device
+they name, the progress bar and the moving average of a curve.
 
 A script adds :func:`add_device_flags` to its parser and runs its training through
 :func:`on_device`, which opens the server (or numpy's namespace), says where it trains on the
@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -25,6 +26,15 @@ import client
 from client.autodiff import Autodiff
 
 TOKEN_FILE_ENV = "TENSOR_SERVER_TOKEN_FILE"  # noqa: S105 - the variable's name, not a token
+# the server: --url, else TENSORWIRE_URL (as client.RemoteDevice reads it), else the older
+# TENSOR_SERVER_URL, else the server's default address
+URL = (
+    os.environ.get("TENSORWIRE_URL") or os.environ.get("TENSOR_SERVER_URL") or "ws://127.0.0.1:8765"
+)
+# where plots and weights go unless --out says: a directory of the system's temporary one, so
+# that a run writes nothing into the directory it was started from
+OUT = Path(tempfile.gettempdir()) / "tensorwire-examples"
+HELP_FORMAT = argparse.ArgumentDefaultsHelpFormatter  # --help shows every flag's default
 T = TypeVar("T")
 
 
@@ -33,8 +43,17 @@ class Unusable(Exception):
 
 
 def add_device_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--url", default=os.environ.get("TENSOR_SERVER_URL", "ws://127.0.0.1:8765"))
-    p.add_argument("--token-file", default=None, help=f"file holding the token [{TOKEN_FILE_ENV}]")
+    p.add_argument(
+        "--url",
+        default=URL,
+        help="the server; TENSORWIRE_URL or TENSOR_SERVER_URL sets the default",
+    )
+    p.add_argument(
+        "--token-file",
+        default=None,
+        help=f"file holding the token [{TOKEN_FILE_ENV}; else the client reads TENSORWIRE_TOKEN, "
+        "TENSORWIRE_TOKEN_FILE or TENSOR_SERVER_TOKEN]",
+    )
     p.add_argument("--local", action="store_true", help="train on numpy instead of a server")
     p.add_argument(
         "--jit",
@@ -49,15 +68,53 @@ def parser(
     """The flags every training example has: where (:func:`add_device_flags`), how long and
     how fast (``--epochs``, ``--batch-size``, ``--lr``, ``--seed``), and its outputs
     (``--plot``, ``--save``); the defaults are the script's."""
-    p = argparse.ArgumentParser(description=description)
+    p = argparse.ArgumentParser(description=description, formatter_class=HELP_FORMAT)
     add_device_flags(p)
-    p.add_argument("--epochs", type=int, default=epochs)
-    p.add_argument("--batch-size", type=int, default=batch_size)
-    p.add_argument("--lr", type=float, default=lr)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--plot", type=Path, default=Path(plot), help="PNG of the curves")
-    p.add_argument("--save", type=Path, default=None, help="write the weights (safetensors)")
+    p.add_argument("--epochs", type=int, default=epochs, help="passes over the training data")
+    p.add_argument("--batch-size", type=int, default=batch_size, help="examples a step")
+    p.add_argument("--lr", type=float, default=lr, help="the optimizer's learning rate")
+    p.add_argument("--seed", type=int, default=0, help="seeds the weights and the data order")
+    add_out_flag(p)
+    p.add_argument(
+        "--plot", type=Path, default=Path(plot), help="PNG of the curves, in --out unless absolute"
+    )
+    p.add_argument(
+        "--save",
+        type=Path,
+        default=None,
+        help="write the weights (safetensors) to this file, in --out unless absolute",
+    )
     return p
+
+
+def add_out_flag(p: argparse.ArgumentParser) -> None:
+    """``--out DIR`` and ``--version``: what every example has beside its own flags."""
+    p.add_argument("--version", action="version", version=f"%(prog)s {client.__version__}")
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=OUT,
+        metavar="DIR",
+        help="directory for the outputs (plot, weights), made if missing",
+    )
+
+
+def place_outputs(args: argparse.Namespace, *names: str) -> str | None:
+    """Put each output flag among ``names`` (a path, or None) inside ``--out``, unless it is
+    absolute, and make ``--out`` if one lands there: before training, not after it. None, or
+    why an output cannot be written (one line)."""
+    inside = False
+    for name in names:
+        path = getattr(args, name)
+        if path is not None and not path.is_absolute():
+            setattr(args, name, args.out / path)
+            inside = True
+    if inside:
+        try:
+            args.out.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            return f"--out {args.out}: {type(exc).__name__}: {exc}"
+    return missing_directory(*(getattr(args, name) for name in names))
 
 
 def token(args: argparse.Namespace) -> str | None:

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import checkpointing
 import numpy as np
+import running
 from checkpointing import Checkpoints
 
 import client
@@ -106,21 +107,34 @@ def _token(args: argparse.Namespace) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--url", default=os.environ.get("TENSOR_SERVER_URL", "ws://127.0.0.1:8765"))
+    p = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=running.HELP_FORMAT
+    )
+    p.add_argument(
+        "--url",
+        default=running.URL,
+        help="the server; TENSORWIRE_URL or TENSOR_SERVER_URL sets the default",
+    )
     p.add_argument("--token-file", default=None, help=f"file holding the token [{TOKEN_FILE_ENV}]")
-    p.add_argument("--steps", type=int, default=300)
-    p.add_argument("--samples", type=int, default=4096)
-    p.add_argument("--features", type=int, default=16)
-    p.add_argument("--lr", type=float, default=0.1)
+    p.add_argument("--steps", type=int, default=300, help="gradient descent steps")
+    p.add_argument("--samples", type=int, default=4096, help="rows of the synthetic data")
+    p.add_argument("--features", type=int, default=16, help="columns of the synthetic data")
+    p.add_argument("--lr", type=float, default=0.1, help="the learning rate")
     p.add_argument("--quick", action="store_true", help="a few steps on little data (for tests)")
-    p.add_argument("--plot", type=Path, default=None, help="write the loss curve to this PNG")
+    running.add_out_flag(p)
+    p.add_argument(
+        "--plot",
+        type=Path,
+        default=None,
+        help="write the loss curve to this PNG, in --out unless absolute (default: no plot)",
+    )
     checkpointing.add_flags(p)
     args = p.parse_args(argv)
     checkpointing.check_flags(p, args)
     if args.quick:
         args.steps, args.samples, args.features = 60, 256, 4
-    if (unusable := checkpointing.make_directory(args)) is not None:
+    unusable = running.place_outputs(args, "plot") or checkpointing.make_directory(args)
+    if unusable is not None:
         print(f"train.py: {unusable}", file=sys.stderr)
         return 2
     x, w_true, y = make_data(np.random.default_rng(0), args.samples, args.features)

@@ -61,7 +61,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p = running.parser(
         __doc__.splitlines()[0], epochs=15, batch_size=64, lr=1e-2, plot="train_cnn.png"
     )
-    p.add_argument("--dropout", type=float, default=0.25)
+    p.add_argument("--dropout", type=float, default=0.25, help="dropout before the classifier")
     p.set_defaults(checkpoint=None, checkpoint_every=1, resume=False)  # none: see above
     return p.parse_args(argv)
 

@@ -26,7 +26,6 @@ reached or refuses us, a URL is not one, or the plot cannot be written (one line
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from collections.abc import Sequence
@@ -146,8 +145,15 @@ def _connect(stack: ExitStack, args: argparse.Namespace) -> tuple[list[Autodiff]
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--url", action="append", help="a server, once per server [TENSOR_SERVER_URL]")
+    p = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=running.HELP_FORMAT
+    )
+    p.add_argument(
+        "--url",
+        action="append",
+        help="a server, once per server (default: TENSORWIRE_URL or TENSOR_SERVER_URL, else "
+        "ws://127.0.0.1:8765)",
+    )
     p.add_argument(
         "--devices-per-server",
         type=int,
@@ -158,17 +164,23 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--token-file", default=None, help=f"file holding the token [{TOKEN_FILE_ENV}]")
     p.add_argument("--local", action="store_true", help="train numpy replicas instead")
     p.add_argument("--replicas", type=int, default=2, help="how many, with --local")
-    p.add_argument("--epochs", type=int, default=20)
+    p.add_argument("--epochs", type=int, default=20, help="passes over the training data")
     p.add_argument("--batch-size", type=int, default=64, help="the whole batch, all shards")
-    p.add_argument("--hidden", type=int, default=128)
-    p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--plot", type=Path, default=Path("train_data_parallel.png"))
+    p.add_argument("--hidden", type=int, default=128, help="units of the hidden layer")
+    p.add_argument("--lr", type=float, default=3e-3, help="Adam's learning rate")
+    p.add_argument("--seed", type=int, default=0, help="seeds the weights and the data order")
+    running.add_out_flag(p)
+    p.add_argument(
+        "--plot",
+        type=Path,
+        default=Path("train_data_parallel.png"),
+        help="PNG of the curves, in --out unless absolute",
+    )
     checkpointing.add_flags(p)
     args = p.parse_args(argv)
     checkpointing.check_flags(p, args)
     if args.url is None:
-        args.url = [os.environ.get("TENSOR_SERVER_URL", "ws://127.0.0.1:8765")]
+        args.url = [running.URL]
     if min(args.devices_per_server, args.replicas) < 1:
         p.error("--devices-per-server and --replicas must be at least 1")
     return args
@@ -176,9 +188,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
-    if not args.plot.absolute().parent.is_dir():  # before training, not after it
-        return _fail(f"{args.plot}: no such directory")
-    if (unusable := checkpointing.make_directory(args)) is not None:
+    unusable = running.place_outputs(args, "plot") or checkpointing.make_directory(args)
+    if unusable is not None:  # before training, not after it
         return _fail(unusable)
     data = digits(args.seed)
     where = "locally on numpy" if args.local else ", ".join(args.url)

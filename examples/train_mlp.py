@@ -242,7 +242,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p = running.parser(
         __doc__.splitlines()[0], epochs=20, batch_size=64, lr=3e-3, plot="train_mlp.png"
     )
-    p.add_argument("--hidden", type=int, default=128)
+    p.add_argument("--hidden", type=int, default=128, help="units of the hidden layer")
     p.add_argument("--quick", action="store_true", help="a few epochs (for tests)")
     checkpointing.add_flags(p)
     args = p.parse_args(argv)
@@ -262,7 +262,7 @@ def run(args: argparse.Namespace, classifier: Classifier) -> int:
     """Train ``classifier`` as the flags say, save and plot it: the exit status (0: the
     held-out accuracy reached the goal, 1: it did not, 2: training could not run or an
     output could not be written, said in one line on stderr)."""
-    unusable = running.missing_directory(args.plot, args.save) or checkpointing.make_directory(args)
+    unusable = running.place_outputs(args, "plot", "save") or checkpointing.make_directory(args)
     if unusable is not None:
         return _fail(classifier.script, unusable)
     x_train, y_train, x_test, y_test = digits(args.seed)

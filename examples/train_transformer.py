@@ -299,9 +299,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=200, help="steps per epoch")
     p.add_argument("--context", type=int, default=32, help="characters a window holds")
     p.add_argument("--width", type=int, default=64, help="the embedding's size (d_model)")
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--dropout", type=float, default=0.1)
+    p.add_argument("--heads", type=int, default=4, help="attention heads a layer")
+    p.add_argument("--layers", type=int, default=2, help="transformer blocks")
+    p.add_argument("--dropout", type=float, default=0.1, help="dropout in every block")
     p.add_argument("--sample", type=int, default=200, help="characters to sample at the end")
     p.add_argument(
         "--quick",
@@ -316,7 +316,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
-    if (unusable := running.missing_directory(args.plot, args.save)) is not None:
+    if (unusable := running.place_outputs(args, "plot", "save")) is not None:
         return _fail(unusable)
     text = documentation()
     print(

@@ -5,13 +5,17 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+
+import client
 
 from .example_runs import imported, run_main
 from .servers import ROOT, ServerProcess, run_server
@@ -189,3 +193,53 @@ def test_train_transformer_quick_learns_past_the_unigram_baseline_alike_everywhe
     local, local_lines, err = run_main(train_transformer, capsys, "--local", *args)
     assert local == 0, err
     assert _results(local_lines) == _results(lines)
+
+
+SCRIPTS = sorted(  # the examples run as programs; running.py and checkpointing.py serve them
+    p.name for p in (ROOT / "examples").glob("*.py") if '__name__ == "__main__"' in p.read_text()
+)
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_every_flag_of_every_example_has_help_and_its_default(name: str, tmp_path: Path) -> None:
+    result = _script(name, "--help", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    options = result.stdout.partition("options:\n")[2]
+    blocks = [b for b in re.split(r"\n(?=  -)", options) if b.strip()]  # one a flag
+    assert len(blocks) > 3
+    for block in blocks:  # each says what it is and its default
+        words = " ".join(block.split())
+        flag = words.split()[0]
+        if flag in ("-h,", "--version"):  # no value, no default
+            continue
+        assert "(default: " in words, f"{name} {flag}: {words}"
+        assert len(words.partition("(default: ")[0].split()) > 2, f"{name} {flag}: no help"
+    assert "--out DIR" in options and "--version" in options
+    version = _script(name, "--version", cwd=tmp_path)
+    assert version.stdout.strip() == f"{name} {client.__version__}"
+
+
+def test_outputs_go_to_the_out_directory_not_the_working_one(tmp_path: Path) -> None:
+    out = tmp_path / "results" / "mlp"  # made, with its parents
+    result = _script(
+        "train_mlp.py",
+        "--local",
+        "--quick",
+        "--out",
+        str(out),
+        "--save",
+        "w.safetensors",
+        cwd=tmp_path,
+    )
+    assert result.returncode in (0, 1), result.stderr  # 1: the quick run misses the goal
+    assert sorted(p.name for p in out.iterdir()) == ["train_mlp.png", "w.safetensors"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["results"]
+    assert f"curves written to {out / 'train_mlp.png'}" in result.stdout
+    absolute = tmp_path / "elsewhere.png"  # an absolute path is kept as given
+    result = _script("train_mlp.py", "--local", "--quick", "--plot", str(absolute), cwd=tmp_path)
+    assert result.returncode in (0, 1) and absolute.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_default_out_directory_is_a_temporary_one() -> None:
+    with imported("running") as running:
+        assert running.OUT == Path(tempfile.gettempdir()) / "tensorwire-examples"
