@@ -93,7 +93,7 @@ class Gate:
                 http.HTTPStatus.UNAUTHORIZED,
                 ErrorCode.AUTH_FAILED,
                 "missing, wrong or repeated token: pass RemoteDevice(url, token=...) or set "
-                "TENSOR_SERVER_TOKEN (one Authorization header)",
+                "TENSORWIRE_TOKEN or TENSORWIRE_TOKEN_FILE (one Authorization header)",
             )
         if self._open_connections() >= config.max_connections:
             return "connections", refusal(
