@@ -93,7 +93,8 @@ class Gate:
                 http.HTTPStatus.UNAUTHORIZED,
                 ErrorCode.AUTH_FAILED,
                 "missing, wrong or repeated token: pass RemoteDevice(url, token=...) or set "
-                "TENSORWIRE_TOKEN or TENSORWIRE_TOKEN_FILE (one Authorization header)",
+                "TENSORWIRE_TOKEN, TENSORWIRE_TOKEN_FILE or TENSOR_SERVER_TOKEN (one "
+                "Authorization header)",
             )
         if self._open_connections() >= config.max_connections:
             return "connections", refusal(
