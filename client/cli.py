@@ -4,7 +4,7 @@
 
     tensorwire version              # this installation's version and protocol
     tensorwire ping [URL]           # connect, time round trips, show the server's version
-    tensorwire stats [URL]          # the server's and this session's counts, as a table
+    tensorwire stats [URL]          # the server's counts and metrics, as a table
 
 ``URL`` defaults to ``TENSORWIRE_URL``; the token to ``TENSORWIRE_TOKEN`` or
 ``TENSORWIRE_TOKEN_FILE`` (``client._environment``), or ``--token-file``. Exit status 0 on
@@ -25,14 +25,23 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from protocol.version import version_text
 
-from ._environment import server_url
+from ._environment import server_token, server_url
 from .device import RemoteDevice
 from .errors import TensorwireError
 
 PROG = "tensorwire"
 HEALTH_TIMEOUT = 5.0  # seconds GET /healthz may take
+
+
+def _http(url: str, path: str) -> str:
+    """``url``'s ``path`` over http (``ws://``) or https (``wss://``): the server's port."""
+    parts = urlsplit(url)
+    scheme = "https" if parts.scheme == "wss" else "http"
+    return urlunsplit((scheme, parts.netloc, path, "", ""))
 
 
 def health(url: str, ca_file: str | None = None) -> dict[str, Any]:
@@ -43,10 +52,8 @@ def health(url: str, ca_file: str | None = None) -> dict[str, Any]:
     Raises:
         OSError: no answer, or not JSON.
     """
-    parts = urlsplit(url)
-    scheme = "https" if parts.scheme == "wss" else "http"
-    target = urlunsplit((scheme, parts.netloc, "/healthz", "", ""))
-    context = ssl.create_default_context(cafile=ca_file) if scheme == "https" else None
+    target = _http(url, "/healthz")
+    context = _context(target, ca_file)
     try:
         # the URL is the user's server, http(s) only (the scheme is set above)
         with urllib.request.urlopen(target, timeout=HEALTH_TIMEOUT, context=context) as r:  # noqa: S310
@@ -58,6 +65,51 @@ def health(url: str, ca_file: str | None = None) -> dict[str, Any]:
     except ValueError as exc:
         raise OSError(f"{target}: not a Tensorwire health answer") from exc
     return answer
+
+
+def _context(target: str, ca_file: str | None) -> ssl.SSLContext | None:
+    return ssl.create_default_context(cafile=ca_file) if target.startswith("https:") else None
+
+
+def server_metrics(url: str, token: str | None, ca_file: str | None) -> dict[str, float] | str:
+    """The unlabelled series of the server's ``GET /metrics``, labelled ones summed, by sample
+    name; or why there are none (one line: served on another port, or refused)."""
+    target = _http(url, "/metrics")
+    request = urllib.request.Request(target)  # noqa: S310 - http(s) of the user's server
+    if token is not None:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(  # noqa: S310 - as above
+            request, timeout=HEALTH_TIMEOUT, context=_context(target, ca_file)
+        ) as r:
+            text = r.read().decode()
+    except urllib.error.HTTPError as exc:
+        return f"GET /metrics: HTTP {exc.code} (--metrics-port serves it on a port of its own)"
+    totals: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            totals[sample.name] = totals.get(sample.name, 0.0) + sample.value
+    return totals
+
+
+def _metric_rows(found: dict[str, float] | str) -> list[tuple[str, str]]:
+    if isinstance(found, str):
+        return [("metrics", found)]
+    rows = [
+        ("sessions opened", f"{found.get('tensorwire_sessions_opened_total', 0):.0f}"),
+        ("ops run", f"{found.get('tensorwire_ops_total', 0):.0f}"),
+        ("ops failed", f"{found.get('tensorwire_op_errors_total', 0):.0f}"),
+        ("refusals", f"{found.get('tensorwire_refusals_total', 0):.0f}"),
+    ]
+    if "tensorwire_memory_budget_bytes" in found:
+        rows.append(("memory budget", _size(int(found["tensorwire_memory_budget_bytes"]))))
+    if "process_resident_memory_bytes" in found:
+        rows += [
+            ("resident memory", _size(int(found["process_resident_memory_bytes"]))),
+            ("CPU seconds", f"{found['process_cpu_seconds_total']:.1f}"),
+            ("up for", f"{time.time() - found['process_start_time_seconds']:.0f} s"),
+        ]
+    return rows
 
 
 def _size(n: int) -> str:
@@ -76,9 +128,13 @@ def table(rows: Sequence[tuple[str, str]]) -> str:
     return "\n".join(f"{name.ljust(width)}  {value}" for name, value in rows)
 
 
+def _token(args: argparse.Namespace) -> str | None:
+    """--token-file's token, else the environment's (``client._environment``)."""
+    return server_token(Path(args.token_file).read_text().strip() if args.token_file else None)
+
+
 def _open(args: argparse.Namespace) -> RemoteDevice:
-    token = Path(args.token_file).read_text().strip() if args.token_file else None
-    return RemoteDevice(args.url, token=token, ca_file=args.ca_file)
+    return RemoteDevice(args.url, token=_token(args), ca_file=args.ca_file)
 
 
 def ping(args: argparse.Namespace) -> str:
@@ -103,11 +159,13 @@ def ping(args: argparse.Namespace) -> str:
 
 
 def stats(args: argparse.Namespace) -> str:
-    """The server's health answer and the counts a new session's ``stats`` reports."""
+    """The server's health answer, the counts a new session's ``stats`` reports and the
+    server's metrics (when ``/metrics`` is on its port)."""
     with _open(args) as dev:
         counts = dev.stats()
         url, server_id, devices = dev.url, dev.server_id, dev.device_count
     said = health(url, args.ca_file)
+    found = server_metrics(url, _token(args), args.ca_file)
     return table(
         [
             ("server", url),
@@ -120,6 +178,7 @@ def stats(args: argparse.Namespace) -> str:
             ("this session's tensors", str(counts.tensors)),
             ("this session's tensor bytes", _size(counts.tensor_bytes)),
             ("this session's failed tensors", str(counts.failed)),
+            *_metric_rows(found),
         ]
     )
 

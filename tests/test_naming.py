@@ -130,6 +130,17 @@ def test_stats_is_a_table_of_the_servers_counts(secured: ServerProcess, tmp_path
     assert rows["server"] == secured.url and rows["version"] == f"{VERSION} (protocol 2)"
     assert rows["open sessions"] == "2" and rows["status"] == "serving"
     assert rows["tensor bytes held, all sessions"] == "8.0 KiB (8192 B)"
+    assert int(rows["ops run"]) >= 1 and int(rows["sessions opened"]) >= 2  # from /metrics
+    assert rows["resident memory"].endswith(" B)") and rows["up for"].endswith(" s")
+
+
+@pytest.mark.server
+def test_stats_says_why_it_shows_no_metrics_when_they_are_elsewhere() -> None:
+    with run_server("--metrics-port", "0") as proc:
+        result = _run([sys.executable, "-m", "client.cli", "stats", proc.url])
+    assert result.returncode == 0, result.stderr
+    last = result.stdout.strip().split("\n")[-1]
+    assert last.startswith("metrics") and "--metrics-port" in last
 
 
 def test_the_cli_says_in_one_line_what_stops_it(secured: ServerProcess) -> None:
