@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from client._origins import Origins
 from client._structure import structure
 from client.array import RemoteArray
 from protocol import CLIENT_ADAPTER, Batch, TensorMeta, decode, encode
@@ -54,6 +55,8 @@ class _StubDevice:
     def __init__(self) -> None:
         self.last = 0
         self.segment_metas: dict[int, TensorMeta] = {}  # noted as segment replay notes them
+        self.origins = Origins()  # where user code made each op, noted as a device notes it
+        self.sync_ops = False
 
     def new_id(self) -> int:
         self.last += 1

@@ -31,6 +31,7 @@ from .device import Device as Device
 from .device import RemoteDevice as RemoteDevice
 from .errors import AuthenticationError as AuthenticationError
 from .errors import ConnectionLost as ConnectionLost
+from .errors import DeviceClosedError as DeviceClosedError
 from .errors import DeviceIndexError as DeviceIndexError
 from .errors import FeatureNotSupportedError as FeatureNotSupportedError
 from .errors import HandshakeError as HandshakeError

@@ -109,7 +109,9 @@ def apply_inplace(
     common_device((target, *inputs))
     op = built(make, target.tensor_id)
     op.infer_all(target.meta, *(a.meta for a in inputs))
-    target.device.submit(op)
+    device = target.device
+    device.submit(op)
+    device.origins.note(op.out)  # what the target holds now was made here
     return target
 
 

@@ -75,7 +75,7 @@ from ._resuming import Retained
 from ._segments import segmenter
 from ._stats import SegmentStats
 from ._transport import Closed, Transport
-from .errors import ConnectionLost, ServerNotResponding, SessionLost
+from .errors import ConnectionLost, DeviceClosedError, ServerNotResponding, SessionLost
 
 FLUSH_OPS = 2048
 FLUSH_BYTES = 1 << 20
@@ -199,10 +199,12 @@ class Connection(Recovering):
     def _broken(self, exc: BaseException, *also: Future[Any]) -> None:
         """Fail every pending reply (and ``also``) and every later call with ConnectionLost
         (a session the server ended: SessionLost)."""
-        reason = "closed" if self._closing else f"lost ({exc})"
-        code = None if self._closing else close_code(self._ws)
-        message = f"connection to {self.url} {reason}"
-        if code is not None and not self._closing:
+        if self._closing:
+            self._fail(DeviceClosedError(self.url), *also)
+            return
+        code = close_code(self._ws)
+        message = f"connection to {self.url} lost ({exc})"
+        if code is not None:
             self._fail(SessionLost(message, "dropped", code), *also)
         else:
             self._fail(ConnectionLost(message, code=code), *also)
@@ -322,7 +324,7 @@ class Connection(Recovering):
         if self._error is not None:
             raise self._error
         if self._closing:
-            raise ConnectionLost(f"connection to {self.url} is closed")
+            raise DeviceClosedError(self.url)
 
     def _flush_locked(self, requests: tuple[Request, ...]) -> Sending:
         """Encode the pending batch, number and keep its messages, and take the send lock,

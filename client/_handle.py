@@ -18,6 +18,7 @@ from protocol import DType, TensorMeta, from_numpy, to_numpy
 from protocol.ops import ArrayIndex, IndexItem, SliceSpec
 from protocol.ops.indexing import key_tensors
 
+from ._origins import read_values
 from .device import Device
 
 
@@ -93,7 +94,7 @@ class Handle:
             RemoteError: the op that produced this tensor, or one it depends on, failed.
             ConnectionLost: the connection closed or broke.
         """
-        return self._device.submit_read(self._id).result()
+        return read_values(self._device, self._id)
 
     def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray[Any, Any]:
         values = self.numpy()

@@ -33,6 +33,8 @@ class ConnectionKeywords(TypedDict, total=False):
     reconnect_backoff: float
     reconnect_backoff_max: float
     segment_replay: bool | None
+    sync: bool | None
+    origins: bool | None
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,12 @@ class ConnectionOptions:
     reconnect_backoff_max: float = BACKOFF_MAX
     # replay repeated segments (client._segments); None: unless TENSORWIRE_SEGMENT_REPLAY=0
     segment_replay: bool | None = None
+    # wait for every op, so that a failed op raises at the line that made it
+    # (client._origins); None: if TENSORWIRE_SYNC=1
+    sync: bool | None = None
+    # note where user code made each op, for its error (client._origins); None: if
+    # TENSORWIRE_ORIGINS=1
+    origins: bool | None = None
 
     def __post_init__(self) -> None:
         self.liveness  # noqa: B018 - checks the bounds before anything connects

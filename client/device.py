@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from functools import partial
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Protocol, Self, Unpack
+from typing import TYPE_CHECKING, Any, Self, Unpack
 
 import numpy as np
 
@@ -30,18 +30,17 @@ from protocol import (
     Stats,
     Sync,
     TensorMeta,
-    Welcome,
 )
 from protocol.graphs import GraphDef
-from protocol.messages import Request
 from protocol.ops import AnyOp
 
 from ._connection import Connection
+from ._device_connection import DeviceConnection
 from ._environment import server_token, server_url
 from ._opening import url_of
 from ._options import ConnectionKeywords, ConnectionOptions
+from ._origins import SYNC_ENV, Origins, read_values, switched_on, wait_for
 from ._stats import SegmentStats, SessionStats, session_stats
-from .errors import ServerProtocolError
 
 if TYPE_CHECKING:
     from .array import RemoteArray
@@ -67,33 +66,11 @@ def new_handle(device: Device, tensor_id: int, meta: TensorMeta) -> RemoteArray:
     metas = device.segment_metas
     if metas is not None:
         metas[tensor_id] = meta
-    return _array_type(device, tensor_id, meta)
-
-
-class DeviceConnection(Protocol):
-    """What a :class:`Device` needs of its connection: :class:`client._connection.Connection`
-    to a server, or :class:`client.local.LocalConnection` in this process. Each method behaves
-    as ``Connection``'s does, errors included."""
-
-    @property
-    def welcome(self) -> Welcome:
-        """The session's description: device index and count, server and session ids."""
-        ...
-
-    def new_id(self) -> int: ...
-    def submit(self, op: AnyOp) -> None: ...
-    def submit_upload(self, make_op: Callable[[int], AnyOp], data: memoryview) -> None: ...
-    def release(self, tensor_id: int) -> None: ...
-    def request(self, make: Callable[[int], Request]) -> Future[Any]: ...
-    def wait(self, reply: Future[Any]) -> None: ...
-    def flush(self) -> None: ...
-    def close(self) -> None: ...
-    def take_server_error(self) -> ServerProtocolError | None: ...
-    def new_graph_id(self) -> int: ...
-    def register_graph(
-        self, graph_id: int, graph: GraphDef, constants: Sequence[memoryview]
-    ) -> None: ...
-    def drop_graph(self, graph_id: int) -> None: ...
+    device.origins.note(tensor_id)
+    handle = _array_type(device, tensor_id, meta)
+    if device.sync_ops:
+        wait_for(device, tensor_id)
+    return handle
 
 
 class Device:
@@ -119,6 +96,10 @@ class Device:
     segment_metas: dict[int, TensorMeta] | None = None
     """The metas of live ids, which :func:`new_handle` notes for segment replay (None: off)."""
 
+    origins: Origins
+    """Where user code made each op (``client._origins``), which :func:`new_handle` notes."""
+    sync_ops = False  # wait for every op as it is made (``sync``, ``client._origins``)
+
     def __init__(
         self,
         url: str | None = None,
@@ -128,7 +109,7 @@ class Device:
     ) -> None:
         url = url_of(server_url(url))  # without one: TENSORWIRE_URL (client._environment)
         options = ConnectionOptions(token=server_token(token), **keywords)  # checked here
-        self._attach(Connection(url, index, options), url, index)
+        self._attach(Connection(url, index, options), url, index, options.sync, options.origins)
 
     @classmethod
     def from_connection(cls, conn: DeviceConnection, url: str, index: int = 0) -> Self:
@@ -139,12 +120,17 @@ class Device:
         device._attach(conn, url, index)
         return device
 
-    def _attach(self, conn: DeviceConnection, url: str, index: int) -> None:
+    def _attach(self, conn: DeviceConnection, url: str, index: int, *flags: bool | None) -> None:
+        """Use ``conn``; ``flags`` are ``RemoteDevice``'s ``sync`` and ``origins`` (None, or
+        left out: as the environment says, ``client._origins``)."""
+        sync, origins = (*flags, None, None)[:2]
         self.url = url
         self.index = index
         self._conn = conn
         self.new_id, self.submit, self.release = conn.new_id, conn.submit, conn.release
         self.segment_metas = getattr(conn, "segment_metas", None)
+        self.origins = Origins(origins)
+        self.sync_ops = switched_on(SYNC_ENV) if sync is None else sync
         self._close = weakref.finalize(self, conn.close)  # also runs at exit
 
     @property
@@ -323,6 +309,11 @@ class RemoteDevice(SyncDevice):
     up to ``reconnect_backoff_max`` (2), with +-20% jitter.
     Then a session that cannot be resumed fails every call with :class:`~client.SessionLost`.
 
+    An op's error surfaces when a result is read: ``origins=True`` (``TENSORWIRE_ORIGINS=1``)
+    has it name the line that made the op, ``sync=True`` (``TENSORWIRE_SYNC=1``) waits for each
+    op so that it raises there, as ``CUDA_LAUNCH_BLOCKING=1`` does. Off by default: both slow
+    every op (``client._origins``).
+
     ``token`` and these keyword arguments (``client._options.ConnectionKeywords``) are the
     connection's settings wherever a device is opened, documented here for all: the same in
     ``AsyncRemoteDevice.connect`` and ``client.open_device``.
@@ -374,7 +365,7 @@ class AsyncRemoteDevice(Device):
             ConnectionLost: the connection closed or broke (``ServerNotResponding``: the
                 server stopped answering).
         """
-        return await asyncio.to_thread(self.submit_read(array.tensor_id).result)
+        return await asyncio.to_thread(read_values, self, array.tensor_id)
 
     async def sync(self) -> None:
         await asyncio.to_thread(self._conn.request(lambda rid: Sync(request_id=rid)).result)

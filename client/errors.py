@@ -19,6 +19,8 @@ Exception tree::
     │                                       refused before it is sent, the session goes on
     └── ConnectionLost (ConnectionError)    the connection closed or broke; pending work fails;
         │                                   ``code`` says why when the server said so
+        ├── DeviceClosedError               the device was closed by its ``close()`` (or its
+        │                                   ``with`` block ended) and is used again
         └── SessionLost                     the session cannot be resumed (``reason``: the
             │                               window passed, the server restarted or ended it,
             │                               or it could not be reached again)
@@ -49,6 +51,8 @@ class RemoteError(TensorwireError, RuntimeError):
         self.code = error.code
         self.op = error.op
         self.error = error
+        # Where user code made the failed op (``client._origins``), once a read names it
+        self.origin: str | None = None
 
 
 class TransferError(RemoteError):
@@ -137,6 +141,18 @@ class ConnectionLost(TensorwireError, ConnectionError):
     def __init__(self, message: str, code: ErrorCode | None = None) -> None:
         super().__init__(f"[{code}] {message}" if code is not None else message)
         self.code = code
+
+
+class DeviceClosedError(ConnectionLost):
+    """A device used after its ``close()`` (or after its ``with`` block ended): nothing was
+    lost on the network, the program closed it. A ``ConnectionLost``, which code catches for
+    a device that can no longer be used."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(
+            f"the device {url} was closed by close() (or its `with` block ended) and cannot be "
+            "used any more: open a new device, and keep the arrays you need read before closing"
+        )
 
 
 SessionLostReason = Literal["expired", "dropped", "server_restarted", "unreachable", "unknown"]

@@ -57,7 +57,13 @@ from protocol.ops import AnyOp
 from ._connection import FLUSH_BYTES, FLUSH_OPS
 from ._pending import Pending
 from .device import SyncDevice
-from .errors import ConnectionLost, DeviceIndexError, ServerProtocolError, remote_error
+from .errors import (
+    ConnectionLost,
+    DeviceClosedError,
+    DeviceIndexError,
+    ServerProtocolError,
+    remote_error,
+)
 
 if TYPE_CHECKING:
     from server.config import ServerConfig
@@ -214,7 +220,7 @@ class LocalConnection:
         if self._error is not None:
             raise self._error
         if self._closed:
-            raise ConnectionLost(f"the local {self.url} device is closed")
+            raise DeviceClosedError(self.url)
 
     def _end_locked(self) -> None:
         self._closed = True

@@ -23,6 +23,7 @@ import numpy as np
 from protocol import TensorMeta
 from protocol.ops import AnyOp
 
+from .._origins import Origins
 from .._stats import SessionStats
 from ..device import Device
 from ..errors import CaptureError
@@ -41,6 +42,7 @@ class CaptureDevice(Device):
         self.url = "capture:" + ("" if inner is None else inner.url)
         self.index = 0 if inner is None else inner.index
         self._capturing: Capture | None = None
+        self.origins = Origins() if inner is None else inner.origins
         if inner is not None:
             self._conn = inner._conn
             self.new_id, self.submit, self.release = inner.new_id, inner.submit, inner.release

@@ -1,0 +1,43 @@
+"""What a device needs of its connection: :class:`DeviceConnection`, which
+:class:`client._connection.Connection` (to a server) and :class:`client.local.LocalConnection`
+(in this process) both are, and which ``client.device`` builds its devices over.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from typing import Any, Protocol
+
+from protocol import Welcome
+from protocol.graphs import GraphDef
+from protocol.messages import Request
+from protocol.ops import AnyOp
+
+from .errors import ServerProtocolError
+
+
+class DeviceConnection(Protocol):
+    """What a :class:`Device` needs of its connection: :class:`client._connection.Connection`
+    to a server, or :class:`client.local.LocalConnection` in this process. Each method behaves
+    as ``Connection``'s does, errors included."""
+
+    @property
+    def welcome(self) -> Welcome:
+        """The session's description: device index and count, server and session ids."""
+        ...
+
+    def new_id(self) -> int: ...
+    def submit(self, op: AnyOp) -> None: ...
+    def submit_upload(self, make_op: Callable[[int], AnyOp], data: memoryview) -> None: ...
+    def release(self, tensor_id: int) -> None: ...
+    def request(self, make: Callable[[int], Request]) -> Future[Any]: ...
+    def wait(self, reply: Future[Any]) -> None: ...
+    def flush(self) -> None: ...
+    def close(self) -> None: ...
+    def take_server_error(self) -> ServerProtocolError | None: ...
+    def new_graph_id(self) -> int: ...
+    def register_graph(
+        self, graph_id: int, graph: GraphDef, constants: Sequence[memoryview]
+    ) -> None: ...
+    def drop_graph(self, graph_id: int) -> None: ...
