@@ -23,6 +23,7 @@ from protocol import __version__ as __version__
 
 from . import _elements as _elements  # registers RemoteArray's iteration
 from . import capture as capture
+from ._printing import print_values as print_values
 from ._stats import SegmentStats as SegmentStats
 from ._stats import SessionStats as SessionStats
 from .array import RemoteArray as RemoteArray

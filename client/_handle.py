@@ -19,6 +19,7 @@ from protocol.ops import ArrayIndex, IndexItem, SliceSpec
 from protocol.ops.indexing import key_tensors
 
 from ._origins import read_values
+from ._printing import array_repr, array_str, printing_values
 from .device import Device
 
 
@@ -76,9 +77,18 @@ class Handle:
         return n
 
     def __repr__(self) -> str:
-        shape = "(" + ", ".join(map(str, self.shape)) + ("," if self.ndim == 1 else "") + ")"
+        """The values as numpy's repr writes them (one read, ``client._printing``), with the
+        dtype and device; while printing values is off, the shape, dtype, id and device."""
         name, dtype, dev = type(self).__name__, self._meta.dtype, self._device
+        if printing_values():
+            return array_repr(self, name, f"dtype={dtype}, device={dev!r}")
+        shape = "(" + ", ".join(map(str, self.shape)) + ("," if self.ndim == 1 else "") + ")"
         return f"{name}(shape={shape}, dtype={dtype}, id=#{self._id}, device={dev!r})"
+
+    def __str__(self) -> str:
+        """The values as numpy's str writes them (one read); while printing values is off,
+        the repr."""
+        return array_str(self) if printing_values() else repr(self)
 
     def __len__(self) -> int:
         if not self.shape:

@@ -30,8 +30,6 @@ from protocol.ops import (
     InPlaceBinary,
     InPlaceBinaryScalar,
     PermuteDims,
-    Reduce,
-    ReduceName,
     Reshape,
     SetItem,
     Unary,
@@ -39,8 +37,9 @@ from protocol.ops import (
 )
 from protocol.scalars import PyScalar, scalar_dtype, scalar_from_python
 
+from ._array_methods import ArrayMethods
 from ._building import apply, apply_inplace, full, upload
-from ._handle import Handle, checked_device, index_key, ints, wire_dtype
+from ._handle import Handle, checked_device, index_key, wire_dtype
 from ._python_protocols import PythonProtocols
 from ._ufuncs import NumpyUfuncs
 from .device import register_array_type
@@ -104,8 +103,9 @@ def _operators(name: BinaryName) -> tuple[Operator, Operator, Operator]:
     return _binary_operator(name), _binary_operator(name, reflected=True), inplace_operator_
 
 
-class RemoteArray(PythonProtocols, NumpyUfuncs, Handle):
-    """A tensor on a remote device. Create them with a namespace: ``client.namespace(dev)``."""
+class RemoteArray(ArrayMethods, PythonProtocols, NumpyUfuncs, Handle):
+    """A tensor on a remote device. Create them with a namespace: ``client.namespace(dev)``.
+    numpy's methods (``x.sum()``, ``x.mean(axis=0)``, ...) are ``client._array_methods``'."""
 
     __slots__ = ()
     __hash__ = None  # type: ignore[assignment]  # __eq__ is element-wise, as in numpy
@@ -151,12 +151,6 @@ class RemoteArray(PythonProtocols, NumpyUfuncs, Handle):
 
     def ravel(self) -> RemoteArray:
         return reshape(self, (-1,))
-
-    def max(self, axis: Any = None, keepdims: bool = False) -> RemoteArray:
-        return _reduce("max", self, axis, keepdims)
-
-    def min(self, axis: Any = None, keepdims: bool = False) -> RemoteArray:
-        return _reduce("min", self, axis, keepdims)
 
     def __getitem__(self, key: Any) -> RemoteArray:
         return getitem(self, key)
@@ -278,13 +272,6 @@ def inplace_operator(name: BinaryName, self: RemoteArray, other: Any) -> RemoteA
         return NotImplemented  # type: ignore[no-any-return]
     o = other_array
     return apply_inplace(lambda out: InPlaceBinary(op=name, out=out, x2=o.tensor_id), self, o)
-
-
-def _reduce(name: ReduceName, x: RemoteArray, axis: Any, keepdims: bool) -> RemoteArray:
-    axes = None if axis is None else ints(axis)
-    return apply(
-        lambda out: Reduce(op=name, out=out, x=x.tensor_id, axis=axes, keepdims=keepdims), x
-    )
 
 
 def astype(x: RemoteArray, dtype: Any, copy: bool = True) -> RemoteArray:

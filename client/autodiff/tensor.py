@@ -10,6 +10,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
+from .._array_methods import ArrayMethods
+from .._printing import array_repr, array_str, printing_values
 from .backward import run_backward
 from .errors import AutodiffError, NotDifferentiableError
 from .mode import is_grad_enabled
@@ -56,12 +60,14 @@ def _in_place_operator(method: str) -> Operator:
     return in_place_operator
 
 
-class Tensor:
+class Tensor(ArrayMethods):
     """An array of the wrapped namespace that records how it was made.
 
     ``array`` is the wrapped namespace's array (a ``RemoteArray`` on a remote device, a numpy
     array locally); reading it costs what reading that array costs. Operators work as the
     standard's do, with Python scalars and plain arrays of the same device as constants.
+    numpy's methods (``t.sum()``, ``t.mean(axis=0)``, ...) are the namespace's functions
+    (``client._array_methods``): they record gradients as those do.
     """
 
     __slots__ = (
@@ -141,9 +147,20 @@ class Tensor:
         return self._ad.matrix_transpose(self)
 
     def __repr__(self) -> str:
+        """The values as numpy's repr writes them (one read of the array, ``client._printing``),
+        with the dtype, device and how it was made; while printing values is off, the shape
+        instead of the values."""
         made = f", op={self._node.name}" if self._node is not None else ""
         grad = ", requires_grad=True" if self._requires_grad else ""
-        return f"Tensor(shape={self.shape}, dtype={self.dtype}, device={self.device}{grad}{made})"
+        extras = f"dtype={self.dtype}, device={self.device!r}{grad}{made}"
+        if printing_values():
+            return array_repr(self.array, "Tensor", extras)
+        return f"Tensor(shape={self.shape}, {extras})"
+
+    def __str__(self) -> str:
+        """The values as numpy's str writes them (one read); while printing values is off,
+        the repr."""
+        return array_str(self.array) if printing_values() else repr(self)
 
     # --- differentiation ----------------------------------------------------------------------
     @property
@@ -258,6 +275,11 @@ class Tensor:
         return out
 
     # --- reading --------------------------------------------------------------------------
+    def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray[Any, Any]:
+        """The values (one read of a remote array), as numpy asks for them."""
+        values = np.asarray(self.array, dtype=dtype)
+        return values.copy() if copy and values is self.array else values
+
     def __float__(self) -> float:
         return float(self.array)
 
