@@ -28,6 +28,7 @@ from .attention import MultiheadAttention as MultiheadAttention
 from .convolution import Conv1d as Conv1d
 from .convolution import Conv2d as Conv2d
 from .convolution import ConvTranspose2d as ConvTranspose2d
+from .data import DataLoader as DataLoader
 from .functional import cross_entropy as cross_entropy
 from .functional import embedding as embedding
 from .functional import gelu as gelu
