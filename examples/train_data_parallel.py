@@ -26,6 +26,7 @@ reached or refuses us, a URL is not one, or the plot cannot be written (one line
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 import time
 from collections.abc import Sequence
@@ -65,11 +66,12 @@ def train(
         lambda ad: mlp(ad, args.hidden, args.seed),
         lambda params: optim.Adam(params, lr=args.lr),
     )
-    per_epoch = -(-len(x_train) // args.batch_size)
+    order = np.random.default_rng(args.seed)
+    rows = nn.DataLoader(x_train, batch_size=args.batch_size, shuffle=True, generator=order)
+    per_epoch = len(rows)  # each batch's rows are cut into the replicas' shards by dp.step
     schedules = [optim.CosineAnnealingLR(o, T_max=args.epochs * per_epoch) for o in dp.optimizers]
     shared = [(ad.asarray(x_train), ad.asarray(y_train)) for ad in spaces]  # once per replica
     x_held, y_held = spaces[0].asarray(x_test), spaces[0].asarray(y_test)
-    order = np.random.default_rng(args.seed)
     curves, seconds = Curves(), 0.0
     stats: list[list[Any]] = [[] for _ in spaces]  # per replica, per step: loss, accuracy
     replicas = [(r.model, r.optimizer, s) for r, s in zip(dp.replicas, schedules, strict=True)]
@@ -90,9 +92,9 @@ def train(
         for epoch in range(first_epoch, args.epochs):
             start = time.perf_counter()
             at_start = order.bit_generator.state  # the epoch's order, for a checkpoint
-            batches = np.array_split(order.permutation(len(x_train)), per_epoch)
             skipped = first_batch if epoch == first_epoch else 0
-            for number, batch in enumerate(batches[skipped:], start=skipped + 1):
+            batches = itertools.islice(rows.batch_indices(), skipped, None)
+            for number, batch in enumerate(batches, start=skipped + 1):
                 dp.step(partial(shard_loss, total=len(batch)), batch)
                 for schedule in schedules:
                     schedule.step()

@@ -1,8 +1,9 @@
 """Train an MLP classifier on scikit-learn's handwritten digits on a Tensorwire server.
 
 The model, its gradients and Adam's state live on the server; each step uploads the indices
-of its batch (the data was uploaded once) and reads back two numbers, the batch's loss and
-accuracy, for the progress bar. ``--local`` runs the same code on numpy, for comparison.
+of its batch, which ``nn.DataLoader`` gathers there (the data was uploaded once), and reads
+back two numbers, the batch's loss and accuracy, for the progress bar. ``--local`` runs the
+same code on numpy, for comparison.
 
     python examples/train_mlp.py --url ws://127.0.0.1:8765      # token: TENSOR_SERVER_TOKEN
     python examples/train_mlp.py --token-file ./token --plot curves.png
@@ -19,6 +20,7 @@ is not one, or an output file cannot be written (one line on stderr).
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 import time
 from collections.abc import Callable
@@ -137,14 +139,14 @@ def accuracy(ad: Autodiff, logits: Any, labels: Any) -> Any:
 
 
 def classifier_step(
-    ad: Autodiff, model: nn.Module, opt: optim.Optimizer, x: Any, y: Any
-) -> Callable[[Any], Any]:
-    """The training step on the rows of ``x`` and ``y`` (resident on the device) that an
-    index array selects: forward, cross-entropy, backward, ``opt``'s update; it returns the
-    batch's loss and accuracy in one array, for one read."""
+    ad: Autodiff, model: nn.Module, opt: optim.Optimizer
+) -> Callable[[Any, Any], Any]:
+    """The training step on a batch of inputs and labels (gathered on the device): forward,
+    cross-entropy, backward, ``opt``'s update; it returns the batch's loss and accuracy in
+    one array, for one read."""
 
-    def step(index: Any) -> Any:
-        logits, labels = model(ad.take(x, index, axis=0)), ad.take(y, index)
+    def step(inputs: Any, labels: Any) -> Any:
+        logits = model(inputs)
         loss = nn.cross_entropy(logits, labels)
         opt.zero_grad()
         loss.backward()
@@ -165,25 +167,26 @@ def train(
     x_train, y_train, x_test, y_test = data
     x, y = ad.asarray(x_train), ad.asarray(y_train)  # uploaded once; batches are gathered there
     x_held, y_held = ad.asarray(x_test), ad.asarray(y_test)
-    per_epoch = -(-len(x_train) // args.batch_size)
+    order = np.random.default_rng(args.seed)
+    batches = nn.DataLoader(x, y, batch_size=args.batch_size, shuffle=True, generator=order)
+    per_epoch = len(batches)
     opt = optim.Adam(model.parameters(), lr=args.lr)
     schedule = optim.CosineAnnealingLR(opt, T_max=args.epochs * per_epoch)
-    order = np.random.default_rng(args.seed)
     curves = Curves()
     saving = Saving(Checkpoints.of(args), [(model, opt, schedule)])
     first_epoch, first_batch = saving.resume(order, curves) if args.resume else (0, 0)
 
-    step = classifier_step(ad, model, opt, x, y)
+    step = classifier_step(ad, model, opt)
     # --jit: the step is recorded once and then runs on the server as one op (the schedule
     # writes its rate into the optimizer's device arrays between steps; on numpy jit just runs)
     run_step = jit(step) if args.jit else step
     with running.progress(args.epochs * per_epoch, len(curves.loss), ("loss", "acc")) as advance:
         for epoch in range(first_epoch, args.epochs):
             at_start = order.bit_generator.state  # the epoch's order, for a checkpoint
-            batches = np.array_split(order.permutation(len(x_train)), per_epoch)
             skipped = first_batch if epoch == first_epoch else 0
-            for number, batch in enumerate(batches[skipped:], start=skipped + 1):
-                both = run_step(ad.asarray(batch))
+            epoch_batches = itertools.islice(batches, skipped, None)  # drawn from `order`
+            for number, (x_batch, y_batch) in enumerate(epoch_batches, start=skipped + 1):
+                both = run_step(x_batch, y_batch)
                 schedule.step()
                 step_loss, step_accuracy = (float(v) for v in np.asarray(both))
                 curves.loss.append(step_loss)
