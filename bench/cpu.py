@@ -1,6 +1,7 @@
 """``python -m bench.cpu [--kinds [--blas-threads N]] [--reps N]``: CPU microseconds per
 pipelined op on each side, in one process, with an array operand (``x + a``) and with a Python
-scalar (``x + 1.0``), and what segment replay (``client._segments``) costs and saves per op:
+scalar (``x + 1.0``), what noting the user's line of each op costs (``origins=True``,
+``client._origins``), and what segment replay (``client._segments``) costs and saves per op:
 the structural key the client builds for a segment whose op types it has seen, and the
 server's run of the same ops registered as a segment (one ``run_segment`` op). With
 ``--kinds``, the server's per op kind of real training steps and per step instead
@@ -55,7 +56,7 @@ class _StubDevice:
     def __init__(self) -> None:
         self.last = 0
         self.segment_metas: dict[int, TensorMeta] = {}  # noted as segment replay notes them
-        self.origins = Origins()  # where user code made each op, noted as a device notes it
+        self.origins = Origins(on=False)  # what user code made each op: on for one row
         self.sync_ops = False
 
     def new_id(self) -> int:
@@ -133,6 +134,13 @@ def _measure(scalar: bool) -> None:
         for _ in range(OPS):
             x = x + other
 
+    def build_noted() -> None:  # each op notes the user's line that made it
+        a.device.origins.on = True
+        try:
+            build()
+        finally:
+            a.device.origins.on = False
+
     batch, chunks = _batch(scalar)
     message = b"".join(chunks)
 
@@ -159,6 +167,7 @@ def _measure(scalar: bool) -> None:
 
     for name, fn in (
         ("client: build op", build),
+        ("client: build op, origins on", build_noted),
         ("client: batch + encode", serialize),
         ("server: decode + check + run", run),
         ("client: segment key", key),

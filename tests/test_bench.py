@@ -173,12 +173,12 @@ def test_cpu_microbenchmark_reports_each_side() -> None:
     )
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
-    sides = ["client: build op", "client: batch + encode", "server: decode + check + run"]
-    sides += ["client: segment key", "server: run_segment"]
+    sides = ["client: build op", "client: build op, origins on", "client: batch + encode"]
+    sides += ["server: decode + check + run", "client: segment key", "server: run_segment"]
     expected = ["x = x + a:", *sides, "x = x + 1.0:", *sides]
     assert [line.strip().split("  ")[0] for line in lines] == expected
     figures = [line for line in lines if line.startswith("  ")]
-    assert len(figures) == 10 and all(float(line.split()[-2]) > 0 for line in figures)
+    assert len(figures) == 12 and all(float(line.split()[-2]) > 0 for line in figures)
 
 
 @pytest.mark.e2e
