@@ -21,6 +21,7 @@ from protocol.ops.indexing import key_tensors
 from ._origins import read_values
 from ._printing import array_repr, array_str, printing_values
 from .device import Device
+from .errors import ConnectionLost
 
 
 class Handle:
@@ -78,10 +79,14 @@ class Handle:
 
     def __repr__(self) -> str:
         """The values as numpy's repr writes them (one read, ``client._printing``), with the
-        dtype and device; while printing values is off, the shape, dtype, id and device."""
+        dtype and device; while printing values is off, or once the device is closed or lost,
+        the shape, dtype, id and device."""
         name, dtype, dev = type(self).__name__, self._meta.dtype, self._device
         if printing_values():
-            return array_repr(self, name, f"dtype={dtype}, device={dev!r}")
+            try:
+                return array_repr(self, name, f"dtype={dtype}, device={dev!r}")
+            except ConnectionLost:  # no values to show (a failed op's error still raises)
+                pass
         shape = "(" + ", ".join(map(str, self.shape)) + ("," if self.ndim == 1 else "") + ")"
         return f"{name}(shape={shape}, dtype={dtype}, id=#{self._id}, device={dev!r})"
 

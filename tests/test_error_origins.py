@@ -162,3 +162,4 @@ def test_use_after_close_says_the_device_was_closed(url: str) -> None:
         with pytest.raises(client.DeviceClosedError, match=r"closed by close\(\)") as info:
             use()
         assert isinstance(info.value, client.ConnectionLost)  # what code catches today
+    assert repr(x).startswith("RemoteArray(shape=(3,), dtype=float64, id=#")  # no values left
