@@ -157,9 +157,11 @@ def test_use_after_close_says_the_device_was_closed(url: str) -> None:
     dev = client.RemoteDevice(url)
     xp = client.namespace(dev)
     x = xp.ones(3)
+    t = Autodiff(xp).asarray(np.ones(2), requires_grad=True)
     dev.close()
     for use in (lambda: xp.ones(2), lambda: x.numpy(), lambda: x + 1.0, dev.sync):
         with pytest.raises(client.DeviceClosedError, match=r"closed by close\(\)") as info:
             use()
         assert isinstance(info.value, client.ConnectionLost)  # what code catches today
     assert repr(x).startswith("RemoteArray(shape=(3,), dtype=float64, id=#")  # no values left
+    assert repr(t).startswith("Tensor(shape=(2,), dtype=float64, device=")

@@ -65,9 +65,8 @@ class Tensor(ArrayMethods):
 
     ``array`` is the wrapped namespace's array (a ``RemoteArray`` on a remote device, a numpy
     array locally); reading it costs what reading that array costs. Operators work as the
-    standard's do, with Python scalars and plain arrays of the same device as constants.
-    numpy's methods (``t.sum()``, ``t.mean(axis=0)``, ...) are the namespace's functions
-    (``client._array_methods``): they record gradients as those do.
+    standard's do, with Python scalars and plain arrays of the same device as constants;
+    numpy's methods (``t.sum()``, ``client._array_methods``) record gradients as they do.
     """
 
     __slots__ = (
@@ -148,18 +147,20 @@ class Tensor(ArrayMethods):
 
     def __repr__(self) -> str:
         """The values as numpy's repr writes them (one read of the array, ``client._printing``),
-        with the dtype, device and how it was made; while printing values is off, the shape
-        instead of the values."""
+        with the dtype, device and how it was made; while printing values is off, or once its
+        device is closed or lost, the shape instead of the values."""
         made = f", op={self._node.name}" if self._node is not None else ""
         grad = ", requires_grad=True" if self._requires_grad else ""
         extras = f"dtype={self.dtype}, device={self.device!r}{grad}{made}"
         if printing_values():
-            return array_repr(self.array, "Tensor", extras)
+            try:
+                return array_repr(self.array, "Tensor", extras)
+            except ConnectionError:  # its device is closed or lost: no values to show
+                pass
         return f"Tensor(shape={self.shape}, {extras})"
 
     def __str__(self) -> str:
-        """The values as numpy's str writes them (one read); while printing values is off,
-        the repr."""
+        """The values as numpy's str writes them (one read), or, without values, the repr."""
         return array_str(self.array) if printing_values() else repr(self)
 
     # --- differentiation ----------------------------------------------------------------------
