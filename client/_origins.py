@@ -76,9 +76,8 @@ class Origins:
         self._lasti = [0] * MOST
 
     def note(self, tensor_id: int) -> None:
-        """Note the first frame outside the SDK as the maker of ``tensor_id``."""
-        if not self.on:
-            return
+        """Note the first frame outside the SDK as the maker of ``tensor_id`` (the caller
+        tests :attr:`on` first)."""
         frame = _getframe(SKIP)
         files = _sdk_files
         while True:

@@ -66,7 +66,9 @@ def new_handle(device: Device, tensor_id: int, meta: TensorMeta) -> RemoteArray:
     metas = device.segment_metas
     if metas is not None:
         metas[tensor_id] = meta
-    device.origins.note(tensor_id)
+    origins = device.origins
+    if origins.on:  # tested here: a call costs more than the test when they are off
+        origins.note(tensor_id)
     handle = _array_type(device, tensor_id, meta)
     if device.sync_ops:
         wait_for(device, tensor_id)
