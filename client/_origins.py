@@ -146,11 +146,14 @@ def read_values(device: Device, tensor_id: int) -> np.ndarray[Any, Any]:
 
 def wait_for(device: Device, tensor_id: int) -> None:
     """Wait until the op that makes ``tensor_id`` on ``device`` has run (``sync``: its error
-    raises at the line that made it, which the traceback names).
+    raises at the line that made it, which the traceback names); not inside a capture, whose
+    ops are recorded to run as a graph (``client.capture``), which may not wait for one.
 
     Raises:
         RemoteError: it failed, or one it depends on did.
     """
+    if getattr(device, "_capturing", None) is not None:
+        return
     try:
         device.describe([tensor_id])
     except RemoteError as error:

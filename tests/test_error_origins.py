@@ -15,6 +15,7 @@ import pytest
 import client
 from client import _origins, _segments
 from client.autodiff import Autodiff
+from client.capture import jit
 
 pytestmark = pytest.mark.server
 
@@ -108,6 +109,11 @@ def test_sync_raises_at_the_line(url: str, monkeypatch: pytest.MonkeyPatch) -> N
         assert frames[-1] + 1 == info.tb.tb_lineno  # the raise is at the op's line
         assert not hasattr(info.value, "__notes__")  # and nothing more to say
         assert float(xp.sum(singular + 1.0)) == 4.0  # ops that succeed go on as usual
+    with client.RemoteDevice(url, sync=True) as dev:  # a jit step records and replays as usual
+        xp = client.namespace(dev)
+        w = xp.asarray(np.ones(3))
+        step = jit(lambda x: xp.sum(x * w + 1.0))
+        assert [float(step(xp.asarray(np.arange(3.0) + i))) for i in range(4)] == [6, 9, 12, 15]
     monkeypatch.setenv("TENSORWIRE_SYNC", "1")
     with client.RemoteDevice(url) as dev:
         xp = client.namespace(dev)
