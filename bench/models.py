@@ -63,7 +63,11 @@ def _cnn(ad: Autodiff) -> tuple[Step, Batches]:
     images, labels, _, _ = train_mlp.digits(args.seed)
     x, y = ad.asarray(images.reshape(-1, 1, 8, 8)), ad.asarray(labels)
     opt = optim.Adam(model.parameters(), lr=args.lr)
-    step = train_mlp.classifier_step(ad, model, opt, x, y)
+    classify = train_mlp.classifier_step(ad, model, opt)
+
+    def step(index: Any) -> Any:  # the batch gathered on the device, as nn.DataLoader does
+        return classify(ad.take(x, index, axis=0), ad.take(y, index))
+
     return step, lambda order: order.integers(0, len(labels), args.batch_size)
 
 
