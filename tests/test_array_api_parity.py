@@ -288,3 +288,13 @@ def test_an_element_written_through_an_index_is_read_again(xp: client.Namespace)
     view = element[...]
     view += 1.0
     assert float(element) == 2.0 and bool(element > 1.5)
+
+
+
+def test_a_0d_autodiff_tensor_is_not_iterable(xp: client.Namespace) -> None:
+    from client.autodiff import Autodiff
+
+    t = Autodiff(xp).tensor(xp.asarray([0.0, 1.0, 2.0]))
+    assert not np.iterable(t.sum()) and np.iterable(t)
+    with pytest.raises(TypeError, match="0-d"):
+        iter(t.sum())

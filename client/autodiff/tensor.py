@@ -297,10 +297,9 @@ class Tensor(ArrayMethods):
         return len(self.array)
 
     def __iter__(self) -> Iterator[Tensor]:
-        if not self.shape:
+        if not self.shape:  # at iter(), not at the first next(): np.iterable asks so
             raise TypeError("iteration over a 0-d tensor")
-        for i in range(self.shape[0] or 0):
-            yield self[i]
+        return (self[i] for i in range(self.shape[0] or 0))
 
     def __array_namespace__(self, *, api_version: str | None = None) -> Autodiff:
         return self._ad
