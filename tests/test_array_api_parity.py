@@ -290,7 +290,6 @@ def test_an_element_written_through_an_index_is_read_again(xp: client.Namespace)
     assert float(element) == 2.0 and bool(element > 1.5)
 
 
-
 def test_a_0d_autodiff_tensor_is_not_iterable(xp: client.Namespace) -> None:
     from client.autodiff import Autodiff
 
