@@ -182,6 +182,7 @@ def test_cpu_microbenchmark_reports_each_side() -> None:
 
 
 @pytest.mark.e2e
+@pytest.mark.timeout(300)  # records and times three models' steps: its run may take 240 s
 def test_cpu_by_kind_reports_every_kind_of_the_training_steps() -> None:
     """``bench.cpu --kinds``: a row for each op kind the recorded steps use (but uploads), each
     with positive figures, measured on its first workload, and one line per step."""
