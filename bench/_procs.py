@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -31,13 +31,17 @@ def child(args: Sequence[str], timeout: float = 60.0) -> Iterator[ChildProcess]:
 
 
 @contextmanager
-def server(*args: str) -> Iterator[tuple[str, ServerProcess]]:
-    """A real ``python -m server --port 0 ARGS``; yields its URL and the process.
+def server(
+    *args: str, repo: Path = ROOT, env: Mapping[str, str] | None = None
+) -> Iterator[tuple[str, ServerProcess]]:
+    """A real ``python -m server --port 0 ARGS`` of the checkout ``repo`` (this one unless
+    told), with ``env`` (this process's environment unless told); yields its URL and the
+    process.
 
     Raises:
         server.process.StartError: the server did not report its address.
     """
-    with start_server(*args, cwd=ROOT, timeout=60.0) as proc:
+    with start_server(*args, cwd=repo, env=env, timeout=60.0) as proc:
         yield proc.url, proc
 
 
