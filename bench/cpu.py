@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from client._origins import Origins
+from client._known import Known
 from client._structure import structure
 from client.array import RemoteArray
 from protocol import CLIENT_ADAPTER, Batch, TensorMeta, decode, encode
@@ -58,6 +59,7 @@ class _StubDevice:
         self.segment_metas: dict[int, TensorMeta] = {}  # noted as segment replay notes them
         self.origins = Origins(on=False)  # what user code made each op: on for one row
         self.sync_ops = False
+        self.known = Known()  # what the client knows of its tensors: nothing here
 
     def new_id(self) -> int:
         self.last += 1

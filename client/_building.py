@@ -18,10 +18,12 @@ from pydantic import ValidationError
 
 from protocol import DType, OpArgumentError, TensorMeta, from_numpy
 from protocol.codec import byte_view
-from protocol.ops import UNKNOWN, AnyOp, FromBuffer, Full
+from protocol.ops import UNKNOWN, AnyOp, FromBuffer, Full, GetItem
 from protocol.scalars import PyScalar, scalar_from_python
 
+from ._deriving import WATCHED_OPS, derive, learn_masked, masked_meta, single_mask
 from ._handle import common_device, ints
+from ._known import FRESH_OPS, VALUES_KEPT, fresh
 from .device import Device, new_handle
 
 if TYPE_CHECKING:
@@ -40,10 +42,23 @@ def apply(
     out = dev.new_id()
     op = built(make, out)
     metas = op.infer_all(*[a.meta for a in inputs])
+    mask = single_mask(op, inputs) if len(metas) == 1 and UNKNOWN in metas[0].shape else None
+    if mask is not None:  # x[mask]: its length is the mask's count, if that is known
+        metas = (masked_meta(dev.known, metas[0], mask),)
     if len(metas) == 1 and UNKNOWN not in metas[0].shape:
         dev.submit(op)
-        return new_handle(dev, out, metas[0])
-    return _queue(dev, op, [out], metas)[0]
+        handle = new_handle(dev, out, metas[0])
+        kind = type(op)  # what follows costs no call for most ops
+        if inputs and kind not in FRESH_OPS and not fresh(op):
+            handle._base = viewed_base(op, inputs)
+        facts = dev.known.facts  # what is known of its (first) input, else nothing to derive
+        if (inputs and inputs[0]._id in facts) or not metas[0].shape or kind in WATCHED_OPS:
+            derive(dev.known, op, handle, inputs)
+        return handle
+    handle = _queue(dev, op, [out], metas, inputs)[0]
+    if mask is not None:
+        learn_masked(dev.known, metas[0], handle, mask)
+    return handle
 
 
 def apply_many(
@@ -62,7 +77,15 @@ def apply_many(
     dev = device if device is not None else common_device(inputs)
     ids = [dev.new_id() for _ in range(count)]
     op = built(make, ids[0], tuple(ids[1:]))
-    return _queue(dev, op, ids, op.infer_all(*[a.meta for a in inputs]))
+    return _queue(dev, op, ids, op.infer_all(*[a.meta for a in inputs]), inputs)
+
+
+def viewed_base(op: AnyOp, inputs: Sequence[RemoteArray]) -> int:
+    """The memory an output of ``op`` (not a fresh-memory op) may view: its first input's (the
+    indexed array's, for indexing), or any of its inputs' (-1) when it has several."""
+    if len(inputs) == 1 or type(op) is GetItem:
+        return inputs[0]._base
+    return -1
 
 
 def built(make: Callable[..., AnyOp], *ids: Any) -> AnyOp:
@@ -84,7 +107,11 @@ def built(make: Callable[..., AnyOp], *ids: Any) -> AnyOp:
 
 
 def _queue(
-    dev: Device, op: AnyOp, ids: list[int], metas: tuple[TensorMeta, ...]
+    dev: Device,
+    op: AnyOp,
+    ids: list[int],
+    metas: tuple[TensorMeta, ...],
+    inputs: Sequence[RemoteArray],
 ) -> tuple[RemoteArray, ...]:
     """Queue the checked ``op``, whose outputs ``ids`` have ``metas``; their handles."""
     dev.submit(op)
@@ -98,7 +125,11 @@ def _queue(
             raise
         learnt = dict(zip(unknown, described, strict=True))
         metas = tuple(learnt.get(i, meta) for i, meta in enumerate(metas))
-    return tuple(new_handle(dev, i, meta) for i, meta in zip(ids, metas, strict=True))
+    handles = tuple(new_handle(dev, i, meta) for i, meta in zip(ids, metas, strict=True))
+    if inputs and not fresh(op):
+        for handle in handles:
+            handle._base = viewed_base(op, inputs)
+    return handles
 
 
 def apply_inplace(
@@ -110,6 +141,7 @@ def apply_inplace(
     op = built(make, target.tensor_id)
     op.infer_all(target.meta, *(a.meta for a in inputs))
     device = target.device
+    device.known.wrote(target._base)
     device.submit(op)
     if device.origins.on:
         device.origins.note(op.out)  # what the target holds now was made here
@@ -127,7 +159,12 @@ def upload(values: np.ndarray[Any, Any], device: Device) -> RemoteArray:
         lambda buffer: FromBuffer(out=out, shape=shape, dtype=dtype, buffer=buffer),
         byte_view(values),
     )
-    return new_handle(device, out, TensorMeta(shape, dtype))
+    handle = new_handle(device, out, TensorMeta(shape, dtype))
+    if values.nbytes <= VALUES_KEPT:  # known once the server is known to hold it
+        kept = values.copy()
+        kept.flags.writeable = False
+        device.known.learn(handle, values=kept, uploaded=True)
+    return handle
 
 
 def full(shape: int | Sequence[int], value: PyScalar, dtype: DType, device: Device) -> RemoteArray:

@@ -112,6 +112,7 @@ class Connection(Recovering):
         self._tensor_ids = itertools.count(1)
         self.new_graph_id: Callable[[], int] = itertools.count(1).__next__  # graph ids
         self._request_ids = itertools.count(1)
+        self.writes = 0  # in-place ops and graph runs queued (client._known)
         self._batches = 0  # messages made (flushes)
         self._closing = False
         self._stop = threading.Event()
@@ -225,6 +226,8 @@ class Connection(Recovering):
             self._check_open()
             batch = self._batch
             batch.ops.append(op)
+            if op.inplace or op.kind == "run_graph":  # a write: what the client knew may change
+                self.writes += 1
             if len(batch.ops) >= FLUSH_OPS or len(batch.frees) >= FLUSH_OPS:
                 frames = self._flush_locked(())
         if frames is not None:

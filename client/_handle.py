@@ -18,7 +18,8 @@ from protocol import DType, TensorMeta, from_numpy, to_numpy
 from protocol.ops import ArrayIndex, IndexItem, SliceSpec
 from protocol.ops.indexing import key_tensors
 
-from ._origins import read_values
+from ._known import VALUES_KEPT
+from ._origins import values_of
 from ._printing import array_repr, array_str, printing_values
 from .device import Device
 from .errors import ConnectionLost
@@ -27,12 +28,13 @@ from .errors import ConnectionLost
 class Handle:
     """A tensor on a remote device, as far as it is known without the server."""
 
-    __slots__ = ("_device", "_id", "_meta", "__weakref__")
+    __slots__ = ("_device", "_id", "_meta", "_base", "__weakref__")
 
     def __init__(self, device: Device, tensor_id: int, meta: TensorMeta) -> None:
         self._device = device
         self._id = tensor_id
         self._meta = meta
+        self._base = tensor_id  # the memory it may view (client._known); its own, unless told
 
     def __del__(self) -> None:
         try:  # not contextlib.suppress: this runs once per op, and try costs nothing
@@ -103,22 +105,45 @@ class Handle:
     # --- values: these wait for the server ------------------------------------------------------
 
     def numpy(self) -> np.ndarray[Any, Any]:
-        """The values as a new, writable numpy array (one round trip).
+        """The values as a new, writable numpy array, read from the server (one round trip,
+        which also tells of a failed op or a lost session). The conversions (``np.asarray``,
+        ``bool``, ``float``, ``int``, ...) answer without one when the client knows the values
+        already (read or uploaded, and not written since: ``client._known``).
 
         Raises:
             RemoteError: the op that produced this tensor, or one it depends on, failed.
             ConnectionLost: the connection closed or broke.
         """
-        return read_values(self._device, self._id)
+        device, known = self._device, self._device.known
+        epoch = known.epoch  # the values read hold from before the reads are sent (threads)
+        for along in known.read_along(self):  # in flight with this read: no wait of their own
+            known.learn(along, pending=device.submit_read(along.tensor_id), epoch=epoch)
+        read = device.submit_read(self._id)
+        known.confirm_along()
+        values = values_of(device, read)  # a failed op's error says where it was made
+        if values.nbytes <= VALUES_KEPT:
+            kept = values.copy()
+            kept.flags.writeable = False
+            known.learn(self, values=kept, epoch=epoch)
+        return values
+
+    def _values(self) -> np.ndarray[Any, Any]:
+        """The values for a conversion: a copy of those the client knows, else a read."""
+        known = self._device.known
+        kept = known.values(self) if known else None
+        if kept is None:
+            return self.numpy()
+        known.check_open()
+        return kept.copy()
 
     def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray[Any, Any]:
-        values = self.numpy()
+        values = self._values()
         return values if dtype is None else values.astype(dtype, copy=False)
 
     def _scalar(self) -> Any:
         if self.size != 1:
             raise TypeError(f"only arrays with one element can be converted, not {self.shape}")
-        return self.numpy().reshape(()).item()
+        return self._values().reshape(()).item()
 
     def __bool__(self) -> bool:
         return bool(self._scalar())
@@ -156,7 +181,7 @@ class Handle:
         if dl_device is not None and tuple(dl_device) != (1, 0):
             raise BufferError("a remote array can only be exported to the host CPU")
         kwargs = {} if max_version is None else {"max_version": max_version}
-        return self.numpy().__dlpack__(**kwargs)
+        return self._values().__dlpack__(**kwargs)
 
     def __dlpack_device__(self) -> tuple[int, int]:
         """``(kDLCPU, 0)``: :meth:`__dlpack__` exports a host copy."""

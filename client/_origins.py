@@ -24,6 +24,7 @@ import linecache
 import os
 import re
 import sys
+from concurrent.futures import Future
 from types import CodeType
 from typing import TYPE_CHECKING, Any
 
@@ -137,8 +138,14 @@ def _line_of(code: CodeType, lasti: int) -> int | None:
 def read_values(device: Device, tensor_id: int) -> np.ndarray[Any, Any]:
     """The values of ``tensor_id`` on ``device`` (one read); a failed op's error says where it
     was made (:meth:`Origins.explain`)."""
+    return values_of(device, device.submit_read(tensor_id))
+
+
+def values_of(device: Device, read: Future[np.ndarray[Any, Any]]) -> np.ndarray[Any, Any]:
+    """What the read ``read`` on ``device`` returns; a failed op's error says where it was
+    made (:meth:`Origins.explain`)."""
     try:
-        return device.submit_read(tensor_id).result()
+        return read.result()
     except RemoteError as error:
         device.origins.explain(error)
         raise

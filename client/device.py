@@ -37,6 +37,7 @@ from protocol.ops import AnyOp
 from ._connection import Connection
 from ._device_connection import DeviceConnection
 from ._environment import server_token, server_url
+from ._known import Known
 from ._opening import url_of
 from ._options import ConnectionKeywords, ConnectionOptions
 from ._origins import SYNC_ENV, Origins, read_values, switched_on, wait_for
@@ -133,6 +134,7 @@ class Device:
         self.segment_metas = getattr(conn, "segment_metas", None)
         self.origins = Origins(origins)
         self.sync_ops = switched_on(SYNC_ENV) if sync is None else sync
+        self.known = Known(conn)  # what the client knows of its tensors' values
         self._close = weakref.finalize(self, conn.close)  # also runs at exit
 
     @property
@@ -231,8 +233,11 @@ class Device:
         for its output described by ``meta``. A protocol-level tool for tests and experiments:
         if ``op`` is invalid, reading the handle raises ``RemoteError``.
         """
+        self.known.forget()  # an op of any reach: nothing known holds
         self.submit(op)
-        return new_handle(self, op.out, meta)
+        handle = new_handle(self, op.out, meta)
+        handle._base = -1  # it may view any tensor
+        return handle
 
     def _raise_server_error(self) -> None:
         error = self._conn.take_server_error()

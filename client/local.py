@@ -101,6 +101,7 @@ class LocalConnection:
         self._tensor_ids = itertools.count(1)
         self._graph_ids = itertools.count(1)
         self._request_ids = itertools.count(1)
+        self.writes = 0  # in-place ops and graph runs queued (client._known)
         self._server_error: ServerProtocolError | None = None
         self._error: ConnectionLost | None = None
         self._closed = False
@@ -124,6 +125,8 @@ class LocalConnection:
             self._check_open()
             batch = self._batch
             batch.ops.append(op)
+            if op.inplace or op.kind == "run_graph":  # a write: what the client knew may change
+                self.writes += 1
             if len(batch.ops) >= FLUSH_OPS or len(batch.frees) >= FLUSH_OPS:
                 self._run_locked({})
 

@@ -4,6 +4,7 @@ on Tensorwire arrays through a real server, each compared with the same call on 
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -27,7 +28,7 @@ from sklearn.mixture import GaussianMixture
 
 import client
 
-from .servers import ServerProcess
+from .servers import ROOT, ServerProcess
 
 RNG = np.random.default_rng(0)
 X = RNG.normal(size=(120, 4)) + np.repeat(np.eye(3, 4) * 3, 40, axis=0)
@@ -248,42 +249,79 @@ def test_array_api_extra_at_writes_through_a_view(xp: client.Namespace) -> None:
 # --- scikit-learn's own array-API tests -----------------------------------------------------
 
 
-def test_scikit_learns_own_gaussian_mixture_tests(server: ServerProcess, tmp_path: Path) -> None:
-    """scikit-learn's array-API tests of GaussianMixture, parametrized over Tensorwire's
-    namespace as they are over array_api_strict (tests/sklearn_namespace_plugin.py), run as
-    scikit-learn ships them: outside this project's pytest settings (an empty ini)."""
-    env = dict(
-        os.environ,
-        SKLEARN_TEST_NS="client.array_api",
-        TENSORWIRE_URL=server.url,
-        SCIPY_ARRAY_API="1",
-        PYTHONPATH=os.pathsep.join([str(Path(__file__).parent), str(Path(__file__).parents[1])]),
-    )
+def run_as_shipped(tmp_path: Path, env: dict[str, str], *args: str) -> tuple[int, str]:
+    """``python -m pytest ARGS`` outside this project's pytest settings (an empty ini), in
+    ``tmp_path`` with ``env`` added: its passed count and summary line, once it passed."""
     (tmp_path / "pytest.ini").write_text("[pytest]\n")
     result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-c",
-            str(tmp_path / "pytest.ini"),
-            "-p",
-            "sklearn_namespace_plugin",
-            "--pyargs",
-            "sklearn.mixture",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            "-k",
-            "array_api",
-        ],
+        [sys.executable, "-m", "pytest", "-c", str(tmp_path / "pytest.ini"), "-q", *args],
         capture_output=True,
         text=True,
-        env=env,
+        env={**os.environ, **env},
         cwd=tmp_path,
         timeout=600,
     )
     summary = result.stdout.strip().splitlines()[-1]
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
-    passed = int(summary.split(" passed")[0].split()[-1])
+    return int(summary.split(" passed")[0].split()[-1]), summary
+
+
+def test_scikit_learns_own_gaussian_mixture_tests(server: ServerProcess, tmp_path: Path) -> None:
+    """scikit-learn's array-API tests of GaussianMixture, parametrized over Tensorwire's
+    namespace as they are over array_api_strict (tests/sklearn_namespace_plugin.py), run as
+    scikit-learn ships them: outside this project's pytest settings (an empty ini)."""
+    env = dict(
+        SKLEARN_TEST_NS="client.array_api",
+        TENSORWIRE_URL=server.url,
+        SCIPY_ARRAY_API="1",
+        PYTHONPATH=os.pathsep.join([str(Path(__file__).parent), str(Path(__file__).parents[1])]),
+    )
+    passed, summary = run_as_shipped(
+        tmp_path,
+        env,
+        *("-p", "sklearn_namespace_plugin", "--pyargs", "sklearn.mixture"),
+        *("-p", "no:cacheprovider", "-k", "array_api"),
+    )
     assert passed >= 32 and "failed" not in summary, summary
+
+
+# --- SciPy's own array-API tests --------------------------------------------------------------
+
+SCIPY_DIR = Path(scipy.__file__).parent
+# A bounded, stable part of SciPy's array-API tests that passes in full: reductions of complex
+# values (special's logsumexp), cluster's vector quantization, and the elementwise iterative
+# solver (optimize's Chandrupatla), whose loops index by boolean masks and test any() each step.
+SCIPY_PARTS = (
+    "special/tests/test_logsumexp.py",
+    "cluster/tests/test_vq.py::TestVq",
+    "optimize/tests/test_chandrupatla.py",
+)
+SCIPY_SELECTION = "not chandrupatla or test_basic or test_flags or test_maxiter_callback"
+SCIPY_ROUND_TRIPS_MOST = 2600  # some 15% over what python -m bench.scipy_suites counts for them
+
+
+def test_scipys_own_array_api_tests_pass(server: ServerProcess, tmp_path: Path) -> None:
+    """SciPy's tests that take ``xp`` (SCIPY_ARRAY_API=1), parametrized over Tensorwire's
+    namespace by tests/scipy_namespace_plugin.py, run as SciPy ships them, with the round
+    trips they cost counted (bench/_plugins/tensorwire_round_trips.py)."""
+    out = tmp_path / "results.json"
+    env = dict(
+        SCIPY_TEST_NS="client.array_api",
+        TENSORWIRE_URL=server.url,
+        SCIPY_ARRAY_API="1",
+        SCIPY_SUITES_OUT=str(out),
+        PYTHONPATH=os.pathsep.join(
+            str(p) for p in (Path(__file__).parent, ROOT, ROOT / "bench" / "_plugins")
+        ),
+    )
+    passed, summary = run_as_shipped(
+        tmp_path,
+        env,
+        *("-p", "scipy_namespace_plugin", "-p", "tensorwire_round_trips"),
+        *("-p", "no:cacheprovider", "-m", "array_api_backends", "-k", SCIPY_SELECTION),
+        *("--rootdir", str(SCIPY_DIR), *(str(SCIPY_DIR / part) for part in SCIPY_PARTS)),
+    )
+    assert passed >= 415 and "failed" not in summary, summary
+    tests = json.loads(out.read_text())["tests"]
+    trips = sum(sum(test["trips"].values()) for test in tests.values())
+    assert trips <= SCIPY_ROUND_TRIPS_MOST, f"{trips} round trips over {len(tests)} tests"

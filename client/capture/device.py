@@ -24,6 +24,7 @@ from protocol import TensorMeta
 from protocol.ops import AnyOp
 
 from .._origins import Origins
+from .._known import Known
 from .._stats import SessionStats
 from ..device import Device
 from ..errors import CaptureError
@@ -43,6 +44,7 @@ class CaptureDevice(Device):
         self.index = 0 if inner is None else inner.index
         self._capturing: Capture | None = None
         self.origins = Origins() if inner is None else inner.origins
+        self.known = Known() if inner is None else inner.known
         if inner is not None:
             self._conn = inner._conn
             self.new_id, self.submit, self.release = inner.new_id, inner.submit, inner.release

@@ -25,6 +25,7 @@ from protocol.ops import AnyOp, RunGraph
 from protocol.ops.graph import check_arguments
 
 from .._building import upload
+from .._known import viewing
 from ..device import Device, new_handle
 from .graph_file import FileOps, read_graph_file, write_graph_file
 
@@ -203,7 +204,7 @@ class Graph:
                 ids[graph_id] = device.new_id()
                 made.append(ids[graph_id])
             device.submit(renumber(op, ids))
-        outputs = {t.name: new_handle(device, ids[t.id], t.meta) for t in self.outputs}
+        outputs = {t.name: viewing(new_handle(device, ids[t.id], t.meta)) for t in self.outputs}
         kept = {ids[t.id] for t in self.outputs}
         for tensor_id in made:
             if tensor_id not in kept:
@@ -260,7 +261,7 @@ class RegisteredGraph:
         op = RunGraph(out=outs[0], more=tuple(outs[1:]), graph=self.graph_id, args=tuple(ids))
         out_metas = op.infer_signature(self._signature, self._metas, *metas)
         device.submit(op)
-        return [new_handle(device, i, m) for i, m in zip(outs, out_metas, strict=True)]
+        return [viewing(new_handle(device, i, m)) for i, m in zip(outs, out_metas, strict=True)]
 
     def run(self, inputs: Inputs) -> dict[str, RemoteArray]:
         """Run with ``inputs`` (by name or in order; numpy values are uploaded)."""

@@ -109,6 +109,7 @@ class Capture:
         for name, hook in hooks.items():
             setattr(device, name, hook)
         device._capturing = self  # type: ignore[attr-defined]
+        _pause_known(device, True)
         self._open = True
         return self
 
@@ -127,6 +128,7 @@ class Capture:
         for name in ("new_id", "submit", "release"):  # Device binds these per instance
             setattr(device, name, self._saved[name])
         device._capturing = None  # type: ignore[attr-defined]
+        _pause_known(device, False)
         self._open = False
 
     @property
@@ -293,3 +295,11 @@ def _check_name(role: str, name: str) -> None:
 
 def _wire_dtype(dtype: Any) -> DType:
     return from_numpy(np.dtype(dtype))
+
+
+def _pause_known(device: Device, paused: bool) -> None:
+    """While a capture records, the device answers no read from what its client knows (the
+    capture sees every read it makes)."""
+    known = getattr(device, "known", None)
+    if known is not None:
+        known.paused = paused

@@ -1,0 +1,137 @@
+"""What an op tells of its output's values from what the client knows of its inputs
+(``client._known``): exact operations only (selection, negation of a mask, comparisons,
+``any`` and ``all``), computed as the server computes them, and the length of ``x[mask]`` from
+the mask's count of true elements."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from protocol import TensorMeta, to_numpy
+from protocol.ops import (
+    UNKNOWN,
+    AnyOp,
+    Binary,
+    BinaryScalar,
+    GetItem,
+    PermuteDims,
+    Reduce,
+    Reshape,
+    Unary,
+)
+from protocol.ops.elementwise import operand_dtype
+from protocol.ops.indexing import numpy_key
+
+from ._known import Known
+
+if TYPE_CHECKING:
+    from ._handle import Handle
+
+COMPLEMENTS = frozenset({"logical_not", "bitwise_invert"})
+COMPARISONS = frozenset(
+    ("equal", "not_equal", "less", "less_equal", "greater", "greater_equal")
+    + ("logical_and", "logical_or", "logical_xor")
+)
+WATCHED_OPS = frozenset({Unary, Reduce})  # what derive() looks at even when nothing is known
+
+
+def single_mask(op: AnyOp, inputs: Sequence[Handle]) -> Handle | None:
+    """The boolean mask of ``x[mask]``-like indexing (one array index, a boolean one), or
+    None: the only indexing whose unknown dimension is the mask's count of true elements."""
+    if type(op) is not GetItem or len(inputs) != 2 or inputs[1].wire_dtype != "bool":
+        return None
+    return inputs[1]
+
+
+def masked_meta(known: Known, meta: TensorMeta, mask: Handle) -> TensorMeta:
+    """``meta`` of ``x[mask]`` with its data-dependent dimension filled in, if the mask's
+    count is known (else ``meta`` as it is)."""
+    count = known.count(mask) if known else None
+    if count is None or meta.shape.count(UNKNOWN) != 1:
+        return meta
+    return TensorMeta(tuple(count if d == UNKNOWN else d for d in meta.shape), meta.dtype)
+
+
+def learn_masked(known: Known, meta: TensorMeta, out: Handle, mask: Handle) -> None:
+    """``out = x[mask]``, whose ``meta`` had one unknown dimension, has been described: the
+    length of that dimension is the mask's count of true elements."""
+    if meta.shape.count(UNKNOWN) == 1:
+        known.learn_count(mask, out.shape[meta.shape.index(UNKNOWN)])
+
+
+def derive(known: Known, op: AnyOp, out: Handle, inputs: Sequence[Handle]) -> None:
+    """Note what ``op`` tells of ``out``'s values from what is known of its inputs (exact
+    operations only: selection, negation of a mask, ``any`` and ``all``)."""
+    if isinstance(op, Unary):
+        if op.op in COMPLEMENTS and inputs[0].wire_dtype == "bool":
+            count = known.count(inputs[0]) if known else None
+            if count is None:
+                known.learn(out, complement=inputs[0])
+            else:
+                known.learn(out, count=out.size - count)
+        return
+    if not out.shape and isinstance(op, Reduce | Binary | BinaryScalar):
+        known.note_result(out)
+    if isinstance(op, Binary | BinaryScalar):
+        _learn(known, out, _compared(known, op, inputs))
+        return
+    if len(inputs) != 1:
+        return
+    values = known.values(inputs[0]) if known else None
+    result: np.ndarray[Any, Any] | None = None
+    if isinstance(op, Reduce):
+        if op.op in ("any", "all"):
+            result = _any_all(known, op, inputs[0], values)
+            if result is None:
+                known.learn(out, source=inputs[0])
+    elif values is None:
+        return
+    elif isinstance(op, Reshape):
+        result = values.reshape(op.shape)
+    elif isinstance(op, PermuteDims):
+        result = values.transpose(op.axes)
+    elif isinstance(op, GetItem):
+        result = values[numpy_key(op.key, ())]
+    _learn(known, out, result)
+
+
+def _learn(known: Known, out: Handle, result: np.ndarray[Any, Any] | None) -> None:
+    if result is not None and result.shape == out.shape and result.dtype == out.dtype:
+        result = np.array(result)
+        result.flags.writeable = False
+        known.learn(out, values=result)
+
+
+def _compared(
+    known: Known, op: Binary | BinaryScalar, inputs: Sequence[Handle]
+) -> np.ndarray[Any, Any] | None:
+    """A comparison's (or a logical op's) result from its operands' known values, computed
+    as the server computes it (numpy, the scalar as a 0-d array of its standard dtype)."""
+    if op.op not in COMPARISONS or not known:
+        return None
+    operands = [known.values(x) for x in inputs]
+    if any(v is None for v in operands):
+        return None
+    fn = getattr(np, op.op)
+    if isinstance(op, Binary):
+        return np.asarray(fn(operands[0], operands[1]))
+    if type(op.scalar) not in (bool, int, float):
+        return None
+    scalar = np.asarray(op.scalar, to_numpy(operand_dtype(op.scalar, inputs[0].wire_dtype)))
+    return np.asarray(fn(scalar, operands[0]) if op.scalar_first else fn(operands[0], scalar))
+
+
+def _any_all(
+    known: Known, op: Reduce, x: Handle, values: np.ndarray[Any, Any] | None
+) -> np.ndarray[Any, Any] | None:
+    reduce = np.any if op.op == "any" else np.all
+    if values is not None:
+        return np.asarray(reduce(values, axis=op.axis, keepdims=op.keepdims))
+    count = known.count(x) if op.axis is None else None
+    if count is None:
+        return None
+    value = count > 0 if op.op == "any" else count == x.size
+    return np.full((1,) * x.ndim if op.keepdims else (), value)

@@ -1,0 +1,230 @@
+"""What the client knows of its tensors' values (client._known), through a real server: reads
+it need not make, and the writes after which it must make them again. Each test counts the
+requests the client sends (every read, describe, sync or stats is one)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+import pytest
+from array_api_compat import is_lazy_array
+
+import client
+
+from .servers import run_server
+
+DATA = np.array([3.0, -1.0, 4.0, 1.5, -5.0, 9.0, 2.0, 6.0])
+
+
+@contextmanager
+def requests(dev: client.RemoteDevice) -> Iterator[list[str]]:
+    """The kinds of the requests ``dev`` sends inside the block, in order."""
+    sent: list[str] = []
+    conn: Any = dev._conn
+    request: Callable[..., Any] = conn.request
+
+    def counted(make: Callable[[int], Any], *args: Any) -> Any:
+        sent.append(type(make(0)).__name__.lower())
+        return request(make, *args)
+
+    conn.request = counted
+    try:
+        yield sent
+    finally:
+        del conn.request
+
+
+def computed(xp: client.Namespace) -> client.RemoteArray:
+    """``DATA`` as the result of an op: values the client has not seen."""
+    return xp.asarray(DATA) * 1.0
+
+
+def test_a_read_array_is_converted_without_a_read_and_each_conversion_is_a_new_array(
+    dev: client.RemoteDevice, xp: client.Namespace
+) -> None:
+    x = computed(xp)
+    with requests(dev) as sent:
+        first, second = np.asarray(x), np.asarray(x)
+        assert float(x[2]) == 4.0 and bool(x[1] < 0) and int(xp.astype(x, xp.int64)[0]) == 3
+        read = x.numpy()  # an explicit read asks the server (a lost session is told there)
+    # x once (and the session's stats along: the upload DATA came from is now confirmed), the
+    # astype's result (a new op: its values are not known), the explicit read
+    assert sent == ["read", "stats", "read", "read"]
+    np.testing.assert_array_equal(first, DATA)
+    first[0] = 100.0  # the caller's copy: what the client keeps does not change
+    np.testing.assert_array_equal(second, DATA)
+    np.testing.assert_array_equal(read, DATA)
+    np.testing.assert_array_equal(np.asarray(x), DATA)
+    assert second.flags.writeable and first is not second
+
+
+def test_writes_in_place_through_the_array_or_a_view_are_read_again(
+    dev: client.RemoteDevice, xp: client.Namespace
+) -> None:
+    x = computed(xp)
+    row = xp.reshape(x, (2, 4))[1]  # a view of x's memory on the server
+    expected = DATA.copy()
+    np.asarray(x), np.asarray(row)
+    with requests(dev) as sent:
+        row[1:3] = 0.0  # through the view
+        expected[5:7] = 0.0
+        np.testing.assert_array_equal(np.asarray(x), expected)
+        x += 1.0  # through the array: its view sees it
+        expected += 1.0
+        np.testing.assert_array_equal(np.asarray(row), expected[4:])
+        np.testing.assert_array_equal(np.asarray(x), expected)
+        y = x[:4]
+        y *= 2.0  # a view of a view of the same memory
+        expected[:4] *= 2.0
+        np.testing.assert_array_equal(np.asarray(x), expected)
+        assert bool(x[0] == float(expected[0]))  # known again: no read
+    assert sent == ["read", "read", "read", "read"]
+
+
+def test_an_in_place_op_queued_directly_forgets_what_is_known(
+    dev: client.RemoteDevice, xp: client.Namespace
+) -> None:
+    from protocol.ops import InPlaceBinaryScalar
+
+    x = computed(xp)
+    np.asarray(x)
+    dev.submit(InPlaceBinaryScalar(op="add", out=x.tensor_id, scalar=1.0))
+    np.testing.assert_array_equal(np.asarray(x), DATA + 1.0)
+
+
+def test_a_masks_count_once_known_gives_later_indexings_their_shapes(
+    dev: client.RemoteDevice, xp: client.Namespace
+) -> None:
+    """SciPy's iterative solvers index many arrays by one mask and by its negation: only the
+    first indexing asks the server for the shape."""
+    x = computed(xp)
+    other = xp.asarray(np.arange(8.0))
+    with requests(dev) as sent:
+        mask = x > 2.0
+        picked = x[mask]
+        others, rest, rest_again = other[mask], x[~mask], other[~mask]
+        some, every = bool(xp.any(mask)), bool(xp.all(mask))
+        none_left = bool(xp.any(~mask))
+    assert sent == ["describe"]
+    expected = DATA > 2.0
+    assert (picked.shape, others.shape) == ((expected.sum(),),) * 2
+    assert rest.shape == rest_again.shape == ((~expected).sum(),)
+    assert (some, every, none_left) == (True, False, True)
+    np.testing.assert_array_equal(np.asarray(others), np.arange(8.0)[expected])
+    np.testing.assert_array_equal(np.asarray(rest), DATA[~expected])
+
+
+def test_a_written_mask_is_described_again(dev: client.RemoteDevice, xp: client.Namespace) -> None:
+    x = computed(xp)
+    mask = x > 2.0
+    assert x[mask].shape == ((DATA > 2.0).sum(),)
+    with requests(dev) as sent:
+        mask[0] = False  # it was True
+        assert x[mask].shape == ((DATA > 2.0).sum() - 1,)
+        assert x[~mask].shape == ((DATA <= 2.0).sum() + 1,)  # its count is known again
+    assert sent == ["describe"]
+
+
+def test_a_mask_reduced_by_any_is_read_along_and_indexes_without_a_describe(
+    dev: client.RemoteDevice, xp: client.Namespace
+) -> None:
+    """``if xp.any(stop): ... x[stop] ... x[~stop]``: the read of ``any`` brings the mask."""
+    x = computed(xp)
+    stop = x < 0.0
+    with requests(dev) as sent:
+        assert bool(xp.any(stop))
+        kept, dropped = x[~stop], x[stop]
+    assert sorted(sent) == ["read", "read", "stats"]  # sent together: one round trip
+    assert (kept.shape, dropped.shape) == (((DATA >= 0).sum(),), ((DATA < 0).sum(),))
+
+
+def test_conditions_made_together_are_read_in_one_round_trip(
+    dev: client.RemoteDevice, xp: client.Namespace
+) -> None:
+    """``[bool(c) for c in conds]`` (SciPy's validation checks): the first read brings the
+    others along; the rest of the loop sends nothing."""
+    x = computed(xp)
+    conds = [xp.any(x > limit) for limit in (0.0, 5.0, 8.0, 10.0)]
+    with requests(dev) as sent:
+        first = bool(conds[0])
+        before_the_rest = len(sent)
+        rest = [bool(c) for c in conds[1:]]
+    assert [first, *rest] == [True, True, True, False]
+    assert before_the_rest == len(sent) == 5  # 4 reads and stats together: one round trip
+
+
+def test_a_failed_result_read_along_raises_when_read_itself(
+    dev: client.RemoteDevice, xp: client.Namespace
+) -> None:
+    from protocol import TensorMeta
+    from protocol.ops import BinaryScalar
+
+    x = computed(xp)
+    bad = dev.submit_unchecked(
+        BinaryScalar(op="matmul", out=dev.new_id(), x=x.tensor_id, scalar=1.0),
+        TensorMeta((), "float64"),
+    )
+    dev.known.note_result(bad)  # as a 0-d result of a checked op is: read along the next read
+    fine = xp.sum(x)
+    with requests(dev) as sent:
+        assert float(fine) == DATA.sum()
+    assert sent == ["read", "read", "stats"]
+    with pytest.raises(client.RemoteError):
+        bad.numpy()
+
+
+def test_array_api_compats_lazy_probe_of_a_read_array_costs_nothing(
+    dev: client.RemoteDevice, xp: client.Namespace
+) -> None:
+    x = computed(xp)
+    np.asarray(x)
+    with requests(dev) as sent:
+        assert not is_lazy_array(x)
+        assert not is_lazy_array(xp.reshape(x, (2, 4)))
+    assert sent == []
+
+
+def test_an_uploads_values_are_used_once_the_server_is_known_to_hold_it(
+    dev: client.RemoteDevice, xp: client.Namespace
+) -> None:
+    x, y = xp.asarray(DATA), xp.asarray(np.arange(8.0))
+    with requests(dev) as sent:
+        assert float(xp.sum(y)) == 28.0  # the session's stats come along: no failed tensor
+        np.testing.assert_array_equal(np.asarray(x), DATA)
+        assert bool(x[2] > 3.0) and not is_lazy_array(x)
+    assert sent == ["read", "stats"]
+
+
+@pytest.mark.server
+def test_a_refused_upload_is_read_from_the_server_and_raises() -> None:
+    with run_server("--session-quota", "1MiB") as proc, client.RemoteDevice(proc.url) as dev:
+        xp = client.namespace(dev)
+        held = xp.full((2**20 // 8,), 1.0)  # the whole quota
+        refused = xp.asarray(DATA)
+        with pytest.raises(client.RemoteError):
+            float(xp.sum(held))  # the sum is refused too; the stats along show failed tensors
+        with pytest.raises(client.RemoteError) as info:
+            refused.numpy()
+        assert info.value.code == "quota_exceeded"
+        with pytest.raises(client.RemoteError):
+            bool(refused[0] > 0.0)
+
+
+def test_a_mask_of_arrays_joined_or_taken_keeps_its_count_across_writes_elsewhere(
+    dev: client.RemoteDevice, xp: client.Namespace
+) -> None:
+    """Outputs of ops that always allocate (a join, a take) view none of their inputs: a write
+    to one of them forgets nothing else."""
+    x = computed(xp)
+    joined = xp.concat([x, x])
+    taken = xp.take(x, xp.asarray([0, 1]))
+    mask = x > 2.0
+    assert x[mask].shape == ((DATA > 2.0).sum(),)
+    with requests(dev) as sent:
+        joined[0] = 0.0
+        taken[0] = 0.0
+        assert x[~mask].shape == ((DATA <= 2.0).sum(),)
+    assert sent == []
