@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from client._origins import Origins
 from client._known import Known
+from client._origins import Origins
 from client._structure import structure
 from client.array import RemoteArray
 from protocol import CLIENT_ADAPTER, Batch, TensorMeta, decode, encode

@@ -67,7 +67,6 @@ from protocol.ops import AnyOp
 from ._liveness import Traffic, Watch
 from ._opening import close_code, handshake, open_transport
 from ._options import DEFAULT_OPTIONS, ConnectionOptions
-from ._pending import COPY_BELOW as COPY_BELOW
 from ._pending import Pending
 from ._recovery import Recovering
 from ._replies import Reply
@@ -226,8 +225,7 @@ class Connection(Recovering):
             self._check_open()
             batch = self._batch
             batch.ops.append(op)
-            if op.inplace or op.kind == "run_graph":  # a write: what the client knew may change
-                self.writes += 1
+            self.writes += op.inplace or op.kind == "run_graph"  # what the client knew may change
             if len(batch.ops) >= FLUSH_OPS or len(batch.frees) >= FLUSH_OPS:
                 frames = self._flush_locked(())
         if frames is not None:

@@ -125,8 +125,7 @@ class LocalConnection:
             self._check_open()
             batch = self._batch
             batch.ops.append(op)
-            if op.inplace or op.kind == "run_graph":  # a write: what the client knew may change
-                self.writes += 1
+            self.writes += op.inplace or op.kind == "run_graph"  # what the client knew may change
             if len(batch.ops) >= FLUSH_OPS or len(batch.frees) >= FLUSH_OPS:
                 self._run_locked({})
 

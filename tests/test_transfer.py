@@ -12,7 +12,7 @@ import pytest
 
 import client
 from client._buffers import BufferPool
-from client._connection import COPY_BELOW
+from client._pending import COPY_BELOW
 
 MIB = 1 << 20
 

@@ -23,8 +23,8 @@ import numpy as np
 from protocol import TensorMeta
 from protocol.ops import AnyOp
 
-from .._origins import Origins
 from .._known import Known
+from .._origins import Origins
 from .._stats import SessionStats
 from ..device import Device
 from ..errors import CaptureError
