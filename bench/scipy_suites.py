@@ -85,12 +85,10 @@ def run_pytest(
         if url is not None:
             env["TENSORWIRE_URL"] = url
         (Path(tmp) / "pytest.ini").write_text("[pytest]\n")
-        argv = [
-            sys.executable, "-m", "pytest", "-c", str(Path(tmp) / "pytest.ini"),
-            "-p", "scipy_namespace_plugin", "-p", "tensorwire_round_trips",
-            "-p", "no:cacheprovider", "-m", "array_api_backends", "-q",
-            "--rootdir", str(SCIPY), *map(str, paths),
-        ]  # fmt: skip
+        argv = [sys.executable, "-m", "pytest", "-c", str(Path(tmp) / "pytest.ini")]
+        argv += ["-p", "scipy_namespace_plugin", "-p", "tensorwire_round_trips"]
+        argv += ["-p", "no:cacheprovider", "-m", "array_api_backends", "-q"]
+        argv += ["--rootdir", str(SCIPY), *map(str, paths)]
         if kexpr:
             argv += ["-k", kexpr]
         label = f"{name} [{namespace}]"

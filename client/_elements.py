@@ -50,8 +50,15 @@ def iterate(x: RemoteArray) -> Iterator[RemoteArray]:
     if x.ndim > 1 or getattr(x.device, "_capturing", None) is not None:
         # rows, and the elements of an array a capture records: ops on x, not values
         return (x[i] for i in range(x.shape[0]))
+    return _elements(x)
+
+
+def _elements(x: RemoteArray) -> Iterator[RemoteArray]:
+    """``x``'s elements, read at the first ``next``: ``iter(x)`` alone reads nothing (numpy's
+    ``np.iterable``, which SciPy asks of every argument, calls it)."""
     values = x.numpy()  # the one read
-    return (known_scalar(value, x.device) for value in values)
+    for value in values:
+        yield known_scalar(value, x.device)
 
 
 def known_scalar(value: np.generic, device: Device) -> KnownScalar:

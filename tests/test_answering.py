@@ -91,7 +91,7 @@ def test_a_cheap_op_and_its_read_are_answered_where_they_arrive(counted: ServerP
     with client.RemoteDevice(counted.url) as dev:
         xp = client.namespace(dev)
         x = xp.asarray(np.ones(4))
-        dev.sync()
+        assert float(x[0]) == 1.0  # the upload confirmed, with a stats request (client._known)
         before = value(metrics(counted.port), "tensorwire_answered_on_arrival_total")
         for i in range(20):
             x = x + 1.0
