@@ -71,7 +71,11 @@ def known_scalar(value: np.generic, device: Device) -> KnownScalar:
     metas = device.segment_metas  # what client.device.new_handle notes for segment replay
     if metas is not None:
         metas[out] = meta
-    return KnownScalar(device, out, meta, value)
+    element = KnownScalar(device, out, meta, value)
+    kept = np.array(value)
+    kept.flags.writeable = False
+    device.known.learn(element, values=kept)  # so that ops on it derive (client._deriving)
+    return element
 
 
 class KnownScalar(RemoteArray):

@@ -304,3 +304,14 @@ def test_a_0d_autodiff_tensor_is_not_iterable(xp: client.Namespace) -> None:
     assert not np.iterable(t.sum()) and np.iterable(t)
     with pytest.raises(TypeError, match="0-d"):
         iter(t.sum())
+
+
+def test_ops_on_iterated_elements_and_known_arrays_need_no_read(
+    xp: client.Namespace, requests_of: Counted
+) -> None:
+    knots = xp.asarray(np.arange(10.0))
+    knots.numpy()  # its values are known from now on
+    points = xp.asarray([0.5, 2.5])
+    inside = [[bool(knots[i] <= x < knots[i + 1]) for i in range(4)] for x in points]
+    assert inside == [[True, False, False, False], [False, False, True, False]]
+    assert requests_of.reads == 2  # the knots and the points, once each
