@@ -16,6 +16,7 @@ captured graph's run, an unchecked op) forgets every fact.
 from __future__ import annotations
 
 import weakref
+from collections import OrderedDict
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -106,7 +107,9 @@ class Known:
     )
 
     def __init__(self, conn: Any = None) -> None:
-        self.facts: dict[int, Fact] = {}  # insertion order is age
+        # insertion order is age; the oldest leave first, in O(1) (a dict's first key is
+        # found by scanning the slots its removed keys left)
+        self.facts: OrderedDict[int, Fact] = OrderedDict()
         self._written: dict[int, int] = {}  # base -> epoch of its last write
         self._epoch = 0
         self._forgotten = 0  # the epoch of the last write of unknown reach
@@ -303,7 +306,8 @@ class Known:
         self.facts[handle.tensor_id] = fact
         self._bytes += 0 if fact.values is None else fact.values.nbytes
         while self._bytes > BYTES_KEPT:
-            self._drop(next(iter(self.facts)))
+            oldest = self.facts.popitem(last=False)[1]
+            self._bytes -= 0 if oldest.values is None else oldest.values.nbytes
 
     def learn_count(self, handle: Handle, count: int) -> None:
         """``handle`` has ``count`` true elements; so has the complement of its negation."""
