@@ -21,16 +21,10 @@ from pathlib import Path
 import pytest
 
 from .servers import ROOT, ServerProcess, run_server
+from .test_docs import DOCS  # the user docs whose links that test checks
 
 pytestmark = pytest.mark.e2e
 
-DOCS = [
-    "README.md",
-    "CONTRIBUTING.md",
-    "docker/README.md",
-    "protocol/README.md",
-    *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md")),
-]
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.M | re.S)
 DOC_URLS = ("ws://127.0.0.1:8765", "ws://127.0.0.1:8766")
 LOOPBACK_PEERS = ("--peers", "ws://127.0.0.1:*", "--allow-any-peer-port")
