@@ -18,7 +18,12 @@ reported to the client as ``internal``.
 
 from __future__ import annotations
 
+import traceback
+from typing import TypeVar
+
 from protocol import ErrorCode
+
+E = TypeVar("E", bound=BaseException)
 
 
 class ServerError(Exception):
@@ -49,3 +54,23 @@ class Drop(ServerError):
 
 
 GOING_AWAY = f"{ErrorCode.SHUTTING_DOWN}: the server is shutting down"  # a drain's close reason
+
+
+def bare(exc: E) -> E:
+    """``exc`` to keep (a refused message's error, kept until the message is drained): without
+    its traceback, nor the exceptions it was raised while handling, whose tracebacks hold
+    frames too. Kept frames would hold the message's bytes (their locals) in a reference
+    cycle until a garbage collection, which the server runs rarely (``server/__main__.py``)."""
+    exc.__context__ = exc.__cause__ = None
+    return exc.with_traceback(None)
+
+
+def let_go_of_frames(exc: BaseException) -> None:
+    """Clear the locals of the finished frames in ``exc``'s traceback and in those of the
+    exceptions it was raised while handling: objects those frames hold that hold ``exc`` (a
+    failed future, a lost connection's error) would otherwise keep them all in a reference
+    cycle until a garbage collection, which the server runs rarely."""
+    error: BaseException | None = exc
+    while error is not None:
+        traceback.clear_frames(error.__traceback__)
+        error = error.__context__

@@ -19,6 +19,8 @@ from protocol import (
 from protocol.codec import Buffer
 from protocol.framing import apply_mask, rotate_mask, unmask_in_place
 
+from .errors import bare
+
 if TYPE_CHECKING:
     from .outcome import Job  # annotations only: the session's layer is above the wire's
 
@@ -74,7 +76,7 @@ def received(decoder: Decoder, error: DecodeError | None, nbytes: int) -> Receiv
         try:
             message, buffers = decoder.finish()
         except DecodeError as exc:
-            error = exc.with_traceback(None)
+            error = bare(exc)
         else:
             return Received(message, buffers, nbytes=nbytes, header_hold=_hold(decoder))
     if isinstance(error, MessageLimitError):
@@ -100,7 +102,7 @@ def step_header(message: MessageBeingRead, until: float) -> bool:
             if time.monotonic() >= until:
                 return False
     except DecodeError as exc:
-        message.error = exc.with_traceback(None)  # its frames hold the header (wire.py)
+        message.error = bare(exc)
     return True
 
 

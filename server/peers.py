@@ -39,7 +39,7 @@ from protocol.dtypes import itemsize
 from protocol.ops import Pull
 
 from .config import ServerConfig
-from .errors import StoreError
+from .errors import StoreError, let_go_of_frames
 from .peer_urls import PeerPatterns, canonical
 
 if TYPE_CHECKING:
@@ -85,9 +85,10 @@ class PeerFetcher:
             )
         try:
             return self._fetch(op, canonical(parts), claimant)
-        except StoreError:
-            raise
         except Exception as exc:  # noqa: BLE001 - a pull fails as an op, never the session
+            let_go_of_frames(exc)  # they hold the claim's reply and connection, which hold exc
+            if isinstance(exc, StoreError):
+                raise
             raise _failed(f"the pull from {source} failed: {type(exc).__name__}: {exc}") from None
 
     def _fetch(self, op: Pull, url: str, claimant: str) -> np.ndarray[Any, Any]:

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import math
 import time
+import weakref
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -104,10 +105,18 @@ class Session:
         self.closed = False  # set by close(); the ops loop stops at the next op
         self._in_thread = False  # a worker thread runs this session's ops now
         self._fast = FastPath(self.outcomes, INLINE_COST)  # the ops of training steps
-        # registered graphs, run_graph; a replay stops at its next step once the session closed
-        self.graphs = Graphs(self.outcomes, INLINE_COST, lambda: self.closed)
+        # registered graphs, run_graph; a replay stops at its next step once the session closed.
+        # They call back through a weak proxy: a session is then no reference cycle, and an
+        # ended one goes with its last reference, without waiting for the garbage collector
+        # (which the server runs rarely: server/__main__.py).
+        me = weakref.proxy(self)
+        self.graphs = Graphs(self.outcomes, INLINE_COST, lambda: me.closed)
         self._segments = Segments(
-            self.graphs, self.outcomes, self.run_one, INLINE_COST, lambda: self.closed
+            self.graphs,
+            self.outcomes,
+            lambda op, job: me.run_one(op, job),
+            INLINE_COST,
+            lambda: me.closed,
         )
         self.requests = Requests(self.store, None if transfers is None else transfers.exposures)
         self._pulls = Pulls(self.outcomes, transfers)  # direct transfers

@@ -50,7 +50,7 @@ from protocol.framing import (
     MAX_HEADER as MAX_FRAME_HEADER,
 )
 
-from .collecting import collect_soon
+from .errors import bare
 from .incoming import Decoder, FrameBeingRead, MessageBeingRead, received, unmask_into
 from .receiving import ReceivingConnection
 from .sending import SendingConnection
@@ -191,10 +191,10 @@ class WireConnection(SendingConnection, ReceivingConnection):
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
         self.stop_waiting()
-        # A closed connection's objects are cycles, collected soon (server/collecting.py); its
-        # receive buffer, perhaps grown for a large frame, is let go of now.
+        # Its receive buffer, perhaps grown for a large frame, is let go of now. What else it
+        # held goes by reference counting, with no collection (bench/REASONS.md, 'Collecting
+        # closed connections'): its session is no reference cycle.
         self._buf, self._start, self._end = bytearray(SMALL_BUFFER), 0, 0
-        collect_soon(self.loop)
 
     # --- parsing ----------------------------------------------------------------------------
 
@@ -328,9 +328,7 @@ class WireConnection(SendingConnection, ReceivingConnection):
                 try:
                     unmask_into(message.decoder, data, self._frame.mask, self._frame.pos)
                 except DecodeError as exc:
-                    # the rest of the message is drained; kept without its traceback, whose
-                    # frames would hold the message's bytes in a cycle until a collection
-                    message.error = exc.with_traceback(None)
+                    message.error = bare(exc)  # the rest of the message is drained
                 if message.decoder.stepping:  # a long header: validated first (``hold``)
                     return self.hold(message, lambda: self._payload_read(take))
         self._payload_read(take)

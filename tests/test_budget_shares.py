@@ -89,11 +89,23 @@ def test_a_header_that_would_hold_more_than_the_quota_is_refused_whole() -> None
             raw.close()
 
 
-def test_refused_headers_do_not_pile_up_in_memory() -> None:
-    """Before: each refused 4 MiB header stayed in memory until the collector ran (the
-    exception kept for its reply held the header's frames in a reference cycle): 20 of them
-    grew the server 218 MiB; now as much as one."""
-    with run_server("--token", TOKEN, "--session-quota", "16MiB") as proc:
+@pytest.mark.parametrize(
+    ("limit", "code"),
+    [
+        (("--session-quota", "16MiB"), ErrorCode.QUOTA_EXCEEDED),
+        (
+            ("--memory-budget", "64MiB", "--session-quota", "96MiB"),
+            ErrorCode.SERVER_MEMORY_EXHAUSTED,
+        ),
+    ],
+    ids=["quota", "budget"],
+)
+def test_refused_headers_do_not_pile_up_in_memory(limit: tuple[str, ...], code: ErrorCode) -> None:
+    """Each refused 4 MiB header stayed in memory until the collector ran: the exception kept
+    for its reply held the header's frames in a reference cycle, by its traceback (the
+    quota's refusal: 20 of them grew the server 218 MiB) or by the budget's error it was
+    raised while handling (the budget's: 223 MiB). Now as much as one."""
+    with run_server("--token", TOKEN, *limit) as proc:
         raw = Raw(proc.url)
         try:
             frames = to_frames(encode(_fulls(55_000)))  # 3.7 MiB: refused by its estimate
@@ -106,7 +118,7 @@ def test_refused_headers_do_not_pile_up_in_memory() -> None:
             for _ in range(20):
                 refused = raw.recv()
                 assert refused.type == "dropped", refused
-                assert refused.error.code == ErrorCode.QUOTA_EXCEEDED, refused.error
+                assert refused.error.code == code, refused.error
             grown = rss(proc.pid) - before
         finally:
             raw.close()

@@ -6,15 +6,20 @@ names its peers' ports unless its operator accepts the risk."""
 
 from __future__ import annotations
 
+import gc
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import numpy as np
 import pytest
+from anyio.from_thread import start_blocking_portal
 
 import client
+import server
 from bench.fake_peers import (
     Claims,
     fake_peer,
@@ -27,6 +32,7 @@ from bench.fake_peers import (
 from client.device import Device
 from protocol import PROTOCOL_VERSION, TensorMeta
 from protocol.ops import Pull
+from server import Server, ServerConfig
 
 from .servers import ServerProcess, run_server
 from .test_hostile_memory import assert_within_budget, peak_growth
@@ -75,6 +81,34 @@ def test_a_pull_allocates_no_more_than_it_reserved(lie: Callable[[int], Claims])
             baseline.server_tensor_bytes,
         )
         assert float(client.namespace(b).sum(client.namespace(b).ones(3)).numpy()) == 3.0
+
+
+def test_a_failed_pull_leaves_no_reference_cycle() -> None:
+    """The server collects garbage rarely (``server/__main__.py``): a failed pull's error may
+    not keep the pull's frames alive in a cycle (the claim's future held the error, whose
+    traceback held the frames that held the future: the pull's and the reply's own
+    ``result``), nor what they hold."""
+    srv = Server(ServerConfig(port=0, peers=("ws://127.0.0.1:*",), allow_any_peer_port=True))
+    with fake_peer(lies_about_size(LIE)) as peer, start_blocking_portal("asyncio") as portal:
+        future, _ = portal.start_task(srv.serve)
+        with client.RemoteDevice(f"ws://127.0.0.1:{srv.port}") as dev:
+            for _ in range(3):
+                with pytest.raises(client.TransferError):
+                    _pull(dev, peer.url, TensorMeta((1,), "float64")).numpy()
+        gc.collect()
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        try:
+            with client.RemoteDevice(f"ws://127.0.0.1:{srv.port}") as dev:
+                with pytest.raises(client.TransferError):
+                    _pull(dev, peer.url, TensorMeta((1,), "float64")).numpy()
+            gc.collect()
+            frames = [o.f_code.co_filename for o in gc.garbage if type(o) is FrameType]
+        finally:
+            gc.set_debug(0)
+            gc.garbage.clear()
+        future.cancel()
+    server_dir = str(Path(server.__file__).parent)
+    assert not [f for f in frames if f.startswith(server_dir)], frames
 
 
 def _sessions(proc: ServerProcess) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import weakref
 from collections.abc import Iterator
 
 import numpy as np
@@ -10,7 +11,9 @@ import pytest
 from anyio.from_thread import start_blocking_portal
 
 import client
+from bench.training import DIGITS, Trainer
 from client._connection import FLUSH_OPS
+from client.autodiff import Autodiff
 from server import Server, ServerConfig
 
 from .polling import wait_until
@@ -48,6 +51,29 @@ def test_session_end_frees_everything(live: Server) -> None:
     assert len(session.store) == 0 and session.store.nbytes == 0
     del kept
     gc.collect()  # handles outliving their device free nothing and raise nothing
+
+
+def test_an_ended_session_goes_without_the_garbage_collector(live: Server) -> None:
+    """The server collects garbage rarely (``server/__main__.py``), and not when a connection
+    is lost: what an ended session held (its tensors, failures, registered segments) must go
+    by reference counting alone, so no session object may be part of a reference cycle."""
+    gc.collect()
+    gc.disable()  # no collection may free what only a collection would
+    try:
+        with client.RemoteDevice(f"ws://127.0.0.1:{live.port}") as dev:
+            xp = client.namespace(dev)
+            trainer = Trainer(Autodiff(xp), DIGITS, 256)
+            trainer.run(6)  # repeating steps: registered and replayed as a segment
+            with pytest.raises(client.RemoteError):
+                xp.linalg.inv(xp.zeros((3, 3))).numpy()  # a failure record
+            assert dev.segment_stats().hits > 0
+            (session,) = live.sessions.values()
+            ended = weakref.ref(session)
+            del session
+        wait_until(lambda: not live.sessions, "the session to end")
+        wait_until(lambda: ended() is None, "the ended session to be freed")
+    finally:
+        gc.enable()
 
 
 def test_frees_travel_with_the_next_batch(live: Server) -> None:
