@@ -3,7 +3,7 @@ gradients summed back to the shape of an input that was broadcast."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .errors import DeviceMismatchError
@@ -73,3 +73,13 @@ def unbroadcast(xp: Any, grad: Any, shape: tuple[int, ...]) -> Any:
     if stretched:
         grad = xp.sum(grad, axis=stretched, keepdims=True)
     return grad
+
+
+def reshaped_or_same(
+    a: Any, shape: tuple[int | None, ...], reshape: Callable[[Any, Any], Any]
+) -> Any:
+    """``reshape(a, shape)`` (a reshape or a broadcast), or ``a`` itself where it has that shape
+    already, known in full: the op would give a view of the same layout, so none is sent."""
+    if tuple(a.shape) == shape and None not in shape:
+        return a
+    return reshape(a, shape)

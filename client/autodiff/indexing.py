@@ -18,7 +18,7 @@ import numbers
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ._common import as_tensor, same_device
+from ._common import as_tensor, reshaped_or_same, same_device
 from .tensor import Tensor, record
 
 if TYPE_CHECKING:
@@ -27,18 +27,28 @@ if TYPE_CHECKING:
 
 def _one_hot(xp: Any, positions: Any, n: int, dtype: Any) -> Any:
     """``(..., k) -> (..., k, n)``: 1 where the last axis equals the position, negative
-    positions counted from the end as indexing counts them."""
-    positions = xp.where(positions < 0, positions + n, positions)
+    positions counted from the end as indexing counts them: ``positions % n`` (one op), which
+    is ``positions + n`` below 0 and ``positions`` above for every position in ``[-n, n)``,
+    the only ones a gather that succeeded was given."""
+    if n > 0:
+        positions = positions % n
     hits = xp.expand_dims(positions, axis=-1) == xp.arange(n, dtype=positions.dtype)
     return xp.astype(hits, dtype)
 
 
 def _to_last(xp: Any, a: Any, axis: int) -> Any:
+    """``a`` with ``axis`` moved last; ``a`` itself when it is last already (no op is sent
+    for a permutation that moves nothing: it would be a view of the same layout)."""
+    if axis == a.ndim - 1:
+        return a
     order = tuple(i for i in range(a.ndim) if i != axis) + (axis,)
     return xp.permute_dims(a, order)
 
 
 def _from_last(xp: Any, a: Any, axis: int) -> Any:
+    """The last axis of ``a`` moved back to ``axis``; ``a`` itself when that is the last."""
+    if axis == a.ndim - 1:
+        return a
     order = list(range(a.ndim - 1))
     order.insert(axis, a.ndim - 1)
     return xp.permute_dims(a, tuple(order))
@@ -74,7 +84,8 @@ def take_along_axis(ad: Autodiff, x: Any, indices: Any, /, *, axis: int = -1) ->
 
     def backward(g: Any) -> tuple[Any, ...]:  # per row: (1, k) @ (k, n) -> (1, n)
         rows = xp.expand_dims(_to_last(xp, g, along), axis=-2)
-        hot = _one_hot(xp, _to_last(xp, xp.broadcast_to(ia, tuple(g.shape)), along), n, g.dtype)
+        spread = reshaped_or_same(ia, tuple(g.shape), xp.broadcast_to)
+        hot = _one_hot(xp, _to_last(xp, spread, along), n, g.dtype)
         summed = xp.squeeze(rows @ hot, axis=-2)
         grad = _from_last(xp, summed, along)
         return (_summed_to(xp, grad, shape), None)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ._common import as_tensor, same_device, unbroadcast
+from ._common import as_tensor, reshaped_or_same, same_device, unbroadcast
 from .tensor import Tensor, record
 
 if TYPE_CHECKING:
@@ -33,10 +33,10 @@ def matmul(ad: Autodiff, x1: Any, x2: Any, /) -> Tensor:
         ga = gb = None
         if a.requires_grad:
             ga = unbroadcast(xp, g2 @ xp.matrix_transpose(b2), tuple(a2.shape))
-            ga = xp.reshape(ga, tuple(aa.shape))
+            ga = reshaped_or_same(ga, tuple(aa.shape), xp.reshape)
         if b.requires_grad:
             gb = unbroadcast(xp, xp.matrix_transpose(a2) @ g2, tuple(b2.shape))
-            gb = xp.reshape(gb, tuple(ba.shape))
+            gb = reshaped_or_same(gb, tuple(ba.shape), xp.reshape)
         return ga, gb
 
     return record(ad, "matmul", y, (a, b), backward)
@@ -60,17 +60,19 @@ def linear(ad: Autodiff, x: Any, weight: Any, bias: Any = None, /) -> Tensor:
         y = y + b.array
 
     def backward(g: Any) -> tuple[Any, ...]:
-        rows = xp.reshape(g, (-1, w.shape[0]))  # every leading axis is a batch of rows
+        rows = _as_rows(xp, g, w.shape[0])  # every leading axis is a batch of rows
         gx = g @ wa if t.requires_grad else None
-        gw = (
-            xp.matrix_transpose(rows) @ xp.reshape(xa, (-1, w.shape[1]))
-            if w.requires_grad
-            else None
-        )
+        gw = xp.matrix_transpose(rows) @ _as_rows(xp, xa, w.shape[1]) if w.requires_grad else None
         gb = xp.sum(rows, axis=0) if b is not None and b.requires_grad else None
         return (gx, gw) if b is None else (gx, gw, gb)
 
     return record(ad, "linear", y, inputs, backward)
+
+
+def _as_rows(xp: Any, a: Any, n: int | None) -> Any:
+    """``a`` (..., n) as a matrix (rows, n); a matrix as it is, without a reshape op (a
+    reshape to the same shape is a view of the same layout: nothing to send for it)."""
+    return a if a.ndim == 2 else xp.reshape(a, (-1, n))
 
 
 FUNCTIONS: dict[str, Callable[..., Tensor]] = {"matmul": matmul, "linear": linear}
