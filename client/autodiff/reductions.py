@@ -11,7 +11,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ._common import as_tensor, kept_shape, normalized_axes
+from ._common import as_tensor, kept_shape, normalized_axes, reshaped_or_same
 from .extension import find_extension
 from .tensor import Tensor, record
 
@@ -22,8 +22,9 @@ Axis = int | Sequence[int] | None
 
 
 def _spread(xp: Any, g: Any, shape: tuple[int, ...], axes: tuple[int, ...]) -> Any:
-    """The output gradient with the reduced axes back as 1s (broadcasts against the input)."""
-    return xp.reshape(g, kept_shape(shape, axes))
+    """The output gradient with the reduced axes back as 1s (broadcasts against the input);
+    kept by ``keepdims``, it has that shape already."""
+    return reshaped_or_same(g, kept_shape(shape, axes), xp.reshape)
 
 
 def _count(shape: tuple[int, ...], axes: tuple[int, ...]) -> int:

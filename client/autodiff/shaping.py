@@ -8,7 +8,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ._common import as_tensor, normalized_axes, same_device, unbroadcast
+from ._common import as_tensor, normalized_axes, reshaped_or_same, same_device, unbroadcast
 from .tensor import Tensor, record
 
 if TYPE_CHECKING:
@@ -18,7 +18,9 @@ if TYPE_CHECKING:
 def _reshaped_back(ad: Autodiff, name: str, t: Tensor, y: Any) -> Tensor:
     """An op that only relabels the shape: the gradient is reshaped to the input's shape."""
     xp, shape = ad.xp, tuple(t.array.shape)
-    return record(ad, name, y, (t,), lambda g: (xp.reshape(g, shape),), view_of=t)
+    return record(
+        ad, name, y, (t,), lambda g: (reshaped_or_same(g, shape, xp.reshape),), view_of=t
+    )
 
 
 def reshape(

@@ -73,8 +73,9 @@ def embedding(indices: ArrayLike, weight: Tensor) -> Tensor:
     index = as_tensor(ad, indices)
     if not ad.xp.isdtype(index.dtype, "integral"):
         raise TypeError(f"embedding: indices must be integers, not {index.dtype}")
-    flat = ad.reshape(index, (-1,))
-    rows = ad.take(weight, flat, axis=0)
+    if index.ndim == 1:  # the rows as they are taken: no reshape before or after
+        return ad.take(weight, index, axis=0)
+    rows = ad.take(weight, ad.reshape(index, (-1,)), axis=0)
     out: Tensor = ad.reshape(rows, (*index.shape, weight.shape[-1]))
     return out
 
