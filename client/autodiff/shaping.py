@@ -18,9 +18,7 @@ if TYPE_CHECKING:
 def _reshaped_back(ad: Autodiff, name: str, t: Tensor, y: Any) -> Tensor:
     """An op that only relabels the shape: the gradient is reshaped to the input's shape."""
     xp, shape = ad.xp, tuple(t.array.shape)
-    return record(
-        ad, name, y, (t,), lambda g: (reshaped_or_same(g, shape, xp.reshape),), view_of=t
-    )
+    return record(ad, name, y, (t,), lambda g: (reshaped_or_same(g, shape, xp.reshape),), view_of=t)
 
 
 def reshape(

@@ -74,7 +74,8 @@ def embedding(indices: ArrayLike, weight: Tensor) -> Tensor:
     if not ad.xp.isdtype(index.dtype, "integral"):
         raise TypeError(f"embedding: indices must be integers, not {index.dtype}")
     if index.ndim == 1:  # the rows as they are taken: no reshape before or after
-        return ad.take(weight, index, axis=0)
+        taken: Tensor = ad.take(weight, index, axis=0)
+        return taken
     rows = ad.take(weight, ad.reshape(index, (-1,)), axis=0)
     out: Tensor = ad.reshape(rows, (*index.shape, weight.shape[-1]))
     return out
