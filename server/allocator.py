@@ -11,8 +11,10 @@ before it is trimmed, the step faults almost never (bench/REASONS.md, 'malloc ke
 memory').
 
 What this keeps is not counted in ``--memory-budget``: up to 32 MiB at the top of each of
-malloc's heaps (one per thread that allocates), plus freed blocks below live ones, which no
-trim at the top reaches. :func:`give_back_freed_memory` (``malloc_trim``) returns all of it;
+malloc's heaps, plus freed blocks below live ones, which no trim at the top reaches. glibc
+gives each thread that allocates a heap of its own, up to eight per core, so the server's
+worker and pull threads could keep 32 MiB each; it is held to :data:`HEAPS` heaps, which the
+threads share. :func:`give_back_freed_memory` (``malloc_trim``) returns all of it;
 the server calls it once no op has run for ``spare_ttl``, and while busy whenever the
 process's resident memory (:func:`resident_bytes`) passes what the budget counts by half the
 budget (``server/app.py``), so that what malloc keeps stays bounded under any load.
@@ -31,6 +33,8 @@ M_TRIM_THRESHOLD = -1  # glibc's malloc.h: free memory kept at a heap's top befo
 M_MMAP_THRESHOLD = -3  # ... blocks at least this large get their own mmap
 MMAP_THRESHOLD = 32 << 20  # glibc's ceiling for it (HEAP_MAX_SIZE / 2 on 64-bit)
 TRIM_THRESHOLD = 32 << 20  # a block's worth; larger keeps no more faults away (see above)
+M_ARENA_MAX = -8  # ... heaps ("arenas") at most, which threads share once there are that many
+HEAPS = 2  # the main thread's heap and one that the threads share (bench/REASONS.md)
 PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
@@ -52,14 +56,16 @@ def is_glibc() -> bool:
 
 
 def keep_freed_memory() -> bool:
-    """Serve blocks up to 32 MiB from malloc's heaps and keep 32 MiB free at the top of each.
-    True when glibc took both settings; False with another C library."""
+    """Serve blocks up to 32 MiB from malloc's heaps, keep 32 MiB free at the top of each, and
+    make at most :data:`HEAPS` heaps. True when glibc took every setting; False with another
+    C library."""
     libc = _glibc()
     if libc is None:
         return False
     return bool(
         libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
         and libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD)
+        and libc.mallopt(M_ARENA_MAX, HEAPS)
     )
 
 

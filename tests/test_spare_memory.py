@@ -6,8 +6,11 @@ freed op results go back to malloc, which the server tells to keep them for the 
 from __future__ import annotations
 
 import gc
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -15,7 +18,7 @@ import pytest
 
 import client
 from protocol import TensorMeta
-from server.allocator import is_glibc
+from server.allocator import HEAPS, TRIM_THRESHOLD, is_glibc
 from server.budget import SPARE_MIN, MemoryBudget
 from server.errors import StoreError
 from server.store import Stored, TensorStore
@@ -263,6 +266,44 @@ def _rss(pid: int) -> int:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) * 1024
     raise AssertionError("no VmRSS")
+
+
+_THREADS_KEEP = """
+import sys, threading
+import numpy as np
+from server.allocator import keep_freed_memory, resident_bytes
+assert keep_freed_memory()
+before = resident_bytes()
+start = threading.Barrier(16)
+def results():  # what a worker thread's ops do: allocate results under 32 MiB and free them
+    start.wait()
+    for _ in range(3):
+        result = np.ones(20 << 17)
+        del result
+threads = [threading.Thread(target=results) for _ in range(16)]
+for thread in threads:
+    thread.start()
+for thread in threads:
+    thread.join()
+print(resident_bytes() - before)
+"""
+
+
+@pytest.mark.skipif(not is_glibc(), reason="the heaps are glibc's malloc's")
+def test_what_malloc_keeps_for_results_is_bounded_by_its_heaps_not_by_threads() -> None:
+    """Sixteen threads each allocating and freeing 20 MiB results: with a heap per thread,
+    malloc kept 320 MiB of them; held to ``HEAPS`` heaps that the threads share, 40-80 MiB
+    (what each heap keeps at its top, ``TRIM_THRESHOLD``, and freed blocks below live
+    ones while the threads ran)."""
+    grown = subprocess.run(
+        [sys.executable, "-c", _THREADS_KEEP],
+        cwd=Path(__file__).resolve().parent.parent,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout
+    assert int(grown) < (HEAPS + 1) * TRIM_THRESHOLD, f"{int(grown) / MIB:.0f} MiB kept"
 
 
 @pytest.mark.server
