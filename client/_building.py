@@ -21,7 +21,14 @@ from protocol.codec import byte_view
 from protocol.ops import UNKNOWN, AnyOp, FromBuffer, Full, GetItem
 from protocol.scalars import PyScalar, scalar_from_python
 
-from ._deriving import WATCHED_OPS, derive, learn_masked, masked_meta, single_mask
+from ._deriving import (
+    WATCHED_OPS,
+    derive,
+    learn_masked,
+    masked_meta,
+    note_condition,
+    single_mask,
+)
 from ._handle import common_device, ints
 from ._known import FRESH_OPS, VALUES_KEPT, fresh
 from .device import Device, new_handle
@@ -51,9 +58,12 @@ def apply(
         kind = type(op)  # what follows costs no call for most ops
         if inputs and kind not in FRESH_OPS and not fresh(op):
             handle._base = viewed_base(op, inputs)
+        meta = metas[0]
         facts = dev.known.facts  # what is known of its (first) input, else nothing to derive
-        if (inputs and inputs[0]._id in facts) or not metas[0].shape or kind in WATCHED_OPS:
+        if (inputs and inputs[0]._id in facts) or not meta.shape or kind in WATCHED_OPS:
             derive(dev.known, op, handle, inputs)
+        if meta.dtype == "bool" and meta.shape and handle._base == out:
+            note_condition(dev.known, handle)
         return handle
     handle = _queue(dev, op, [out], metas, inputs)[0]
     if mask is not None:

@@ -1,11 +1,11 @@
 """What an op tells of its output's values from what the client knows of its inputs
 (``client._known``): exact operations only (selection, negation of a mask, comparisons,
-``any`` and ``all``), computed as the server computes them, and the length of ``x[mask]`` from
-the mask's count of true elements."""
+``any``, ``all``, ``abs``, ``negative``, ``max``, ``min``), computed as the server computes
+them, and the length of ``x[mask]`` from the mask's count of true elements."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -25,7 +25,7 @@ from protocol.ops import (
 from protocol.ops.elementwise import operand_dtype
 from protocol.ops.indexing import numpy_key
 
-from ._known import Known
+from ._known import ALONG_ELEMENTS, Known
 
 if TYPE_CHECKING:
     from ._handle import Handle
@@ -35,6 +35,8 @@ COMPARISONS = frozenset(
     ("equal", "not_equal", "less", "less_equal", "greater", "greater_equal")
     + ("logical_and", "logical_or", "logical_xor")
 )
+EXACT_UNARY = frozenset({"abs", "negative"})  # no rounding: the client's numpy gives the same
+EXACT_REDUCE = frozenset({"max", "min"})
 WATCHED_OPS = frozenset({Unary, Reduce})  # what derive() looks at even when nothing is known
 
 
@@ -62,6 +64,13 @@ def learn_masked(known: Known, meta: TensorMeta, out: Handle, mask: Handle) -> N
         known.learn_count(mask, out.shape[meta.shape.index(UNKNOWN)])
 
 
+def note_condition(known: Known, mask: Handle) -> None:
+    """``mask``, a boolean array in fresh memory, is likely tested soon (``xp.any(mask)``,
+    ``x[mask]``): a small one is read along with the next read (``Known.read_along``)."""
+    if mask.size <= ALONG_ELEMENTS:
+        known.note_result(mask)
+
+
 def derive(known: Known, op: AnyOp, out: Handle, inputs: Sequence[Handle]) -> None:
     """Note what ``op`` tells of ``out``'s values from what is known of its inputs (exact
     operations only: selection, negation of a mask, ``any`` and ``all``)."""
@@ -72,11 +81,17 @@ def derive(known: Known, op: AnyOp, out: Handle, inputs: Sequence[Handle]) -> No
                 known.learn(out, complement=inputs[0])
             else:
                 known.learn(out, count=out.size - count)
+        elif op.op in EXACT_UNARY:
+            _exact(known, out, inputs[0], getattr(np, op.op))
         return
     if not out.shape and isinstance(op, Reduce | Binary | BinaryScalar):
         known.note_result(out)
     if isinstance(op, Binary | BinaryScalar):
-        _learn(known, out, _compared(known, op, inputs))
+        compared = _compared(known, op, inputs)
+        if compared is not None:
+            _learn(known, out, compared)
+        elif op.op in COMPARISONS:
+            _learn_roots(known, out, inputs)
         return
     if len(inputs) != 1:
         return
@@ -87,6 +102,10 @@ def derive(known: Known, op: AnyOp, out: Handle, inputs: Sequence[Handle]) -> No
             result = _any_all(known, op, inputs[0], values)
             if result is None:
                 known.learn(out, source=inputs[0])
+        elif op.op in EXACT_REDUCE:
+            reduce = np.max if op.op == "max" else np.min
+            _exact(known, out, inputs[0], lambda v: reduce(v, axis=op.axis, keepdims=op.keepdims))
+            return
     elif values is None:
         return
     elif isinstance(op, Reshape):
@@ -96,6 +115,29 @@ def derive(known: Known, op: AnyOp, out: Handle, inputs: Sequence[Handle]) -> No
     elif isinstance(op, GetItem):
         result = values[numpy_key(op.key, ())]
     _learn(known, out, result)
+
+
+def _exact(known: Known, out: Handle, x: Handle, fn: Callable[[Any], Any]) -> None:
+    """``out = fn(x)``, an exact operation (no rounding) of a real or integer ``x``: its values
+    if ``x``'s are known, as the server's numpy computes them; else ``x`` as the small array
+    they come from, which a read of ``out`` (or of what is made from it) brings along."""
+    values = known.values(x) if known else None
+    if values is None:
+        _learn_roots(known, out, (x,))
+    elif values.dtype.kind in "iuf" and values.size:
+        with np.errstate(all="ignore"):
+            _learn(known, out, np.asarray(fn(values)))
+
+
+def _learn_roots(known: Known, out: Handle, inputs: Sequence[Handle]) -> None:
+    """``out`` is made by an exact op from ``inputs``, whose values are not known: note the
+    small arrays they come from (theirs, else themselves), which a read of ``out`` brings."""
+    roots: list[Handle] = []
+    for x in inputs:
+        made_from = known.roots(x) if known else []
+        roots += made_from or ([x] if x.size <= ALONG_ELEMENTS else [])
+    if roots:
+        known.learn(out, roots=roots)
 
 
 def _learn(known: Known, out: Handle, result: np.ndarray[Any, Any] | None) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import weakref
 from collections import OrderedDict
+from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -52,10 +53,12 @@ from protocol.ops import (
 if TYPE_CHECKING:
     from ._handle import Handle
 
-ALONG_MOST = 8  # reads sent along with another
+ALONG_MOST = 12  # reads sent along with another
+RECENT_MOST = 8  # small results made since the last read that the next read brings
 ALONG_ELEMENTS = 1 << 12  # the largest mask read along with its any() or all()
 VALUES_KEPT = 1 << 16  # the largest array (bytes) whose values are kept once read or uploaded
 BYTES_KEPT = 16 << 20  # all kept values of a device together: the oldest facts go first
+FACTS_KEPT = 1 << 16  # facts of a device, values or not: the oldest go first
 WRITTEN_KEPT = 1 << 16  # written bases remembered before every fact is forgotten at once
 
 # Ops whose output is always fresh memory on the server (numpy's ufuncs, reductions, joins,
@@ -77,6 +80,8 @@ class Fact:
     count: int | None = None  # true (non-zero) elements, for a boolean array
     complement: weakref.ref[Handle] | None = None  # a bool array whose negation this is
     source: weakref.ref[Handle] | None = None  # the array this ``any``/``all`` reduces
+    # the small arrays exact ops (``abs``, ``max``, comparisons) made this one from
+    roots: tuple[weakref.ref[Handle], ...] = ()
     pending: Future[Any] | None = None  # a read sent along with another: the values to come
     upload: int = 0  # an upload's number, until the server is known to hold it (0: it is)
 
@@ -244,25 +249,43 @@ class Known:
     def read_along(self, handle: Handle) -> list[Handle]:
         """The arrays whose values a read of ``handle`` fetches in the same round trip: the
         mask an ``any``/``all`` reduces (its indexing by it follows), and the small results
-        made since the last read (conditions read one after another)."""
+        and masks made since the last read (conditions read one after another, a mask tested
+        after a read of something else)."""
         if self.paused:
             return []
-        along: list[Handle] = []
-        fact = self.fact(handle)
-        source = None if fact is None or fact.source is None else fact.source()
-        if source is not None and source.size <= ALONG_ELEMENTS:
-            along.append(source)
         recent, self._recent = self._recent, []
-        along += [r for r in (ref() for ref in recent) if r is not None and r is not handle]
-        return [a for a in along if self._unknown(a)][:ALONG_MOST]
+        along: list[Handle] = []
+        for a in (handle, *(r() for r in recent)):
+            if a is None:
+                continue
+            if a is not handle:
+                along.append(a)
+            fact = self.fact(a)
+            if fact is None:
+                continue
+            source = None if fact.source is None else fact.source()
+            if source is not None and source.size <= ALONG_ELEMENTS:
+                along.append(source)
+            along += self.roots(source) if source is not None else ()
+            along += self.roots(a)  # later ops on them are then answered without a read
+        unique = {id(a): a for a in along if self._unknown(a)}
+        return list(unique.values())[:ALONG_MOST]
+
+    def roots(self, handle: Handle) -> list[Handle]:
+        """The small arrays exact ops made ``handle`` from, if known (``Fact.roots``)."""
+        fact = self.fact(handle)
+        if fact is None or not fact.roots:
+            return []
+        return [r for r in (ref() for ref in fact.roots) if r is not None]
 
     def _unknown(self, handle: Handle) -> bool:
         fact = self.fact(handle)
         return fact is None or (fact.values is None and fact.pending is None)
 
     def note_result(self, handle: Handle) -> None:
-        """``handle`` is a 0-d result (a reduction, a comparison): likely read soon."""
-        if len(self._recent) >= ALONG_MOST:
+        """``handle`` is a 0-d result (a reduction, a comparison) or a small mask: likely read
+        soon."""
+        if len(self._recent) >= RECENT_MOST:
             del self._recent[0]
         self._recent.append(weakref.ref(handle))
 
@@ -274,6 +297,7 @@ class Known:
         count: int | None = None,
         complement: Handle | None = None,
         source: Handle | None = None,
+        roots: Sequence[Handle] = (),
         pending: Future[Any] | None = None,
         epoch: int | None = None,
         uploaded: bool = False,
@@ -287,7 +311,8 @@ class Known:
             values = None
         old = self.fact(handle)
         if epoch is None and old is not None:  # it holds still: add to what is known
-            fact = Fact(old.epoch, old.values, old.count, old.complement, old.source, old.pending)
+            fact = Fact(old.epoch, old.values, old.count, old.complement, old.source)
+            fact.pending, fact.roots = old.pending, old.roots
             fact.upload = old.upload if values is None else 0
         else:
             fact = Fact(self._epoch if epoch is None else epoch)
@@ -300,12 +325,14 @@ class Known:
             fact.complement = weakref.ref(complement)
         if source is not None:
             fact.source = weakref.ref(source)
+        if roots:
+            fact.roots = tuple(weakref.ref(r) for r in roots)
         if pending is not None and fact.values is None:
             fact.pending = pending
         self._drop(handle.tensor_id)
         self.facts[handle.tensor_id] = fact
         self._bytes += 0 if fact.values is None else fact.values.nbytes
-        while self._bytes > BYTES_KEPT:
+        while self._bytes > BYTES_KEPT or len(self.facts) > FACTS_KEPT:
             oldest = self.facts.popitem(last=False)[1]
             self._bytes -= 0 if oldest.values is None else oldest.values.nbytes
 

@@ -141,6 +141,41 @@ def test_a_mask_reduced_by_any_is_read_along_and_indexes_without_a_describe(
     assert (kept.shape, dropped.shape) == (((DATA >= 0).sum(),), ((DATA < 0).sum(),))
 
 
+def test_a_small_mask_made_before_another_read_is_read_along_with_it(
+    dev: client.RemoteDevice, xp: client.Namespace
+) -> None:
+    """``zero = norm == 0; if is_lazy_array(norm): ... elif xp.any(zero): ...`` (SciPy's
+    checks after array-api-compat's probe): the probe's read brings the mask made before it,
+    so testing and indexing by the mask send nothing more."""
+    x = computed(xp)
+    zero = x == 0.0
+    with requests(dev) as sent:
+        assert not is_lazy_array(x)
+        probe = len(sent)  # the probe's read, what it brings along, the session's stats
+        assert not bool(xp.any(zero))
+        assert x[zero].shape == (0,) and x[~zero].shape == DATA.shape
+    assert "read" in sent and len(sent) == probe
+
+
+def test_a_comparison_of_exact_reductions_brings_the_arrays_they_reduce(
+    dev: client.RemoteDevice, xp: client.Namespace
+) -> None:
+    """``max(abs(err_a)) > max(abs(err_b))``, again and again (SciPy's cubature orders its
+    heap of regions so): the first comparison's read brings ``err_a`` and ``err_b``; the later
+    ones are computed by the client as the server computes them, and send nothing."""
+    a, b = computed(xp), computed(xp) * -0.5
+    with requests(dev) as sent:
+        assert bool(xp.max(xp.abs(a)) > xp.max(xp.abs(b)))
+        first = len(sent)
+        later = [
+            float(xp.max(xp.abs(b))),
+            float(xp.min(-a)),
+            bool(xp.max(xp.abs(b), axis=0, keepdims=True) > xp.min(xp.negative(a))),
+        ]
+    assert "read" in sent and len(sent) == first
+    assert later == [float(np.max(np.abs(DATA * -0.5))), float(np.min(-DATA)), True]
+
+
 def test_conditions_made_together_are_read_in_one_round_trip(
     dev: client.RemoteDevice, xp: client.Namespace
 ) -> None:
