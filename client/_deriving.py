@@ -107,6 +107,8 @@ def derive(known: Known, op: AnyOp, out: Handle, inputs: Sequence[Handle]) -> No
             _exact(known, out, inputs[0], lambda v: reduce(v, axis=op.axis, keepdims=op.keepdims))
             return
     elif values is None:
+        if isinstance(op, GetItem) and not out.shape:  # an element: bring the array with it
+            _learn_roots(known, out, inputs)
         return
     elif isinstance(op, Reshape):
         result = values.reshape(op.shape)

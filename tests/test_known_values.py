@@ -176,6 +176,18 @@ def test_a_comparison_of_exact_reductions_brings_the_arrays_they_reduce(
     assert later == [float(np.max(np.abs(DATA * -0.5))), float(np.min(-DATA)), True]
 
 
+def test_an_element_read_brings_its_small_array_along(
+    dev: client.RemoteDevice, xp: client.Namespace
+) -> None:
+    """``t[i] <= x < t[i + 1]`` over a knot vector (SciPy's spline tests): the first element's
+    read brings ``t``; the later elements and their comparisons send nothing."""
+    t = computed(xp)
+    with requests(dev) as sent:
+        inside = [bool(t[i] <= 2.5 < t[i + 1]) for i in range(len(DATA) - 1)]
+    assert sorted(sent) == ["read", "read", "stats"]
+    assert inside == [bool(DATA[i] <= 2.5 < DATA[i + 1]) for i in range(len(DATA) - 1)]
+
+
 def test_conditions_made_together_are_read_in_one_round_trip(
     dev: client.RemoteDevice, xp: client.Namespace
 ) -> None:
