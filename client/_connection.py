@@ -64,12 +64,12 @@ from protocol.graphs import GraphDef
 from protocol.messages import Request
 from protocol.ops import AnyOp
 
+from ._holding import HeldRequests
 from ._liveness import Traffic, Watch
 from ._opening import close_code, handshake, open_transport
 from ._options import DEFAULT_OPTIONS, ConnectionOptions
 from ._pending import Pending
 from ._recovery import Recovering
-from ._replies import Reply
 from ._resuming import Retained
 from ._segments import segmenter
 from ._stats import SegmentStats
@@ -86,7 +86,7 @@ Frames = list[bytes | list[bytes | memoryview]]  # messages, each one frame or i
 Sending = tuple[Transport, int, Frames]  # a flush: the transport, its generation, the messages
 
 
-class Connection(Recovering):
+class Connection(Recovering, HeldRequests):
     """A session with device ``index`` of the server at ``url``, opened and watched as
     ``options`` say.
 
@@ -289,28 +289,6 @@ class Connection(Recovering):
     def drop_graph(self, graph_id: int) -> None:
         """Drop graph ``graph_id`` on the server at the next flush. Safe from ``__del__``."""
         self._batch.drops.append(graph_id)
-
-    def request(self, make: Callable[[int], Request], most_bytes: int | None = None) -> Reply:
-        """Flush with the request ``make(request_id)``; the reply resolves with its answer. A
-        reply that declares more than ``most_bytes`` bytes (None: any) is refused as its header
-        arrives, before any buffer for it is allocated, and the connection is cut (its place
-        in the stream is lost): every pending and later call fails with ConnectionLost.
-
-        Raises:
-            ConnectionLost: the connection is closed or broken.
-        """
-        future = Reply(self)
-        future.most_bytes = most_bytes
-        with self._lock:
-            self._check_open()
-            request_id = next(self._request_ids)
-            with self._waiters_lock:  # checked again here: _broken does not take _lock
-                self._check_open()
-                self._waiters[request_id] = future
-            frames = self._flush_locked((make(request_id),))
-            future.batch = self._batches
-        self._send(frames)
-        return future
 
     def flush(self) -> None:
         frames: Sending | None = None

@@ -107,8 +107,8 @@ def derive(known: Known, op: AnyOp, out: Handle, inputs: Sequence[Handle]) -> No
             _exact(known, out, inputs[0], lambda v: reduce(v, axis=op.axis, keepdims=op.keepdims))
             return
     elif values is None:
-        if isinstance(op, GetItem) and not out.shape:  # an element: bring the array with it
-            _learn_roots(known, out, inputs)
+        if isinstance(op, GetItem) and not out.shape and inputs[0].size <= ALONG_ELEMENTS:
+            known.learn(out, array=inputs[0])  # what is made from it brings the array along
         return
     elif isinstance(op, Reshape):
         result = values.reshape(op.shape)
@@ -136,7 +136,7 @@ def _learn_roots(known: Known, out: Handle, inputs: Sequence[Handle]) -> None:
     small arrays they come from (theirs, else themselves), which a read of ``out`` brings."""
     roots: list[Handle] = []
     for x in inputs:
-        made_from = known.roots(x) if known else []
+        made_from = known.roots(x, element=True) if known else []
         roots += made_from or ([x] if x.size <= ALONG_ELEMENTS else [])
     if roots:
         known.learn(out, roots=roots)

@@ -116,10 +116,11 @@ class Handle:
         """
         device, known = self._device, self._device.known
         epoch = known.epoch  # the values read hold from before the reads are sent (threads)
-        for along in known.read_along(self):  # in flight with this read: no wait of their own
-            known.learn(along, pending=device.submit_read(along.tensor_id), epoch=epoch)
-        read = device.submit_read(self._id)
-        known.confirm_along()
+        with device.together():  # one message: one round trip
+            for along in known.read_along(self):  # no wait of their own
+                known.learn(along, pending=device.submit_read(along.tensor_id), epoch=epoch)
+            read = device.submit_read(self._id)
+            known.confirm_along()
         values = values_of(device, read)  # a failed op's error says where it was made
         if values.nbytes <= VALUES_KEPT:
             kept = values.copy()

@@ -82,6 +82,7 @@ class Fact:
     source: weakref.ref[Handle] | None = None  # the array this ``any``/``all`` reduces
     # the small arrays exact ops (``abs``, ``max``, comparisons) made this one from
     roots: tuple[weakref.ref[Handle], ...] = ()
+    array: weakref.ref[Handle] | None = None  # the small array this element is selected from
     pending: Future[Any] | None = None  # a read sent along with another: the values to come
     upload: int = 0  # an upload's number, until the server is known to hold it (0: it is)
 
@@ -271,12 +272,15 @@ class Known:
         unique = {id(a): a for a in along if self._unknown(a)}
         return list(unique.values())[:ALONG_MOST]
 
-    def roots(self, handle: Handle) -> list[Handle]:
-        """The small arrays exact ops made ``handle`` from, if known (``Fact.roots``)."""
+    def roots(self, handle: Handle, element: bool = False) -> list[Handle]:
+        """The small arrays exact ops made ``handle`` from, if known (``Fact.roots``); with
+        ``element``, the array an element is selected from too (an element's own read
+        brings it not: a lone item is read alone)."""
         fact = self.fact(handle)
-        if fact is None or not fact.roots:
+        if fact is None:
             return []
-        return [r for r in (ref() for ref in fact.roots) if r is not None]
+        refs = fact.roots or ((fact.array,) if element and fact.array is not None else ())
+        return [r for r in (ref() for ref in refs) if r is not None]
 
     def _unknown(self, handle: Handle) -> bool:
         fact = self.fact(handle)
@@ -298,6 +302,7 @@ class Known:
         complement: Handle | None = None,
         source: Handle | None = None,
         roots: Sequence[Handle] = (),
+        array: Handle | None = None,
         pending: Future[Any] | None = None,
         epoch: int | None = None,
         uploaded: bool = False,
@@ -312,7 +317,7 @@ class Known:
         old = self.fact(handle)
         if epoch is None and old is not None:  # it holds still: add to what is known
             fact = Fact(old.epoch, old.values, old.count, old.complement, old.source)
-            fact.pending, fact.roots = old.pending, old.roots
+            fact.pending, fact.roots, fact.array = old.pending, old.roots, old.array
             fact.upload = old.upload if values is None else 0
         else:
             fact = Fact(self._epoch if epoch is None else epoch)
@@ -327,6 +332,8 @@ class Known:
             fact.source = weakref.ref(source)
         if roots:
             fact.roots = tuple(weakref.ref(r) for r in roots)
+        if array is not None:
+            fact.array = weakref.ref(array)
         if pending is not None and fact.values is None:
             fact.pending = pending
         self._drop(handle.tensor_id)

@@ -16,6 +16,7 @@ import asyncio
 import weakref
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
+from contextlib import AbstractContextManager, nullcontext
 from functools import partial
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self, Unpack
@@ -177,6 +178,10 @@ class Device:
         """
         return self._conn.request(partial(_read, tensor=tensor_id))
 
+    def together(self) -> AbstractContextManager[None]:
+        """The requests made inside (reads, describes) go out in one message as it ends."""
+        return self._conn.together() if hasattr(self, "_conn") else nullcontext()  # capture: none
+
     def describe(self, tensor_ids: Sequence[int]) -> list[TensorMeta]:
         """The shapes and dtypes the server holds for ``tensor_ids`` (the outputs of an op with
         data-dependent shapes): the requests are pipelined, so this costs one round trip
@@ -186,7 +191,8 @@ class Device:
             RemoteError: the op that produced one of them failed.
             ConnectionLost: the connection closed or broke.
         """
-        futures = [self._conn.request(partial(_describe, tensor=t)) for t in tensor_ids]
+        with self.together():
+            futures = [self._conn.request(partial(_describe, tensor=t)) for t in tensor_ids]
         replies = [f.result() for f in futures]
         return [TensorMeta(tuple(r.shape), r.dtype) for r in replies]
 

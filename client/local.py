@@ -33,6 +33,7 @@ import secrets
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
+from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -170,6 +171,10 @@ class LocalConnection:
         ``__del__``, in any thread."""
         if not self._closed:
             self._batch.drops.append(graph_id)
+
+    def together(self) -> AbstractContextManager[None]:
+        """Requests run as they are made here: nothing to hold together."""
+        return nullcontext()
 
     def request(self, make: Callable[[int], Request]) -> Future[Any]:
         """Run the pending batch with the request ``make(request_id)``; the returned future is

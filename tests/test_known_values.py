@@ -188,6 +188,24 @@ def test_an_element_read_brings_its_small_array_along(
     assert inside == [bool(DATA[i] <= 2.5 < DATA[i + 1]) for i in range(len(DATA) - 1)]
 
 
+def test_a_read_and_the_reads_it_brings_along_go_out_in_one_message(
+    dev: client.RemoteDevice, xp: client.Namespace
+) -> None:
+    """The read, the mask read along with it and the session's stats: one message for the
+    server to take in; so are the describes of one op's outputs."""
+    x = computed(xp)
+    stop = x < 0.0
+    conn: Any = dev._conn
+    messages = conn._batches
+    with requests(dev) as sent:
+        assert bool(xp.any(stop))
+    assert sorted(sent) == ["read", "read", "stats"]
+    assert conn._batches == messages + 1
+    values, counts = xp.unique_counts(computed(xp) > 0.0)  # two data-dependent shapes
+    assert conn._batches == messages + 2
+    assert values.shape == counts.shape == (2,)
+
+
 def test_conditions_made_together_are_read_in_one_round_trip(
     dev: client.RemoteDevice, xp: client.Namespace
 ) -> None:
