@@ -146,7 +146,6 @@ def test_ctrl_c_stops_the_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
 def test_consumer_counts_requests_sent_together_as_one_round_trip(dev: client.RemoteDevice) -> None:
     xp = client.namespace(dev)
     a, b = xp.ones(3), xp.zeros(2)
-    before = set(vars(dev._conn))
     with consumer.counting(dev) as tally:
         dev.describe([a.tensor_id, b.tensor_id])  # two requests, pipelined
         a.numpy()
@@ -154,7 +153,7 @@ def test_consumer_counts_requests_sent_together_as_one_round_trip(dev: client.Re
     assert tally.requests == {"Describe": 2, "Read": 1, "Sync": 1}
     assert tally.trips == {"Describe": 1, "Read": 1, "Sync": 1}
     assert tally.round_trips == 3 and tally.waited > 0
-    assert set(vars(dev._conn)) == before  # the patches are gone
+    assert not {"request", "wait"} & set(vars(dev._conn))  # the patches are gone
     a.numpy()
     assert tally.round_trips == 3
 
