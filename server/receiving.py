@@ -11,6 +11,12 @@ callback of its own, so that every other connection is served between them; mean
 one is held: its socket is not read and nothing more is parsed. Pydantic holds the GIL while it
 validates, so a worker thread would not free the loop (bench/REASONS.md, 'Header validated in
 slices').
+
+The loop is shared in turns (bench/REASONS.md, 'Turns of the event loop'): a connection whose
+messages wait for its owner is in its loop's :func:`queued` set; while another connection is
+there, the owner takes queued messages for :data:`SHARED_TURN` before the loop has a turn (and
+inline ops run in short slices, ``Session.step(contended=True)``), else for :data:`OWNER_TURN`,
+so that a lone client's batches run whole.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import asyncio
 import collections
 import math
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -31,11 +38,26 @@ QUEUE_HIGH = 8  # default of max_waiting
 STEPWISE_HEADER = 1 << 18  # a longer header is validated in slices (a client sends 2048 ops: less)
 HEADER_SLICE = 0.001  # seconds of validating a header before other callbacks have a turn
 OWNER_TURN = 0.02  # seconds the owner may take queued messages before the loop has a turn
+SHARED_TURN = 0.002  # ... while another connection's messages wait too
 # Parsed items (ops, frees, requests, graphs) of the messages waiting, before reading stops:
 # parsed ops are Python objects that no quota counts, many times their bytes on the wire
 # (bench/REASONS.md, 'Queued items'), so the queue is bounded by what it holds as well as by
 # its length. 8 client batches of 2048 ops (16k items) stay under it.
 QUEUED_ITEMS = 32_768
+
+
+_queued: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, weakref.WeakSet[Any]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def queued(loop: asyncio.AbstractEventLoop) -> weakref.WeakSet[Any]:
+    """The connections of ``loop`` whose messages wait for their owners (weakly: a connection
+    dropped with messages still queued leaves the set with its last reference)."""
+    found = _queued.get(loop)
+    if found is None:
+        found = _queued[loop] = weakref.WeakSet()
+    return found
 
 
 class ReceivingConnection(WebSocket):
@@ -55,6 +77,7 @@ class ReceivingConnection(WebSocket):
         self._within = math.inf  # that wait's timeout
         self._idle_timer: asyncio.TimerHandle | None = None
         self._turn_at = 0.0  # when the owner last waited, or last gave the loop a turn
+        self._queued = queued(self.loop)  # the loop's connections with messages waiting
         # Set by the owner: answers a message in the callback that delivers it, while the owner
         # waits in receive with nothing queued; True when it did (see deliver)
         self.answer_now: Callable[[Received], bool] | None = None
@@ -93,6 +116,11 @@ class ReceivingConnection(WebSocket):
         """Whole messages received and not taken by :meth:`receive` yet."""
         return len(self._messages)
 
+    def contended(self) -> bool:
+        """Whether another connection's messages wait for this loop (see the module
+        docstring)."""
+        return len(self._queued) > (self in self._queued)
+
     def deliver(self, message: Received) -> None:
         """A whole message arrived: queue it and wake the owner (and stop reading the socket
         once ``max_waiting`` messages wait). While the owner waits in :meth:`receive` with
@@ -111,6 +139,8 @@ class ReceivingConnection(WebSocket):
         ):
             self._idle_at = self.loop.time() + self._within  # inf without a timeout
             return
+        if not self._messages:
+            self._queued.add(self)
         self._messages.append(message)
         self._items += _items(message)
         self._wake()
@@ -212,10 +242,14 @@ class ReceivingConnection(WebSocket):
                 if self.is_closed:
                     raise self.closed_error()
                 return None
-        elif self.loop.time() > self._turn_at + OWNER_TURN:  # message after message, without
-            await asyncio.sleep(0)  # waiting: a turn of the loop for the other connections
+        elif self.loop.time() > self._turn_at + (  # message after message, without waiting:
+            SHARED_TURN if self.contended() else OWNER_TURN  # a turn of the loop for the others
+        ):
+            await asyncio.sleep(0)
             self._turn_at = self.loop.time()
         item = self._messages.popleft()
+        if not self._messages:
+            self._queued.discard(self)
         self._items -= _items(item)
         if self.reading_paused:
             self.update_reading()

@@ -82,7 +82,7 @@ from .store import Failure, TensorStore
 # How ops share the event loop (bench/REASONS.md, 'Inline slices of the event loop'):
 INLINE_COST = 1 << 16  # executor.cost (about 1 ns each) that may run on the loop
 INLINE_SLICE = 0.002  # seconds step(inline=True) runs before it pauses
-FIRST_SLICE = 0.02  # a batch's first: a client's flush of 2048 cheap ops runs whole
+FIRST_SLICE = 0.02  # a batch's first, alone on the loop: a client's flush of 2048 ops runs whole
 
 
 class Session:
@@ -183,21 +183,21 @@ class Session:
                 ErrorCode.SERVER_MEMORY_EXHAUSTED,
             )
 
-    def step(self, job: Job, inline: bool) -> bool:
+    def step(self, job: Job, inline: bool, contended: bool = False) -> bool:
         """Register the batch's graphs, then run ops from ``job.next``. With ``inline``, stop
         before the first registration or op whose check (``server/check_costs.py``) or cost
         exceeds :data:`INLINE_COST`, or pause (``job.paused``: go on inline on a later turn of
         the loop) once it ran for :data:`INLINE_SLICE` seconds (:data:`FIRST_SLICE` from a
-        batch's first op, so that a client's batch rarely pauses). Without ``inline``, a pull
-        runs alone, as the step's first op (a pull thread runs it: ``server.workers``). Returns
-        True when every op has run, the batch's frees are applied and its exposes made
-        (``Requests.expose``).
+        batch's first op, so that a client's batch rarely pauses, unless other connections'
+        messages wait for the loop: ``contended``, ``server/receiving.py``). Without
+        ``inline``, a pull runs alone, as the step's first op (a pull thread runs it:
+        ``server.workers``). Returns True when every op has run, the batch's frees are applied
+        and its exposes made (``Requests.expose``).
         """
         ops = job.batch.ops
         first, job.paused = job.next, False
-        pause_at = (
-            time.monotonic() + (INLINE_SLICE if first else FIRST_SLICE) if inline else math.inf
-        )
+        slice_ = INLINE_SLICE if first or contended else FIRST_SLICE
+        pause_at = time.monotonic() + slice_ if inline else math.inf
         if job.chores is not None and not frees.run_chores(job, pause_at):
             return False
         if job.registered < len(job.batch.graphs) and not self.graphs.register_all(
