@@ -96,12 +96,11 @@ class Resumptions:
 
 class LostConnections:
     """Collects the connections sessions let go of after outliving them: in a full collection
-    once :data:`COLLECT_EVERY` have piled up. A lost connection's objects are reference cycles
-    (websockets' protocol object and its parser): collected when it is lost (``server/wire.py``),
-    they are still referenced by a session that outlives it, so that collection moves them to
-    the oldest generation, which the server collects rarely; a full collection walks every
-    object of the server, so it is not made for each one (bench/REASONS.md, 'Collecting
-    connections a session outlived')."""
+    once :data:`COLLECT_EVERY` have piled up. A lost connection's objects that are reference
+    cycles (websockets' protocol object and its parser) stay referenced by a session that
+    outlives it, long enough for the server's rare collections to move them to the oldest
+    generation; a full collection walks every object of the server, so it is not made for
+    each one (bench/REASONS.md, 'Collecting connections a session outlived')."""
 
     def __init__(self) -> None:
         self._pending = 0

@@ -110,13 +110,13 @@ class Session:
         # ended one goes with its last reference, without waiting for the garbage collector
         # (which the server runs rarely: server/__main__.py).
         me = weakref.proxy(self)
-        self.graphs = Graphs(self.outcomes, INLINE_COST, lambda: me.closed)
+
+        def stopped() -> bool:
+            return bool(me.closed)
+
+        self.graphs = Graphs(self.outcomes, INLINE_COST, stopped)
         self._segments = Segments(
-            self.graphs,
-            self.outcomes,
-            lambda op, job: me.run_one(op, job),
-            INLINE_COST,
-            lambda: me.closed,
+            self.graphs, self.outcomes, lambda op, job: me.run_one(op, job), INLINE_COST, stopped
         )
         self.requests = Requests(self.store, None if transfers is None else transfers.exposures)
         self._pulls = Pulls(self.outcomes, transfers)  # direct transfers
