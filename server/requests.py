@@ -35,7 +35,7 @@ from protocol import (
 )
 from protocol.messages import Request
 
-from .errors import StoreError
+from .errors import StoreError, bare
 from .exposures import Exposures
 from .outcome import Job
 from .roots import sent_view
@@ -98,7 +98,7 @@ class Requests:
                     self.store, request.tensor, request.audience
                 )
             except StoreError as exc:
-                made = exc
+                made = bare(exc)  # kept until answered: no frames (they hold the session)
             job.exposed[job.exposing.pop()] = made
         return True
 

@@ -76,6 +76,31 @@ def test_an_ended_session_goes_without_the_garbage_collector(live: Server) -> No
         gc.enable()
 
 
+@pytest.mark.inprocess
+def test_a_session_whose_expose_failed_goes_without_the_garbage_collector() -> None:
+    """A refused expose's error is kept to answer the request: it may not hold the frames
+    that refused it (they hold the session) in a reference cycle with the batch that holds it.
+    """
+    srv = Server(ServerConfig(port=0, session_quota=1 << 20))
+    with start_blocking_portal(backend="asyncio") as portal:
+        future, _ = portal.start_task(srv.serve)
+        gc.collect()
+        gc.disable()  # no collection may free what only a collection would
+        try:
+            with client.RemoteDevice(f"ws://127.0.0.1:{srv.port}") as dev:
+                x = client.namespace(dev).asarray(np.ones(100_000))  # 800 KB of a 1 MiB quota
+                with pytest.raises(client.RemoteError, match="quota"):
+                    dev.expose(x.tensor_id, "feed").result()
+                (session,) = srv.sessions.values()
+                ended = weakref.ref(session)
+                del session
+            wait_until(lambda: not srv.sessions, "the session to end")
+            wait_until(lambda: ended() is None, "the ended session to be freed")
+        finally:
+            gc.enable()
+            future.cancel()
+
+
 def test_frees_travel_with_the_next_batch(live: Server) -> None:
     with client.RemoteDevice(f"ws://127.0.0.1:{live.port}") as dev:
         xp = client.namespace(dev)
