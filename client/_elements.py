@@ -5,11 +5,12 @@
 must stay arrays of the device), that also hold the value they were made from. What needs only
 that value (``bool``, ``float``, ``int``, ``format``, ``np.asarray``, and a comparison with
 another known element of its dtype or a Python scalar, as ``max(x)`` makes) is answered here
-without the server; any other op runs on the device as for any 0-d array. Each element's tensor
-is a ``full`` op with its value: a copy, as numpy's and strict's elements are, queued with the
-next flush. An n-d array yields its rows ``x[i]``, ops that need no read at all; so does a
-1-d array on a device a capture records (``client.capture``), whose graph must take its
-elements from ``x`` at every replay, not the values of the recording.
+without the server; any other op runs on the device as for any 0-d array. An element's tensor
+is a ``full`` op with its value (a copy, as numpy's and strict's elements are), queued when an
+op first names the element: comparing and converting elements makes nothing on the device.
+An n-d array yields its rows ``x[i]``, ops that need no read at all; so does a 1-d array on a
+device a capture records (``client.capture``), whose graph must take its elements from ``x``
+at every replay, not the values of the recording.
 """
 
 from __future__ import annotations
@@ -62,20 +63,10 @@ def _elements(x: RemoteArray) -> Iterator[RemoteArray]:
 
 
 def known_scalar(value: np.generic, device: Device) -> KnownScalar:
-    """A 0-d array on ``device`` holding ``value``, which it knows locally."""
-    meta = TensorMeta((), from_numpy(value.dtype))
-    out = device.new_id()
-    op = Full(out=out, shape=(), dtype=meta.dtype, value=scalar_from_python(value.item()))
-    op.infer_all()
-    device.submit(op)
-    metas = device.segment_metas  # what client.device.new_handle notes for segment replay
-    if metas is not None:
-        metas[out] = meta
-    element = KnownScalar(device, out, meta, value)
-    kept = np.array(value)
-    kept.flags.writeable = False
-    device.known.learn(element, values=kept)  # so that ops on it derive (client._deriving)
-    return element
+    """A 0-d array on ``device`` holding ``value``, which it knows locally. Its tensor is made
+    on the device (a ``full`` op) when an op first names it (:attr:`KnownScalar.tensor_id`):
+    ``max(x)`` compares thousands of elements and makes nothing on the device."""
+    return KnownScalar(device, device.new_id(), TensorMeta((), from_numpy(value.dtype)), value)
 
 
 class KnownScalar(RemoteArray):
@@ -84,11 +75,40 @@ class KnownScalar(RemoteArray):
     (``xp.reshape(v, (1,))``) and written in place is not seen: an element is a scalar to
     compare and convert, as numpy's are."""
 
-    __slots__ = ("_known",)
+    __slots__ = ("_known", "_made")
 
     def __init__(self, device: Device, tensor_id: int, meta: TensorMeta, value: np.generic):
         super().__init__(device, tensor_id, meta)
         self._known: np.generic | None = value
+        self._made = False  # whether its tensor is on the device (or queued for it)
+
+    def __del__(self) -> None:
+        if self._made:  # an element no op named has nothing on the device to free
+            super().__del__()
+
+    @property
+    def tensor_id(self) -> int:
+        """Its id on the device: the first call queues the ``full`` op that makes it there
+        (outside a capture's recording, as if it had been made when the element was: an
+        element is an array made before the capture)."""
+        if not self._made:
+            self._make()
+        return self._id
+
+    def _make(self) -> None:
+        assert self._known is not None, "written elements are made first"
+        device, meta, value = self._device, self._meta, self._known
+        op = Full(out=self._id, shape=(), dtype=meta.dtype, value=scalar_from_python(value.item()))
+        op.infer_all()
+        capture = getattr(device, "_capturing", None)
+        (device.submit if capture is None else capture._saved["submit"])(op)
+        self._made = True
+        metas = device.segment_metas  # what client.device.new_handle notes for segment replay
+        if metas is not None:
+            metas[self._id] = meta
+        kept = np.array(value)
+        kept.flags.writeable = False
+        device.known.learn(self, values=kept)  # so that ops on it derive (client._deriving)
 
     def numpy(self) -> np.ndarray[Any, Any]:
         if self._known is None:
@@ -149,6 +169,8 @@ def _writing(name: str) -> Callable[..., Any]:
     method = getattr(RemoteArray, name)
 
     def writing(self: KnownScalar, *args: Any) -> Any:
+        if not self._made:  # made on the device with its value before it is written
+            self._make()
         self._known = None
         return method(self, *args)
 

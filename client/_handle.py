@@ -119,7 +119,7 @@ class Handle:
         with device.together():  # one message: one round trip
             for along in known.read_along(self):  # no wait of their own
                 known.learn(along, pending=device.submit_read(along.tensor_id), epoch=epoch)
-            read = device.submit_read(self._id)
+            read = device.submit_read(self.tensor_id)
             known.confirm_along()
         values = values_of(device, read)  # a failed op's error says where it was made
         if values.nbytes <= VALUES_KEPT:

@@ -171,11 +171,11 @@ class Known:
     def fact(self, handle: Handle) -> Fact | None:
         """What is known of ``handle``'s values now, if anything."""
         self._catch_up()
-        fact = self.facts.get(handle.tensor_id)
+        fact = self.facts.get(handle._id)
         if fact is None or self.paused:
             return None
         if fact.epoch < self._forgotten or self._written.get(handle._base, -1) > fact.epoch:
-            self._drop(handle.tensor_id)
+            self._drop(handle._id)
             return None
         return fact
 
@@ -203,7 +203,7 @@ class Known:
             try:
                 values = pending.result()
             except Exception:
-                self._drop(handle.tensor_id)
+                self._drop(handle._id)
                 return None
             values.flags.writeable = False
             self._bytes += values.nbytes
@@ -336,8 +336,8 @@ class Known:
             fact.array = weakref.ref(array)
         if pending is not None and fact.values is None:
             fact.pending = pending
-        self._drop(handle.tensor_id)
-        self.facts[handle.tensor_id] = fact
+        self._drop(handle._id)
+        self.facts[handle._id] = fact
         self._bytes += 0 if fact.values is None else fact.values.nbytes
         while self._bytes > BYTES_KEPT or len(self.facts) > FACTS_KEPT:
             oldest = self.facts.popitem(last=False)[1]

@@ -144,6 +144,24 @@ def test_iterating_costs_one_read(xp: client.Namespace, requests_of: Counted) ->
     np.testing.assert_array_equal((largest + 1).numpy(), np.float64(2000.0))  # still an array
 
 
+def test_elements_are_made_on_the_device_only_when_an_op_names_them(
+    dev: client.RemoteDevice, xp: client.Namespace
+) -> None:
+    x = xp.asarray(np.arange(500.0))
+    elements = list(x)
+    largest, smallest = max(x), min(elements)
+    assert float(largest) == 499.0 and bool(smallest < 1.0) and int(elements[7]) == 7
+    assert dev.stats().tensors == 1  # x: no element, no comparison made anything there
+    shifted = elements[3] - largest  # an op names them: both are made, with their values
+    assert dev.stats().tensors == 4
+    np.testing.assert_array_equal(shifted.numpy(), np.float64(-496.0))
+    view = elements[5][...]  # indexing may write it: made first, with its value
+    view += 1.0
+    assert float(elements[5]) == 6.0 and float(view) == 6.0
+    del elements, largest, smallest, shifted, view
+    assert dev.stats().tensors == 1  # the made ones are freed, the others had nothing to free
+
+
 def test_iterated_elements_are_copies_with_the_arrays_dtype(xp: client.Namespace) -> None:
     x = xp.asarray(np.asarray([3, 1, 2], dtype=np.int16))
     elements = list(x)
