@@ -1,7 +1,8 @@
 """What an op tells of its output's values from what the client knows of its inputs
-(``client._known``): exact operations only (selection, negation of a mask, comparisons,
-``any``, ``all``, ``abs``, ``negative``, ``max``, ``min``), computed as the server computes
-them, and the length of ``x[mask]`` from the mask's count of true elements."""
+(``client._known``): exact operations only (selection, broadcasting, negation of a mask,
+comparisons, ``any``, ``all``, ``abs``, ``negative``, ``max``, ``min``), computed as the server
+computes them, and the length of ``x[mask]`` from the mask's count of true elements. Values
+derived from an upload's await its confirmation as the upload's do (``Known.derivable``)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from protocol.ops import (
     AnyOp,
     Binary,
     BinaryScalar,
+    BroadcastTo,
     GetItem,
     PermuteDims,
     Reduce,
@@ -25,7 +27,7 @@ from protocol.ops import (
 from protocol.ops.elementwise import operand_dtype
 from protocol.ops.indexing import numpy_key
 
-from ._known import ALONG_ELEMENTS, Known
+from ._known import ALONG_ELEMENTS, VALUES_KEPT, Known
 
 if TYPE_CHECKING:
     from ._handle import Handle
@@ -87,15 +89,15 @@ def derive(known: Known, op: AnyOp, out: Handle, inputs: Sequence[Handle]) -> No
     if not out.shape and isinstance(op, Reduce | Binary | BinaryScalar):
         known.note_result(out)
     if isinstance(op, Binary | BinaryScalar):
-        compared = _compared(known, op, inputs)
+        compared, awaiting = _compared(known, op, inputs)
         if compared is not None:
-            _learn(known, out, compared)
+            _learn(known, out, compared, awaiting)
         elif op.op in COMPARISONS:
             _learn_roots(known, out, inputs)
         return
     if len(inputs) != 1:
         return
-    values = known.values(inputs[0]) if known else None
+    values, awaiting = known.derivable(inputs[0]) if known else (None, 0)
     result: np.ndarray[Any, Any] | None = None
     if isinstance(op, Reduce):
         if op.op in ("any", "all"):
@@ -116,19 +118,21 @@ def derive(known: Known, op: AnyOp, out: Handle, inputs: Sequence[Handle]) -> No
         result = values.transpose(op.axes)
     elif isinstance(op, GetItem):
         result = values[numpy_key(op.key, ())]
-    _learn(known, out, result)
+    elif isinstance(op, BroadcastTo) and out.size * values.itemsize <= VALUES_KEPT:
+        result = np.broadcast_to(values, op.shape)
+    _learn(known, out, result, awaiting)
 
 
 def _exact(known: Known, out: Handle, x: Handle, fn: Callable[[Any], Any]) -> None:
     """``out = fn(x)``, an exact operation (no rounding) of a real or integer ``x``: its values
     if ``x``'s are known, as the server's numpy computes them; else ``x`` as the small array
     they come from, which a read of ``out`` (or of what is made from it) brings along."""
-    values = known.values(x) if known else None
+    values, awaiting = known.derivable(x) if known else (None, 0)
     if values is None:
         _learn_roots(known, out, (x,))
     elif values.dtype.kind in "iuf" and values.size:
         with np.errstate(all="ignore"):
-            _learn(known, out, np.asarray(fn(values)))
+            _learn(known, out, np.asarray(fn(values)), awaiting)
 
 
 def _learn_roots(known: Known, out: Handle, inputs: Sequence[Handle]) -> None:
@@ -142,30 +146,38 @@ def _learn_roots(known: Known, out: Handle, inputs: Sequence[Handle]) -> None:
         known.learn(out, roots=roots)
 
 
-def _learn(known: Known, out: Handle, result: np.ndarray[Any, Any] | None) -> None:
+def _learn(
+    known: Known, out: Handle, result: np.ndarray[Any, Any] | None, awaiting: int = 0
+) -> None:
+    """``out``'s values are ``result``, once upload number ``awaiting`` is confirmed (0: at
+    once)."""
     if result is not None and result.shape == out.shape and result.dtype == out.dtype:
         result = np.array(result)
         result.flags.writeable = False
-        known.learn(out, values=result)
+        known.learn(out, values=result, awaiting=awaiting)
 
 
 def _compared(
     known: Known, op: Binary | BinaryScalar, inputs: Sequence[Handle]
-) -> np.ndarray[Any, Any] | None:
+) -> tuple[np.ndarray[Any, Any] | None, int]:
     """A comparison's (or a logical op's) result from its operands' known values, computed
-    as the server computes it (numpy, the scalar as a 0-d array of its standard dtype)."""
+    as the server computes it (numpy, the scalar as a 0-d array of its standard dtype), and
+    the upload whose confirmation it awaits (``Known.derivable``)."""
     if op.op not in COMPARISONS or not known:
-        return None
-    operands = [known.values(x) for x in inputs]
+        return None, 0
+    derivable = [known.derivable(x) for x in inputs]
+    operands = [values for values, _ in derivable]
+    awaiting = max(upload for _, upload in derivable)
     if any(v is None for v in operands):
-        return None
+        return None, 0
     fn = getattr(np, op.op)
     if isinstance(op, Binary):
-        return np.asarray(fn(operands[0], operands[1]))
+        return np.asarray(fn(operands[0], operands[1])), awaiting
     if type(op.scalar) not in (bool, int, float):
-        return None
+        return None, 0
     scalar = np.asarray(op.scalar, to_numpy(operand_dtype(op.scalar, inputs[0].wire_dtype)))
-    return np.asarray(fn(scalar, operands[0]) if op.scalar_first else fn(operands[0], scalar))
+    result = fn(scalar, operands[0]) if op.scalar_first else fn(operands[0], scalar)
+    return np.asarray(result), awaiting
 
 
 def _any_all(

@@ -192,7 +192,29 @@ class Known:
             fact.count = int(np.count_nonzero(fact.values))
         return fact.count
 
+    def derivable(self, handle: Handle) -> tuple[np.ndarray[Any, Any] | None, int]:
+        """``handle``'s values to derive others' from, and the number of the upload whose
+        confirmation they still await (0: none), which what is derived from them awaits too:
+        an upload's values are known at once, and a read of what was derived from them must
+        still raise the upload's error if the server refused it. Never waits."""
+        fact = self._taken_in(handle)
+        if fact is None or fact.values is None:
+            return None, 0
+        if fact.upload > self._confirmed and self._check is not None and self._check[1].done():
+            self._settle(self._check[0])
+            if self.facts.get(handle._id) is not fact:  # dropped: the server refused something
+                return None, 0
+        return fact.values, (fact.upload if fact.upload > self._confirmed else 0)
+
     def _resolved(self, handle: Handle) -> Fact | None:
+        """:meth:`_taken_in`, and only once the server is known to hold it if it is an
+        upload's (or derived from one)."""
+        fact = self._taken_in(handle)
+        if fact is not None and fact.upload > self._confirmed and not self._settle(fact.upload):
+            return None
+        return fact
+
+    def _taken_in(self, handle: Handle) -> Fact | None:
         """:meth:`fact`, with the values of a read sent along with another's taken in (a read
         that failed is forgotten: the handle's own read raises its error)."""
         fact = self.fact(handle)
@@ -208,8 +230,6 @@ class Known:
             values.flags.writeable = False
             self._bytes += values.nbytes
             fact.values = values
-        if fact.upload > self._confirmed and not self._settle(fact.upload):
-            return None
         return fact
 
     def check_open(self) -> None:
@@ -306,10 +326,12 @@ class Known:
         pending: Future[Any] | None = None,
         epoch: int | None = None,
         uploaded: bool = False,
+        awaiting: int = 0,
     ) -> None:
         """Note a fact about ``handle``'s values as they are now (or were at ``epoch``).
         ``values`` are kept (a read-only copy is the caller's to make) if small enough: an
-        upload's (``uploaded``) once confirmed, a read's at once."""
+        upload's (``uploaded``) once confirmed, a read's at once, values derived from an
+        upload's once upload number ``awaiting`` is confirmed (:meth:`derivable`)."""
         if handle._base < 0 or self.paused:
             return
         if values is not None and values.nbytes > VALUES_KEPT:
@@ -324,6 +346,8 @@ class Known:
         if uploaded and values is not None:
             self._uploads += 1
             fact.upload = self._uploads
+        elif awaiting and values is not None:
+            fact.upload = awaiting
         fact.values = values if values is not None else fact.values
         fact.count = count if count is not None else fact.count
         if complement is not None:

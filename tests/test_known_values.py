@@ -278,6 +278,36 @@ def test_a_refused_upload_is_read_from_the_server_and_raises() -> None:
             bool(refused[0] > 0.0)
 
 
+def test_what_is_derived_from_an_upload_before_it_is_confirmed_is_known_once_it_is(
+    dev: client.RemoteDevice, xp: client.Namespace
+) -> None:
+    """SciPy's ``xp_assert_close`` broadcasts the expected upload, then reads the result and
+    the broadcast: the result's read confirms the upload, so the broadcast needs none."""
+    desired = xp.broadcast_to(xp.asarray(DATA), (2, 8))
+    above = desired > 2.0
+    with requests(dev) as sent:
+        np.testing.assert_array_equal(np.asarray(computed(xp)), DATA)
+        np.testing.assert_array_equal(np.asarray(desired), np.broadcast_to(DATA, (2, 8)))
+        assert bool(xp.any(above)) and int(xp.max(xp.abs(desired))) == 9
+    assert sent == ["read", "stats"]
+
+
+@pytest.mark.server
+def test_what_is_derived_from_a_refused_upload_is_read_from_the_server_and_raises() -> None:
+    with run_server("--session-quota", "1MiB") as proc, client.RemoteDevice(proc.url) as dev:
+        xp = client.namespace(dev)
+        held = xp.full((2**20 // 8,), 1.0)  # the whole quota
+        refused = xp.broadcast_to(xp.asarray(DATA), (2, 8))
+        above = refused > 0.0
+        with pytest.raises(client.RemoteError):
+            float(xp.sum(held))  # the sum is refused too; the stats along show failed tensors
+        with pytest.raises(client.RemoteError) as info:
+            np.asarray(refused)
+        assert info.value.code == "quota_exceeded"
+        with pytest.raises(client.RemoteError):
+            bool(xp.any(above))
+
+
 def test_a_mask_of_arrays_joined_or_taken_keeps_its_count_across_writes_elsewhere(
     dev: client.RemoteDevice, xp: client.Namespace
 ) -> None:
