@@ -16,6 +16,7 @@ at every replay, not the values of the recording.
 from __future__ import annotations
 
 import operator
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -27,6 +28,8 @@ from protocol.scalars import scalar_from_python
 
 from .array import EXACT_SCALARS, RemoteArray, register_iteration
 from .device import Device
+
+_MAKING = threading.Lock()
 
 # The comparisons a known element answers itself, by operator name.
 _COMPARISONS: dict[str, Callable[[Any, Any], Any]] = {
@@ -96,6 +99,11 @@ class KnownScalar(RemoteArray):
         return self._id
 
     def _make(self) -> None:
+        with _MAKING:  # two threads naming it at once make it once
+            if not self._made:
+                self._make_now()
+
+    def _make_now(self) -> None:
         assert self._known is not None, "written elements are made first"
         device, meta, value = self._device, self._meta, self._known
         op = Full(out=self._id, shape=(), dtype=meta.dtype, value=scalar_from_python(value.item()))
