@@ -1,6 +1,7 @@
 """What an op tells of its output's values from what the client knows of its inputs
-(``client._known``): exact operations only (selection, broadcasting, negation of a mask,
-comparisons, ``any``, ``all``, ``abs``, ``negative``, ``max``, ``min``), computed as the server
+(``client._known``): exact operations only (selection, by index arrays too, broadcasting,
+negation of a mask, comparisons, ``any``, ``all``, ``abs``, ``negative``, ``max``, ``min``,
+``searchsorted``, and ``+``, ``-``, ``*`` of integers of one dtype), computed as the server
 computes them, and the length of ``x[mask]`` from the mask's count of true elements. Values
 derived from an upload's await its confirmation as the upload's do (``Known.derivable``)."""
 
@@ -22,6 +23,7 @@ from protocol.ops import (
     PermuteDims,
     Reduce,
     Reshape,
+    SearchSorted,
     Unary,
 )
 from protocol.ops.elementwise import operand_dtype
@@ -38,6 +40,8 @@ COMPARISONS = frozenset(
     + ("logical_and", "logical_or", "logical_xor")
 )
 EXACT_UNARY = frozenset({"abs", "negative"})  # no rounding: the client's numpy gives the same
+# exact on integers of one dtype (they wrap as the server's numpy wraps them): index arithmetic
+EXACT_INTEGER = frozenset({"add", "subtract", "multiply"})
 EXACT_REDUCE = frozenset({"max", "min"})
 WATCHED_OPS = frozenset({Unary, Reduce})  # what derive() looks at even when nothing is known
 
@@ -75,7 +79,7 @@ def note_condition(known: Known, mask: Handle) -> None:
 
 def derive(known: Known, op: AnyOp, out: Handle, inputs: Sequence[Handle]) -> None:
     """Note what ``op`` tells of ``out``'s values from what is known of its inputs (exact
-    operations only: selection, negation of a mask, ``any`` and ``all``)."""
+    operations only: the module's list)."""
     if isinstance(op, Unary):
         if op.op in COMPLEMENTS and inputs[0].wire_dtype == "bool":
             count = known.count(inputs[0]) if known else None
@@ -96,6 +100,8 @@ def derive(known: Known, op: AnyOp, out: Handle, inputs: Sequence[Handle]) -> No
             _learn_roots(known, out, inputs)
         return
     if len(inputs) != 1:
+        if isinstance(op, SearchSorted | GetItem) and known:
+            _several(known, op, out, inputs)
         return
     values, awaiting = known.derivable(inputs[0]) if known else (None, 0)
     result: np.ndarray[Any, Any] | None = None
@@ -120,6 +126,27 @@ def derive(known: Known, op: AnyOp, out: Handle, inputs: Sequence[Handle]) -> No
         result = values[numpy_key(op.key, ())]
     elif isinstance(op, BroadcastTo) and out.size * values.itemsize <= VALUES_KEPT:
         result = np.broadcast_to(values, op.shape)
+    _learn(known, out, result, awaiting)
+
+
+def _several(
+    known: Known, op: SearchSorted | GetItem, out: Handle, inputs: Sequence[Handle]
+) -> None:
+    """``searchsorted``, or indexing by index arrays, of known arrays: as the server's numpy
+    computes them (an index out of bounds is left to the server, which stores its error)."""
+    values, awaiting = _all_derivable(known, inputs)
+    if values is None:
+        return
+    result: np.ndarray[Any, Any] | None = None
+    if isinstance(op, SearchSorted):
+        common = np.result_type(values[0], values[1])
+        found = np.searchsorted(values[0].astype(common), values[1].astype(common), op.side)
+        result = np.asarray(found, dtype=np.int64)
+    elif out.size <= ALONG_ELEMENTS:
+        try:
+            result = np.asarray(values[0][numpy_key(op.key, values[1:])])
+        except IndexError:
+            return
     _learn(known, out, result, awaiting)
 
 
@@ -163,21 +190,45 @@ def _compared(
     """A comparison's (or a logical op's) result from its operands' known values, computed
     as the server computes it (numpy, the scalar as a 0-d array of its standard dtype), and
     the upload whose confirmation it awaits (``Known.derivable``)."""
-    if op.op not in COMPARISONS or not known:
+    integer = op.op in EXACT_INTEGER
+    if not (integer or op.op in COMPARISONS) or not known:
         return None, 0
-    derivable = [known.derivable(x) for x in inputs]
-    operands = [values for values, _ in derivable]
-    awaiting = max(upload for _, upload in derivable)
-    if any(v is None for v in operands):
+    operands, awaiting = _all_derivable(known, inputs)
+    if operands is None:
         return None, 0
     fn = getattr(np, op.op)
     if isinstance(op, Binary):
-        return np.asarray(fn(operands[0], operands[1])), awaiting
-    if type(op.scalar) not in (bool, int, float):
+        if integer and not _one_integer_dtype(operands[0], operands[1]):
+            return None, 0
+        with np.errstate(all="ignore"):
+            return np.asarray(fn(operands[0], operands[1])), awaiting
+    if type(op.scalar) not in ((int,) if integer else (bool, int, float)):
         return None, 0
-    scalar = np.asarray(op.scalar, to_numpy(operand_dtype(op.scalar, inputs[0].wire_dtype)))
-    result = fn(scalar, operands[0]) if op.scalar_first else fn(operands[0], scalar)
+    try:
+        scalar = np.asarray(op.scalar, to_numpy(operand_dtype(op.scalar, inputs[0].wire_dtype)))
+    except OverflowError:  # not of the array's dtype: left to the server
+        return None, 0
+    if integer and not _one_integer_dtype(operands[0], scalar):
+        return None, 0
+    with np.errstate(all="ignore"):
+        result = fn(scalar, operands[0]) if op.scalar_first else fn(operands[0], scalar)
     return np.asarray(result), awaiting
+
+
+def _all_derivable(
+    known: Known, inputs: Sequence[Handle]
+) -> tuple[list[np.ndarray[Any, Any]] | None, int]:
+    """The values of every one of ``inputs`` (None unless all are known), and the upload
+    whose confirmation they await (``Known.derivable``)."""
+    derivable = [known.derivable(x) for x in inputs]
+    values = [v for v, _ in derivable if v is not None]
+    if len(values) != len(inputs):
+        return None, 0
+    return values, max(upload for _, upload in derivable)
+
+
+def _one_integer_dtype(a: np.ndarray[Any, Any], b: np.ndarray[Any, Any]) -> bool:
+    return a.dtype == b.dtype and a.dtype.kind in "iu"
 
 
 def _any_all(

@@ -292,6 +292,23 @@ def test_what_is_derived_from_an_upload_before_it_is_confirmed_is_known_once_it_
     assert sent == ["read", "stats"]
 
 
+def test_a_search_and_index_arithmetic_on_known_arrays_need_no_read(
+    dev: client.RemoteDevice, xp: client.Namespace
+) -> None:
+    """SciPy's naive B-spline evaluation: ``i = searchsorted(t, x) - 1``, then ``t[i]``,
+    ``t[i + 1]`` compared with the point."""
+    knots = xp.asarray(np.arange(10.0))
+    knots.numpy()
+    (point,) = xp.asarray([2.5])
+    with requests(dev) as sent:
+        i = xp.searchsorted(knots, point) - 1
+        assert int(i) == 2 and bool(knots[i] <= point < knots[i + 1])
+        assert float(knots[i * 3]) == 6.0 and float(knots[knots > 7.5][1]) == 9.0
+    assert sent == []
+    with pytest.raises(client.RemoteError):  # out of bounds: the server's error, at its read
+        float(knots[i + 20])
+
+
 @pytest.mark.server
 def test_what_is_derived_from_a_refused_upload_is_read_from_the_server_and_raises() -> None:
     with run_server("--session-quota", "1MiB") as proc, client.RemoteDevice(proc.url) as dev:
