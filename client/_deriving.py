@@ -198,9 +198,11 @@ def _compared(
         return None, 0
     fn = getattr(np, op.op)
     if isinstance(op, Binary):
-        if integer and not _one_integer_dtype(operands[0], operands[1]):
+        if not integer:
+            return np.asarray(fn(operands[0], operands[1])), awaiting
+        if not _one_integer_dtype(operands[0], operands[1]):
             return None, 0
-        with np.errstate(all="ignore"):
+        with np.errstate(all="ignore"):  # they wrap, as on the server
             return np.asarray(fn(operands[0], operands[1])), awaiting
     if type(op.scalar) not in ((int,) if integer else (bool, int, float)):
         return None, 0
@@ -208,11 +210,13 @@ def _compared(
         scalar = np.asarray(op.scalar, to_numpy(operand_dtype(op.scalar, inputs[0].wire_dtype)))
     except OverflowError:  # not of the array's dtype: left to the server
         return None, 0
-    if integer and not _one_integer_dtype(operands[0], scalar):
+    pair = (scalar, operands[0]) if op.scalar_first else (operands[0], scalar)
+    if not integer:
+        return np.asarray(fn(*pair)), awaiting
+    if not _one_integer_dtype(operands[0], scalar):
         return None, 0
-    with np.errstate(all="ignore"):
-        result = fn(scalar, operands[0]) if op.scalar_first else fn(operands[0], scalar)
-    return np.asarray(result), awaiting
+    with np.errstate(all="ignore"):  # they wrap, as on the server
+        return np.asarray(fn(*pair)), awaiting
 
 
 def _all_derivable(
