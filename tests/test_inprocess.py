@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import gc
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -19,13 +20,36 @@ from server import Server, ServerConfig
 from .polling import wait_until
 
 
-@pytest.fixture
-def live() -> Iterator[Server]:
-    srv = Server(ServerConfig(port=0))
+@contextmanager
+def _serving(config: ServerConfig) -> Iterator[Server]:
+    srv = Server(config)
     with start_blocking_portal(backend="asyncio") as portal:
         future, _ = portal.start_task(srv.serve)
         yield srv
         future.cancel()
+
+
+@pytest.fixture
+def live() -> Iterator[Server]:
+    with _serving(ServerConfig(port=0)) as srv:
+        yield srv
+
+
+def _freed_without_the_collector(srv: Server, work: Callable[[client.RemoteDevice], None]) -> None:
+    """Run ``work`` in a session of ``srv`` with the garbage collector off: once the session
+    has ended, it must be freed all the same (no collection may free what only one would)."""
+    gc.collect()
+    gc.disable()
+    try:
+        with client.RemoteDevice(f"ws://127.0.0.1:{srv.port}") as dev:
+            work(dev)
+            (session,) = srv.sessions.values()
+            ended = weakref.ref(session)
+            del session
+        wait_until(lambda: not srv.sessions, "the session to end")
+        wait_until(lambda: ended() is None, "the ended session to be freed")
+    finally:
+        gc.enable()
 
 
 def test_size_threshold_flushes_without_a_read(live: Server) -> None:
@@ -57,23 +81,15 @@ def test_an_ended_session_goes_without_the_garbage_collector(live: Server) -> No
     """The server collects garbage rarely (``server/__main__.py``), and not when a connection
     is lost: what an ended session held (its tensors, failures, registered segments) must go
     by reference counting alone, so no session object may be part of a reference cycle."""
-    gc.collect()
-    gc.disable()  # no collection may free what only a collection would
-    try:
-        with client.RemoteDevice(f"ws://127.0.0.1:{live.port}") as dev:
-            xp = client.namespace(dev)
-            trainer = Trainer(Autodiff(xp), DIGITS, 256)
-            trainer.run(6)  # repeating steps: registered and replayed as a segment
-            with pytest.raises(client.RemoteError):
-                xp.linalg.inv(xp.zeros((3, 3))).numpy()  # a failure record
-            assert dev.segment_stats().hits > 0
-            (session,) = live.sessions.values()
-            ended = weakref.ref(session)
-            del session
-        wait_until(lambda: not live.sessions, "the session to end")
-        wait_until(lambda: ended() is None, "the ended session to be freed")
-    finally:
-        gc.enable()
+
+    def work(dev: client.RemoteDevice) -> None:
+        xp = client.namespace(dev)
+        Trainer(Autodiff(xp), DIGITS, 256).run(6)  # repeating steps: replayed as a segment
+        with pytest.raises(client.RemoteError):
+            xp.linalg.inv(xp.zeros((3, 3))).numpy()  # a failure record
+        assert dev.segment_stats().hits > 0
+
+    _freed_without_the_collector(live, work)
 
 
 @pytest.mark.inprocess
@@ -81,24 +97,14 @@ def test_a_session_whose_expose_failed_goes_without_the_garbage_collector() -> N
     """A refused expose's error is kept to answer the request: it may not hold the frames
     that refused it (they hold the session) in a reference cycle with the batch that holds it.
     """
-    srv = Server(ServerConfig(port=0, session_quota=1 << 20))
-    with start_blocking_portal(backend="asyncio") as portal:
-        future, _ = portal.start_task(srv.serve)
-        gc.collect()
-        gc.disable()  # no collection may free what only a collection would
-        try:
-            with client.RemoteDevice(f"ws://127.0.0.1:{srv.port}") as dev:
-                x = client.namespace(dev).asarray(np.ones(100_000))  # 800 KB of a 1 MiB quota
-                with pytest.raises(client.RemoteError, match="quota"):
-                    dev.expose(x.tensor_id, "feed").result()
-                (session,) = srv.sessions.values()
-                ended = weakref.ref(session)
-                del session
-            wait_until(lambda: not srv.sessions, "the session to end")
-            wait_until(lambda: ended() is None, "the ended session to be freed")
-        finally:
-            gc.enable()
-            future.cancel()
+
+    def work(dev: client.RemoteDevice) -> None:
+        x = client.namespace(dev).asarray(np.ones(100_000))  # 800 KB of a 1 MiB quota
+        with pytest.raises(client.RemoteError, match="quota"):
+            dev.expose(x.tensor_id, "feed").result()
+
+    with _serving(ServerConfig(port=0, session_quota=1 << 20)) as srv:
+        _freed_without_the_collector(srv, work)
 
 
 def test_frees_travel_with_the_next_batch(live: Server) -> None:
