@@ -198,22 +198,20 @@ def _compared(
         return None, 0
     fn = getattr(np, op.op)
     if isinstance(op, Binary):
-        if not integer:
-            return np.asarray(fn(operands[0], operands[1])), awaiting
-        if not _one_integer_dtype(operands[0], operands[1]):
+        other = operands[1]
+        pair = (operands[0], other)
+    else:
+        if type(op.scalar) not in ((int,) if integer else (bool, int, float)):
             return None, 0
-        with np.errstate(all="ignore"):  # they wrap, as on the server
-            return np.asarray(fn(operands[0], operands[1])), awaiting
-    if type(op.scalar) not in ((int,) if integer else (bool, int, float)):
-        return None, 0
-    try:
-        scalar = np.asarray(op.scalar, to_numpy(operand_dtype(op.scalar, inputs[0].wire_dtype)))
-    except OverflowError:  # not of the array's dtype: left to the server
-        return None, 0
-    pair = (scalar, operands[0]) if op.scalar_first else (operands[0], scalar)
+        try:
+            dtype = to_numpy(operand_dtype(op.scalar, inputs[0].wire_dtype))
+            other = np.asarray(op.scalar, dtype)
+        except OverflowError:  # not of the array's dtype: left to the server
+            return None, 0
+        pair = (other, operands[0]) if op.scalar_first else (operands[0], other)
     if not integer:
         return np.asarray(fn(*pair)), awaiting
-    if not _one_integer_dtype(operands[0], scalar):
+    if not _one_integer_dtype(operands[0], other):
         return None, 0
     with np.errstate(all="ignore"):  # they wrap, as on the server
         return np.asarray(fn(*pair)), awaiting

@@ -109,7 +109,10 @@ class KnownScalar(RemoteArray):
         op = Full(out=self._id, shape=(), dtype=meta.dtype, value=scalar_from_python(value.item()))
         op.infer_all()
         capture = getattr(device, "_capturing", None)
-        (device.submit if capture is None else capture._saved["submit"])(op)
+        if capture is None:
+            device.submit(op)
+        else:
+            capture.submit_unrecorded(op)
         self._made = True
         metas = device.segment_metas  # what client.device.new_handle notes for segment replay
         if metas is not None:

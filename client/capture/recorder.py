@@ -189,6 +189,12 @@ class Capture:
         if not self._open:
             raise CaptureError("declare inputs and outputs inside the capture scope")
 
+    def submit_unrecorded(self, op: AnyOp) -> None:
+        """Send ``op`` to the device as if it had been sent before the capture began: an
+        iterated element's ``full``, made when an op first names it (``client._elements``), is
+        an array from before the capture, which the graph reads as such."""
+        self._saved["submit"](op)
+
     # --- the hooks ----------------------------------------------------------------------------
 
     def _submit(self, op: AnyOp) -> None:
