@@ -13,6 +13,7 @@ import numpy as np
 
 from protocol.ops import (
     FFT,
+    AdamDirection,
     AnyOp,
     Arange,
     AsType,
@@ -30,6 +31,7 @@ from protocol.ops import (
     Join,
     Linalg,
     Linspace,
+    MomentUpdate,
     MoveAxis,
     Nonzero,
     PermuteDims,
@@ -303,6 +305,21 @@ def fft(everything: bool) -> Iterator[Case]:
         yield "(256, 256)", FFT(op=name, out=OUT, x=0), [x.reshape(256, 256)]
 
 
+def optimizer(everything: bool) -> Iterator[Case]:
+    """Adam's chains (``protocol/ops/optim.py``) on float32 and float64 moments."""
+    n = 1 << 18 if everything else 1 << 16
+    for dtype in ("float32", "float64"):
+        g, m, v = (_random((n,), dtype) for _ in "gmv")
+        v = np.abs(v)
+        term = np.asarray(1e-3, dtype=dtype)
+        label = f"{n >> 10} Ki {dtype}"
+        for squared in (False, True):
+            moment = MomentUpdate(out=0, grad=1, decay=0.9, scale=0.1, squared=squared)
+            yield f"{label}{', squared' if squared else ''}", moment, [m.copy(), g]
+        direction = AdamDirection(out=OUT, exp_avg=0, exp_avg_sq=1, step_size=2, eps_term=3)
+        yield label, direction, [m, v, term, term]
+
+
 FAMILIES: dict[str, Callable[[bool], Iterator[Case]]] = {
     "creation": creation,
     "element-wise": elementwise,
@@ -313,4 +330,5 @@ FAMILIES: dict[str, Callable[[bool], Iterator[Case]]] = {
     "manipulation": manipulation,
     "linalg": linalg,
     "fft": fft,
+    "optimizer": optimizer,
 }

@@ -1,8 +1,9 @@
 """Tensorwire's neural-network extension (``client.autodiff.extension`` says what it is) for
 the two kinds of namespace the client knows: a remote one, where each function queues one
-protocol op (``protocol/ops/nn.py``), and numpy, where each runs the server's own numpy code
-in this process after the same checks (``server/executor/nn.py``, imported when first used,
-as ``client.local`` imports the server's session), so that local results are a server's.
+protocol op (``protocol/ops/nn.py``; Adam's chains, ``protocol/ops/optim.py``), and numpy,
+where each runs the server's own numpy code in this process after the same checks
+(``server/executor/``, imported when first used, as ``client.local`` imports the server's
+session), so that local results are a server's.
 
 Importing this module registers the numpy extension with ``client.autodiff``; the remote
 namespace carries its own as ``__tensorwire_nn__``.
@@ -15,10 +16,20 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from protocol import FEATURE_NN, TensorMeta, from_numpy
-from protocol.ops import AnyOp, BatchNorm, Conv, Pool, PoolBackward, Random, Softmax
+from protocol import FEATURE_NN, FEATURE_OPTIM, TensorMeta, from_numpy
+from protocol.ops import (
+    AdamDirection,
+    AnyOp,
+    BatchNorm,
+    Conv,
+    MomentUpdate,
+    Pool,
+    PoolBackward,
+    Random,
+    Softmax,
+)
 
-from ._building import apply
+from ._building import apply, apply_inplace
 from .autodiff import extension
 from .device import Device
 from .errors import FeatureNotSupportedError
@@ -35,6 +46,27 @@ class _Ops:
 
     def _run(self, make: Make, *arrays: Any) -> Any:
         raise NotImplementedError
+
+    def _run_in_place(self, make: Make, target: Any, *arrays: Any) -> Any:
+        """``make(target's id, the ids of arrays)``, an op that writes ``target`` in place."""
+        raise NotImplementedError
+
+    def moment_update(
+        self, moment: Any, grad: Any, *, decay: float, scale: float, squared: bool
+    ) -> Any:
+        def make(out: int, ids: Sequence[int]) -> MomentUpdate:
+            return MomentUpdate(
+                out=out, grad=ids[0], decay=float(decay), scale=float(scale), squared=squared
+            )
+
+        return self._run_in_place(make, moment, grad)
+
+    def adam_direction(self, exp_avg: Any, exp_avg_sq: Any, step_size: Any, eps_term: Any) -> Any:
+        def make(out: int, ids: Sequence[int]) -> AdamDirection:
+            m, v, size, eps = ids
+            return AdamDirection(out=out, exp_avg=m, exp_avg_sq=v, step_size=size, eps_term=eps)
+
+        return self._run(make, exp_avg, exp_avg_sq, step_size, eps_term)
 
     def conv(
         self,
@@ -204,12 +236,15 @@ class RemoteExtension(_Ops):
 
     def __init__(self, device: Device) -> None:
         self.device = device
-        self._spoken = False  # the server announced the feature (checked once)
+        self._spoken = False  # the server announced the nn feature (checked once)
+
+    def _speaks(self, feature: str) -> bool:
+        conn = getattr(self.device, "_conn", None)  # none: a record-only capture: device
+        return conn is None or feature in conn.welcome.features
 
     def _run(self, make: Make, *arrays: Any) -> RemoteArray:
         if not self._spoken:
-            conn = getattr(self.device, "_conn", None)  # none: a record-only capture: device
-            if conn is not None and FEATURE_NN not in conn.welcome.features:
+            if not self._speaks(FEATURE_NN):
                 raise FeatureNotSupportedError(
                     f"the server at {self.device.url} does not speak Tensorwire's "
                     f"neural-network ops (protocol feature {FEATURE_NN!r}): upgrade it"
@@ -218,18 +253,38 @@ class RemoteExtension(_Ops):
         ids = [a.tensor_id for a in arrays]
         return apply(lambda out: make(out, ids), *arrays, device=self.device)
 
+    def _run_in_place(self, make: Make, target: Any, *arrays: Any) -> RemoteArray:
+        ids = [a.tensor_id for a in arrays]
+        return apply_inplace(lambda out: make(out, ids), target, *arrays)
+
+    def has_optimizer_ops(self) -> bool:
+        return self._speaks(FEATURE_OPTIM)
+
 
 class NumpyExtension(_Ops):
     """The extension on numpy arrays: the op checked as a server checks it, then run by the
     server's executor in this process."""
 
     def _run(self, make: Make, *arrays: Any) -> np.ndarray[Any, Any]:
+        return self._local(make, arrays, in_place=False)
+
+    def _run_in_place(self, make: Make, target: Any, *arrays: Any) -> np.ndarray[Any, Any]:
+        return self._local(make, (target, *arrays), in_place=True)
+
+    def _local(self, make: Make, arrays: Sequence[Any], in_place: bool) -> np.ndarray[Any, Any]:
+        """The op checked as a server checks it, run on ``arrays``; ``in_place``: written into
+        the first (where numpy may write it), as a server writes a target of its own."""
         from server import executor  # noqa: PLC0415 - the server loads only when used
 
         values = [np.asarray(a) for a in arrays]
         op = make(0, range(1, len(values) + 1))
         metas = op.infer_all(*(TensorMeta(v.shape, from_numpy(v.dtype)) for v in values))
-        return executor.run(op, values, (), metas)[0]
+        return executor.run(op, values, (), metas, in_place=in_place)[0]
+
+    def has_optimizer_ops(self) -> bool:
+        """False: numpy's own in-place calls are cheaper here than building an op for them
+        (the functions still run the server's code, for a comparison)."""
+        return False
 
 
 extension.register(np, NumpyExtension())

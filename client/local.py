@@ -40,6 +40,7 @@ import numpy as np
 
 from protocol import (
     FEATURE_NN,
+    FEATURE_OPTIM,
     PROTOCOL_VERSION,
     Batch,
     ErrorCode,
@@ -94,7 +95,7 @@ class LocalConnection:
             device_count=count,
             server_id=secrets.token_hex(8),  # each local device is a server of its own
             session_id=self._session.session_id,
-            features=[FEATURE_NN],  # the executor's ops, all of them
+            features=[FEATURE_NN, FEATURE_OPTIM],  # the executor's ops, all of them
         )
         self._lock = threading.Lock()  # the pending batch and the session
         self._runner: threading.Thread | None = None  # the thread running a batch now

@@ -38,6 +38,7 @@ from .errors import ProtocolError as ProtocolError
 from .messages import CLIENT_ADAPTER as CLIENT_ADAPTER
 from .messages import FEATURE_LIMITS as FEATURE_LIMITS
 from .messages import FEATURE_NN as FEATURE_NN
+from .messages import FEATURE_OPTIM as FEATURE_OPTIM
 from .messages import FEATURE_RESUME as FEATURE_RESUME
 from .messages import FEATURE_SEGMENTS as FEATURE_SEGMENTS
 from .messages import FEATURES as FEATURES

@@ -289,10 +289,12 @@ def _check_outputs(graph: GraphDef, metas: dict[int, TensorMeta], declared: set[
 
 _ID_FIELDS = ("out", "x", "x1", "x2", "condition", "indices", "repeats_tensor")
 _ID_FIELDS_NN = ("w", "grad", "mean", "var", "weight", "bias", "state")  # the nn extension's
+_ID_FIELDS_OPTIM = ("exp_avg", "exp_avg_sq", "step_size", "eps_term")  # the optim extension's
 _ID_TUPLES = ("more", "xs", "args")
 ID_FIELDS = (
     *_ID_FIELDS,
     *_ID_FIELDS_NN,
+    *_ID_FIELDS_OPTIM,
 )  # an op's fields that name one tensor (and setitem's value)
 ID_TUPLES = _ID_TUPLES  # an op's fields that name several
 
@@ -303,7 +305,7 @@ def renumber(op: AnyOp, ids: Mapping[int, int]) -> AnyOp:
     update: dict[str, Any] = {}
     if op.kind == "setitem":  # elsewhere (``full``) a field named value is a scalar
         update["value"] = ids[op.value]
-    for name in (*_ID_FIELDS, *_ID_FIELDS_NN):
+    for name in ID_FIELDS:
         value = getattr(op, name, None)
         if value is not None:
             update[name] = ids[value]

@@ -31,8 +31,9 @@ FEATURE_RESUME = "resume"  # sessions resume after a lost connection (Welcome.re
 FEATURE_NN = "nn"  # the neural-network extension's ops (protocol/ops/nn.py)
 FEATURE_SEGMENTS = "segments"  # run_segment, and GraphRefused (client._segments)
 FEATURE_LIMITS = "limits"  # Welcome.max_message_size
+FEATURE_OPTIM = "optim"  # the optimizer extension's ops (protocol/ops/optim.py)
 # what this package speaks, beyond its version's baseline
-FEATURES = (FEATURE_RESUME, FEATURE_NN, FEATURE_SEGMENTS, FEATURE_LIMITS)
+FEATURES = (FEATURE_RESUME, FEATURE_NN, FEATURE_SEGMENTS, FEATURE_LIMITS, FEATURE_OPTIM)
 
 RequestId = Annotated[int, Field(ge=0, lt=2**63)]
 ServerId = Annotated[str, Field(pattern=r"^[0-9a-f]{1,64}$")]  # Welcome.server_id

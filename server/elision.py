@@ -32,7 +32,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from protocol.graphs import GraphCheck
-from protocol.ops import Binary, BinaryScalar, InPlaceBinary, InPlaceBinaryScalar, Unary, Where
+from protocol.ops import (
+    AdamDirection,
+    Binary,
+    BinaryScalar,
+    InPlaceBinary,
+    InPlaceBinaryScalar,
+    MomentUpdate,
+    Unary,
+    Where,
+)
 from protocol.ops.base import BaseOp
 
 from .executor import elementwise
@@ -66,11 +75,11 @@ def elided_inputs(ops: Sequence[BaseOp], check: GraphCheck, kept: set[int]) -> d
 
 def _returns_new_array(op: BaseOp) -> bool:
     """Whether the runner of ``op`` returns a new array that shares no input's memory: a ufunc
-    does (matmul too), as does ``where``; ``real``, ``imag`` and ``round`` are not ufuncs, and
-    the first two return views."""
+    does (matmul too), as do ``where`` and ``adam_direction``; ``real``, ``imag`` and
+    ``round`` are not ufuncs, and the first two return views."""
     if isinstance(op, Unary):
         return op.op in elementwise.UNARY_UFUNCS
-    return isinstance(op, Binary | BinaryScalar | Where)
+    return isinstance(op, Binary | BinaryScalar | Where | AdamDirection)
 
 
 def _maybe_viewed(ops: Sequence[BaseOp]) -> set[int]:
@@ -79,6 +88,9 @@ def _maybe_viewed(ops: Sequence[BaseOp]) -> set[int]:
     return {
         tensor_id
         for op in ops
-        if not (_returns_new_array(op) or isinstance(op, InPlaceBinary | InPlaceBinaryScalar))
+        if not (
+            _returns_new_array(op)
+            or isinstance(op, InPlaceBinary | InPlaceBinaryScalar | MomentUpdate)
+        )
         for tensor_id in op.inputs()
     }

@@ -24,6 +24,7 @@ from operator import attrgetter
 from typing import Any
 
 from protocol.ops import (
+    AdamDirection,
     Arange,
     AsType,
     Axes,
@@ -36,6 +37,7 @@ from protocol.ops import (
     InPlaceBinary,
     InPlaceBinaryScalar,
     Join,
+    MomentUpdate,
     PermuteDims,
     Pool,
     PoolBackward,
@@ -127,4 +129,6 @@ KEYS: dict[type, Key] = {
     PoolBackward: _fields("op", "kernel", "stride", "padding", "count_include_pad"),
     BatchNorm: _batch_norm,
     Random: _fields("op", "shape", "dtype"),
+    MomentUpdate: _fields("squared"),  # decay and scale: finite floats, any values alike
+    AdamDirection: _fields(),
 }

@@ -13,6 +13,7 @@ from protocol import (
     CLIENT_ADAPTER,
     FEATURE_LIMITS,
     FEATURE_NN,
+    FEATURE_OPTIM,
     FEATURE_RESUME,
     FEATURE_SEGMENTS,
     PROTOCOL_VERSION,
@@ -117,6 +118,7 @@ def welcome(
         session_id=session_id,
         features=[
             FEATURE_NN,
+            FEATURE_OPTIM,
             FEATURE_SEGMENTS,
             FEATURE_LIMITS,
             *([FEATURE_RESUME] if secret is not None else []),

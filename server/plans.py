@@ -26,21 +26,13 @@ import numpy as np
 from protocol import TensorMeta, to_numpy
 from protocol.codec import Buffer
 from protocol.graphs import GraphCheck, GraphDef
-from protocol.ops import AnyOp, InPlaceBinary, InPlaceBinaryScalar, SetItem
+from protocol.ops import AnyOp
 from protocol.ops.base import BaseOp
 
 from . import executor
 from .elision import elided_inputs
-from .executor import elementwise, indexing
+from .executor import elementwise
 from .executor.base import Array, Runner
-
-# In-place ops write into their target: the session made every input safe to write first, and
-# an intermediate is the graph's own (a read-only view is still written into a copy).
-_IN_PLACE: dict[type, Runner] = {
-    InPlaceBinary: partial(elementwise.binary_inplace, in_place=True),
-    InPlaceBinaryScalar: partial(elementwise.binary_inplace, in_place=True),
-    SetItem: partial(indexing.setitem, in_place=True),
-}
 
 Expect = tuple[tuple[int, ...], np.dtype[Any]]  # a result's shape and numpy dtype
 # The least cost a step counts for, whatever its arrays' sizes: a graph of over
@@ -221,8 +213,8 @@ def _runner(op: AnyOp, into: int | None) -> Runner:
     """What a step of ``op`` runs: an in-place op bound to write into its target; an op that
     elides a temporary (``server/elision.py``) bound to write into its input number ``into``;
     else the executor's runner."""
-    if op.inplace:
-        return _IN_PLACE[type(op)]
+    if op.inplace:  # the session made every input safe to write first, and an intermediate
+        return executor.IN_PLACE_RUNNERS[type(op)]  # is the graph's own
     if into is not None:
         return partial(elementwise.into_input, position=into)
     return executor.runner(op)

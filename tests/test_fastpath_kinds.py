@@ -14,6 +14,7 @@ import pytest
 
 from protocol import Batch, InvalidOpError, Read, TensorMeta
 from protocol.ops import (
+    AdamDirection,
     AnyOp,
     Arange,
     ArrayIndex,
@@ -29,6 +30,7 @@ from protocol.ops import (
     InPlaceBinary,
     InPlaceBinaryScalar,
     Join,
+    MomentUpdate,
     PermuteDims,
     Pool,
     PoolBackward,
@@ -77,6 +79,8 @@ SETUP: list[AnyOp] = [
     Full(out=22, shape=(4,), dtype="int8", value=3),
     Full(out=23, shape=(4,), dtype="int8", value=3),
     Full(out=24, shape=(4,), dtype="float32", value=7.0),
+    Full(out=25, shape=(), dtype="float32", value=0.01),  # a step term
+    Full(out=26, shape=(4, 6), dtype="float32", value=0.25),  # a moment
 ]
 CONV = {"stride": (1, 1), "padding": ((1, 1), (1, 1)), "dilation": (1, 1), "groups": 1}
 POOL = {"kernel": (2, 2), "stride": (2, 2), "padding": (0, 0), "count_include_pad": True}
@@ -136,6 +140,14 @@ OPS: list[AnyOp] = [
     Reduce(op="sum", out=73, x=43),  # inherits the take's failure
     Reshape(out=30, x=3, shape=(24,)),  # a taken output id
     Reshape(out=74, x=3, shape=(5, 5)),  # refused: 24 elements
+    MomentUpdate(out=26, grad=1, decay=0.9, scale=0.1),  # in place
+    MomentUpdate(out=26, grad=1, decay=0.999, scale=0.001, squared=True),
+    MomentUpdate(out=16, grad=1, decay=0.9, scale=0.1),  # a read-only view: into a copy
+    MomentUpdate(out=24, grad=4, decay=0.9, scale=0.1),  # refused: shapes
+    AdamDirection(out=75, exp_avg=1, exp_avg_sq=17, step_size=25, eps_term=25),  # shapes
+    AdamDirection(out=76, exp_avg=1, exp_avg_sq=26, step_size=25, eps_term=25),
+    AdamDirection(out=77, exp_avg=1, exp_avg_sq=3, step_size=11, eps_term=25),  # not 0-d
+    MomentUpdate(out=26, grad=43, decay=0.9, scale=0.1),  # a failed gradient: #26 fails
 ]
 FILL = Full(out=80, shape=(8, 64), dtype="float32", value=0.0)
 QUOTA_OPS: list[AnyOp] = [  # run with the quota or the budget nearly full after FILL
@@ -177,6 +189,8 @@ KEYED_KINDS = {
     "add",
     "multiply",
     "setitem",
+    "moment_update",
+    "adam_direction",
 }
 
 
@@ -254,6 +268,8 @@ def test_keyed_ops_leave_the_same_state_on_both_paths(monkeypatch: pytest.Monkey
         21: "execution_failed",
         22: "invalid_op",
         23: "invalid_op",
+        24: "invalid_op",  # moment_update refused
+        26: "execution_failed",  # moment_update of a failed gradient
         32: "invalid_op",
         33: "invalid_op",
         34: "limit_exceeded",
@@ -263,6 +279,8 @@ def test_keyed_ops_leave_the_same_state_on_both_paths(monkeypatch: pytest.Monkey
         72: "unknown_tensor",
         73: "execution_failed",
         74: "invalid_op",
+        75: "invalid_op",  # adam_direction refused: shapes
+        77: "invalid_op",  # ... and a term not 0-d
     }
     assert "out of bounds for int8" in values[22]["message"]
     assert [a[0]["error"]["code"] for a in answers if "error" in a[0]] == ["duplicate_tensor"]

@@ -48,6 +48,7 @@ from protocol.codec import to_frames
 from protocol.errors import OpDTypeError, OpShapeError
 from protocol.ops import (
     FFT,
+    AdamDirection,
     AnyOp,
     Arange,
     ArrayIndex,
@@ -68,6 +69,7 @@ from protocol.ops import (
     Join,
     Linalg,
     Linspace,
+    MomentUpdate,
     MoveAxis,
     Nonzero,
     PermuteDims,
@@ -158,6 +160,8 @@ ALL_OPS: list[AnyOp] = [
     BatchNorm(out=48, x=1, mean=2, var=3, weight=None, bias=4, eps=1e-3),
     Softmax(out=49, op="log_softmax", x=1, axis=-2),
     Random(out=50, op="normal", state=1, shape=(3, 0), dtype="float64"),
+    MomentUpdate(out=1, grad=2, decay=0.999, scale=0.0010000000000000009, squared=True),
+    AdamDirection(out=51, exp_avg=1, exp_avg_sq=2, step_size=3, eps_term=4),
 ]
 ERROR = ErrorInfo(code=ErrorCode.INVALID_OP, message="bad", op="matmul(#1, #2) -> #3")
 CLIENT_MESSAGES: list[Any] = [

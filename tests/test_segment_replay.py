@@ -10,7 +10,7 @@ import gc
 import random
 import socket
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -21,6 +21,7 @@ from client import _segments
 from client.autodiff import Autodiff
 from client.errors import RemoteError
 
+from .older_servers import without_feature
 from .servers import run_server
 
 pytestmark = pytest.mark.server
@@ -375,16 +376,7 @@ def test_a_refused_registration_goes_op_by_op(few_graphs: str) -> None:
 
 def test_an_old_server_is_spoken_to_op_by_op(url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """A server that does not offer the feature: no segment is ever registered."""
-    from client import _connection
-
-    real: Callable[..., Any] = _connection.handshake
-
-    def without_segments(*args: Any, **kwargs: Any) -> Any:
-        welcome = real(*args, **kwargs)
-        features = [f for f in welcome.features if f != "segments"]
-        return welcome.model_copy(update={"features": features})
-
-    monkeypatch.setattr(_connection, "handshake", without_segments)
+    without_feature(monkeypatch, "segments")
     with client.RemoteDevice(url) as dev:
         _repeat(dev)
         assert dev.segment_stats() == _segments.SegmentStats()

@@ -108,7 +108,7 @@ def test_the_nn_ops_go_only_to_a_server_that_announced_them(url: str) -> None:
     client facing a v2 server without it (an older release) refuses them before sending,
     naming the feature; everything else goes on."""
     with client.RemoteDevice(url) as dev:
-        assert dev._conn.welcome.features == ["nn", "segments", "limits", "resume"]
+        assert dev._conn.welcome.features == ["nn", "optim", "segments", "limits", "resume"]
         xp = client.namespace(dev)
         x = xp.asarray([[1.0, 2.0, 3.0]])
         assert xp.__tensorwire_nn__.softmax("softmax", x, axis=-1).numpy().sum() == pytest.approx(1)

@@ -1,6 +1,7 @@
 """Tensorwire's neural-network extension, as autodiff reaches it: the ops the Array API
 standard lacks (convolutions, pooling, batch normalization, softmax, random numbers drawn on
-the device), called on arrays of the namespace being wrapped.
+the device, and Adam's per-parameter chains as one op each, for ``client.optim``), called on
+arrays of the namespace being wrapped.
 
 A namespace offers the extension as its attribute ``__tensorwire_nn__`` (Tensorwire's remote
 namespaces do: each function is one protocol op); another namespace can be given one with
@@ -97,6 +98,24 @@ class Extension(Protocol):
         shape: Sequence[int],
         dtype: Literal["float32", "float64"],
     ) -> Any: ...
+
+    # Adam's per-parameter chains, one op each (protocol/ops/optim.py): the bits of the chain
+
+    def has_optimizer_ops(self) -> bool:
+        """Whether the two functions below are one op each here (a server that predates
+        them does not speak them: the optimizer then sends their element-wise ops)."""
+        ...
+
+    def moment_update(
+        self, moment: Any, grad: Any, *, decay: float, scale: float, squared: bool
+    ) -> Any:
+        """``moment *= decay; moment += scale * grad`` (``squared``: ``* grad`` once more), in
+        place; the moment (a copy of it where it could not be written)."""
+        ...
+
+    def adam_direction(self, exp_avg: Any, exp_avg_sq: Any, step_size: Any, eps_term: Any) -> Any:
+        """``(step_size * exp_avg) / (sqrt(exp_avg_sq) + eps_term)``, a new array."""
+        ...
 
 
 _REGISTERED: dict[int, tuple[Any, Extension]] = {}

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from client.autodiff import Tensor
+from client.autodiff.extension import Extension, find_extension
 
 from .optimizer import Optimizer, Params, check_nonnegative
 from .placement import follow, lives_with, load_array
@@ -42,9 +43,13 @@ class Adam(Optimizer):
     per-parameter ``t``. ``state["step"]``, a Python int, is kept for compatibility; a
     replayed step does not advance it: the device arrays are the truth.
 
-    Ops per step, each one message to a remote device: 12 per parameter (3 for m, 4 for v,
-    5 for p: ``sqrt``, ``+=`` eps term, ``*`` step size, ``/``, ``p -=``), +2 with Adam's
-    weight decay, +1 with AdamW's; 8 per group (``*=`` twice for the powers, then ``1 -``,
+    Ops per step, each one message to a remote device: 4 per parameter where its namespace
+    has the optimizer extension's ops (a remote one; ``protocol/ops/optim.py``):
+    ``moment_update`` for m and for v, ``adam_direction`` and ``p -=``, the same numpy calls
+    as the chains below make op by op. Elsewhere, or for a parameter whose gradient or
+    moments differ from it in dtype or shape, 12 (3 for m, 4 for v, 5 for p: ``sqrt``, ``+=``
+    eps term, ``*`` step size, ``/``, ``p -=``). Either way +2 with Adam's weight decay, +1
+    with AdamW's; 8 per group (``*=`` twice for the powers, then ``1 -``,
     ``sqrt``, ``lr *``, ``1 -``, ``/``, ``eps *``), +2 per parameter dtype other than the
     powers' (``astype``), once per step count where parameters skipped steps; with AdamW's
     weight decay +2 per group (``lr * weight_decay``, ``1 -``), +1 per parameter dtype other
@@ -220,6 +225,14 @@ class Adam(Optimizer):
             else:
                 g = g + weight_decay * param.array
         m, v = state["exp_avg"], state["exp_avg_sq"]
+        step_size, eps_term = state["bias_powers"].terms_for(param.dtype)
+        fused = _fused_ops(param.namespace.xp, param.array, g, m, v)
+        if fused is not None:  # the same numpy calls on the device, one op per chain
+            m = fused.moment_update(m, g, decay=beta1, scale=1.0 - beta1, squared=False)
+            v = fused.moment_update(v, g, decay=beta2, scale=1.0 - beta2, squared=True)
+            state["exp_avg"], state["exp_avg_sq"] = m, v
+            param -= fused.adam_direction(m, v, step_size, eps_term)
+            return
         m *= beta1
         m += (1.0 - beta1) * g
         v *= beta2
@@ -227,7 +240,6 @@ class Adam(Optimizer):
         state["exp_avg"], state["exp_avg_sq"] = m, v
         # PyTorch's denominator sqrt(v) / sqrt(bc2) + eps, with sqrt(bc2) moved into the step
         # size and the eps term: the same value, no array divided by sqrt(bc2).
-        step_size, eps_term = state["bias_powers"].terms_for(param.dtype)
         denom = xp.sqrt(v)
         denom += eps_term
         param -= (step_size * m) / denom
@@ -327,6 +339,20 @@ class _BiasPowers:
             if known == dtype:
                 return step_size, eps_term
         raise AssertionError(f"internal: no Adam step terms for {dtype} at this step")
+
+
+def _fused_ops(xp: Any, array: Any, grad: Any, m: Any, v: Any) -> Extension | None:
+    """The extension whose ``moment_update`` and ``adam_direction`` are one op each for this
+    parameter: where the namespace has them, and the parameter, its gradient and moments are
+    of one real floating dtype and one shape (else the chains go op by op)."""
+    fused = find_extension(xp)
+    if fused is None or not fused.has_optimizer_ops():
+        return None
+    dtype, shape = array.dtype, array.shape
+    for other in (grad, m, v):
+        if other.dtype != dtype or other.shape != shape or not lives_with(other, array):
+            return None
+    return fused if xp.isdtype(dtype, "real floating") else None
 
 
 def _widest_float(xp: Any, array: Any) -> Any:

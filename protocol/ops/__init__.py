@@ -13,6 +13,8 @@ client's categories of the Array API standard:
 - ``linalg``, ``fft``: the standard's two extensions
 - ``nn``: Tensorwire's own extension for neural networks: ``conv`` (with its transpose and
   weight gradient), ``pool``, ``pool_backward``, ``batch_norm``, ``softmax``, ``random``
+- ``optim``: Tensorwire's own extension for optimizers: ``moment_update`` (in place) and
+  ``adam_direction``, Adam's per-parameter chains as one op each
 - ``graph``: ``run_graph``, a registered graph (``protocol.graphs``) run on new inputs, and
   ``run_segment``, one run as if its ops came one by one (``client._segments``)
 - ``transfer``: ``pull``, a tensor fetched from another session's exposure (no executor runner:
@@ -84,6 +86,8 @@ from .nn import Pool as Pool
 from .nn import PoolBackward as PoolBackward
 from .nn import Random as Random
 from .nn import Softmax as Softmax
+from .optim import AdamDirection as AdamDirection
+from .optim import MomentUpdate as MomentUpdate
 from .reduction import Reduce as Reduce
 from .reduction import ReduceName as ReduceName
 from .transfer import Capability as Capability
@@ -130,6 +134,8 @@ AnyOp = (
     | BatchNorm
     | Softmax
     | Random  # nn
+    | MomentUpdate
+    | AdamDirection  # optim
     | RunGraph
     | RunSegment  # graph
     | Pull  # transfer

@@ -12,7 +12,7 @@ every tensor is the truth (ARCHITECTURE.md, invariant 3).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 
 import numpy as np
@@ -30,7 +30,18 @@ from protocol.ops import (
     SetItem,
 )
 
-from . import creation, data, elementwise, fft, indexing, linalg, manipulation, nn, reduction
+from . import (
+    creation,
+    data,
+    elementwise,
+    fft,
+    indexing,
+    linalg,
+    manipulation,
+    nn,
+    optim,
+    reduction,
+)
 from .base import Array, Runner
 from .costs import cost as cost
 from .creation import uploads_kept_apart as uploads_kept_apart
@@ -40,15 +51,25 @@ class InferenceMismatch(AssertionError):
     """numpy produced another shape or dtype than the protocol inferred: a bug in a rule."""
 
 
-_FAMILIES = (creation, elementwise, reduction, manipulation, indexing, data, linalg, fft, nn)
+_FAMILIES = (creation, elementwise, reduction, manipulation, indexing, data, linalg, fft, nn, optim)
 _RUNNERS: dict[type, Runner] = {t: r for family in _FAMILIES for t, r in family.RUNNERS.items()}
+# The in-place ops' runners, each called with ``in_place`` (whether it may write the target)
+_WRITERS: dict[type, Callable[..., Array]] = {
+    SetItem: indexing.setitem,
+    InPlaceBinary: elementwise.binary_inplace,
+    InPlaceBinaryScalar: elementwise.binary_inplace,
+    **optim.IN_PLACE,
+}
+# ... bound to write into the target: a plan's steps (its session made every input safe first)
+IN_PLACE_RUNNERS: dict[type, Runner] = {t: partial(w, in_place=True) for t, w in _WRITERS.items()}
+_SCRATCH = {**nn.SCRATCH, **optim.SCRATCH}
 
 
 def scratch(op: AnyOp, meta: TensorMeta, args: Sequence[Array]) -> int:
     """The most bytes numpy allocates beside ``op``'s results while it runs, where that can be
     much more than the results (a convolution's window matrix); 0 for the other ops. ``args``
     and ``meta`` as :func:`cost` takes them. The session reserves them with the results."""
-    count = nn.SCRATCH.get(type(op))
+    count = _SCRATCH.get(type(op))
     return 0 if count is None else count(op, meta, args)
 
 
@@ -76,10 +97,9 @@ def runner(op: AnyOp, in_place: bool = False) -> Runner:
     """The function that runs ``op``: call it as ``runner(op, in_place)(op, args, buffers)``
     inside ``np.errstate(all="ignore")``, and pass what it returns to :func:`checked`. This is
     :func:`run` in two steps, for a caller's fast path. ``in_place`` as :func:`run` takes it."""
-    if isinstance(op, SetItem):
-        return partial(indexing.setitem, in_place=in_place)
-    if isinstance(op, InPlaceBinary | InPlaceBinaryScalar):
-        return partial(elementwise.binary_inplace, in_place=in_place)
+    write = _WRITERS.get(type(op))
+    if write is not None:
+        return partial(write, in_place=in_place)
     return _RUNNERS[type(op)]
 
 

@@ -38,7 +38,7 @@ What each family counts, beyond the elements of the op's largest array:
   large products (half matmul's), plus the elements it moves (its window matrix, or each
   tap's product scattered) and a call's own time; pooling per window element (several for
   max pooling's gradient), plus its calls, one a tap; batch norm, softmax and random draws
-  per element.
+  per element; the optimizer extension's chains, the sum of their element-wise ops.
 
 The families of the two extensions are in ``costs_extensions.py``, the neural-network
 extension's in ``costs_nn.py``.
@@ -53,6 +53,7 @@ from typing import Any
 from protocol import TensorMeta
 from protocol.ops import (
     FFT,
+    AdamDirection,
     AnyOp,
     BatchNorm,
     Binary,
@@ -66,6 +67,7 @@ from protocol.ops import (
     Join,
     Linalg,
     Linspace,
+    MomentUpdate,
     Nonzero,
     Pool,
     PoolBackward,
@@ -117,6 +119,8 @@ INDEX_ARRAY = 1  # ... and each index array read for it
 JOIN_INPUT = 1 << 11  # concat, stack: each input's own time (numpy takes each in Python)
 ROLL_PIECE = 1 << 12  # roll: each block it copies, a slice assignment in Python
 REPEAT_TENSOR_ELEMENT = 8  # repeat by a tensor: each input element's own copy
+# the optimizer extension: its chains' element-wise ops, summed (sqrt and divide 2 on floats)
+MOMENT_ELEMENT, MOMENT_SQUARED_ELEMENT, ADAM_DIRECTION_ELEMENT = 3, 4, 6
 
 
 def cost(op: AnyOp, meta: TensorMeta, args: Sequence[Array]) -> int:
@@ -235,6 +239,10 @@ def _repeat(op: Repeat, meta: TensorMeta, args: Sequence[Array], size: int) -> i
 Family = Callable[[Any, TensorMeta, Sequence[Array], int], int]
 
 
+def _moment_update(op: MomentUpdate, meta: TensorMeta, args: Sequence[Array], size: int) -> int:
+    return size * (MOMENT_SQUARED_ELEMENT if op.squared else MOMENT_ELEMENT)
+
+
 def _times(factor: int) -> Family:
     return lambda op, meta, args, size: size * factor
 
@@ -269,4 +277,6 @@ _FAMILIES: dict[type, Family] = {
     BatchNorm: _times(nn.BATCH_NORM_ELEMENT),
     Softmax: _times(nn.SOFTMAX_ELEMENT),
     Random: nn.random,
+    MomentUpdate: _moment_update,
+    AdamDirection: _times(ADAM_DIRECTION_ELEMENT),
 }
