@@ -226,11 +226,13 @@ class Graphs:
 
     # --- replay --------------------------------------------------------------------------------
 
-    def run(self, op: RunGraph, job: Job, inline: bool) -> bool:
+    def run(self, op: RunGraph, job: Job, inline: bool, most: int | None = None) -> bool:
         """Check and replay ``op``, settling its outputs. False: it is too costly to run
-        ``inline`` (nothing changed). The caller holds ``np.errstate(all="ignore")``."""
+        ``inline``, where it may cost ``most`` (default: the inline cost; nothing changed).
+        The caller holds ``np.errstate(all="ignore")``."""
         plan = self._plans.get(op.graph)
-        if inline and plan is not None and self.cost(op, plan) > self._inline_cost:
+        most = self._inline_cost if most is None else most
+        if inline and plan is not None and self.cost(op, plan) > most:
             return False
         args = self._check(op, plan, job)
         if args is not None and plan is not None:

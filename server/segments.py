@@ -67,9 +67,10 @@ class Segments:
         self._stopped = stopped
         self._varying: dict[int, tuple[Plan, tuple[int, ...]]] = {}  # graph: its ops that vary
 
-    def run(self, op: RunSegment, job: Job, inline: bool) -> bool:
-        """Run ``op`` (see the module docstring). False: it is too costly to run ``inline``
-        (nothing changed). The caller holds ``np.errstate(all="ignore")``."""
+    def run(self, op: RunSegment, job: Job, inline: bool, most: int | None = None) -> bool:
+        """Run ``op`` (see the module docstring). False: it is too costly to run ``inline``,
+        where it may cost ``most`` (default: the inline cost; nothing changed). The caller
+        holds ``np.errstate(all="ignore")``."""
         plan = self._graphs.plan(op.graph)
         ops = None if plan is None else self._varied(op, plan)
         if plan is None or ops is None or not _laid_out(op, plan):
@@ -82,7 +83,8 @@ class Segments:
             )
             return True
         args = self._bound(op, plan, job)
-        if inline and (args is None or self._graphs.cost(op, plan) > self._inline_cost):
+        most = self._inline_cost if most is None else most
+        if inline and (args is None or self._graphs.cost(op, plan) > most):
             return False  # a worker thread runs it
         if args is None:
             self._one_by_one(op, plan, job, ops, 0)

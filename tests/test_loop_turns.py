@@ -12,8 +12,9 @@ import pytest
 
 import server.session
 from protocol import Batch
-from protocol.ops import AnyOp, Binary, Full
-from server.session import FIRST_SLICE, INLINE_SLICE, Session
+from protocol.graphs import GraphDef, GraphTensor, RegisterGraph
+from protocol.ops import AnyOp, Binary, Full, RunGraph, Unary
+from server.session import FIRST_SLICE, INLINE_COST, INLINE_GRAPH_COST, INLINE_SLICE, Session
 
 TICK = 0.0001  # seconds the fake clock moves at each reading
 
@@ -41,3 +42,29 @@ def test_a_batch_runs_in_short_slices_only_while_other_connections_wait(
     # one reading of the clock per op: the slice's length in ticks, give or take the start's
     assert abs(alone - FIRST_SLICE / TICK) <= 2, alone
     assert abs(shared - INLINE_SLICE / TICK) <= 2, shared
+
+
+def _graph_runs_inline(elements: int, contended: bool) -> bool:
+    """Whether a batch's first inline step runs a registered graph of one ``exp`` over
+    ``elements`` float64 values (2 units each) on the loop, rather than leave it to a thread."""
+    session = Session("s", 0)
+    x = GraphTensor(name="x", id=0, shape=(elements,), dtype="float64")
+    y = GraphTensor(name="y", id=1, shape=(elements,), dtype="float64")
+    graph = GraphDef(inputs=[x], ops=[Unary(op="exp", out=1, x=0)], outputs=[y])
+    fill = Full(out=1, shape=(elements,), dtype="float64", value=0.5)
+    setup = session.start(Batch(ops=[fill], graphs=[RegisterGraph(graph_id=7, graph=graph)]), [])
+    while not session.step(setup, inline=False):
+        pass
+    job = session.start(Batch(ops=[RunGraph(out=2, graph=7, args=(1,))]), [])
+    return session.step(job, inline=True, contended=contended)
+
+
+def test_a_small_graph_runs_on_the_loop_only_while_no_other_connection_waits() -> None:
+    """Over INLINE_COST, a graph goes to a worker thread, unless it is a batch's first and
+    costs at most INLINE_GRAPH_COST while the loop is its alone (bench/REASONS.md, 'Small
+    graphs inline')."""
+    small = INLINE_COST  # 2 units an element: between the two bounds
+    assert INLINE_COST < 2 * small <= INLINE_GRAPH_COST
+    assert _graph_runs_inline(small, contended=False)
+    assert not _graph_runs_inline(small, contended=True)
+    assert not _graph_runs_inline(INLINE_GRAPH_COST, contended=False)  # twice the bound
