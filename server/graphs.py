@@ -60,6 +60,9 @@ from .store import Failure, Stored, entry_bytes
 log = logging.getLogger("tensorwire.session")
 
 FAILURES_KEPT = 256  # failed registrations a session remembers (each an ErrorInfo)
+# The most steps of a graph run on the loop beyond the inline cost (fits_inline): their own
+# time, a microsecond or two each, then stays within about INLINE_SLICE
+INLINE_STEPS = 256
 
 
 class Graphs:
@@ -228,16 +231,25 @@ class Graphs:
 
     def run(self, op: RunGraph, job: Job, inline: bool, most: int | None = None) -> bool:
         """Check and replay ``op``, settling its outputs. False: it is too costly to run
-        ``inline``, where it may cost ``most`` (default: the inline cost; nothing changed).
+        ``inline`` (:meth:`fits_inline`, ``most``: nothing changed).
         The caller holds ``np.errstate(all="ignore")``."""
         plan = self._plans.get(op.graph)
-        most = self._inline_cost if most is None else most
-        if inline and plan is not None and self.cost(op, plan) > most:
+        if inline and plan is not None and not self.fits_inline(op, plan, most):
             return False
         args = self._check(op, plan, job)
         if args is not None and plan is not None:
             self._execute(op, plan, args, job)
         return True
+
+    def fits_inline(self, op: RunGraph | RunSegment, plan: Plan, most: int | None) -> bool:
+        """Whether a replay of ``plan`` may run on the loop: it costs at most the inline cost,
+        or at most ``most`` with no more than :data:`INLINE_STEPS` steps (a step's own time,
+        about a microsecond or two, is not in its cost: ``MIN_STEP_COST`` bounds a graph's
+        length, it is not a price)."""
+        cost = self.cost(op, plan)
+        if cost <= self._inline_cost:
+            return True
+        return most is not None and cost <= most and len(plan.steps) <= INLINE_STEPS
 
     def cost(self, op: RunGraph | RunSegment, plan: Plan) -> int:
         """The replay's work: its ops', and for a graph that writes in place the moves of the

@@ -56,11 +56,9 @@ class Segments:
         graphs: Graphs,
         outcomes: Outcomes,
         run_one: RunOne,
-        inline_cost: int,
         stopped: Callable[[], bool],
     ) -> None:
         self._graphs = graphs
-        self._inline_cost = inline_cost
         self._outcomes = outcomes
         self._store = outcomes.store
         self._run_one = run_one
@@ -68,8 +66,8 @@ class Segments:
         self._varying: dict[int, tuple[Plan, tuple[int, ...]]] = {}  # graph: its ops that vary
 
     def run(self, op: RunSegment, job: Job, inline: bool, most: int | None = None) -> bool:
-        """Run ``op`` (see the module docstring). False: it is too costly to run ``inline``,
-        where it may cost ``most`` (default: the inline cost; nothing changed). The caller
+        """Run ``op`` (see the module docstring). False: it is too costly to run ``inline``
+        (``Graphs.fits_inline``, ``most``: nothing changed). The caller
         holds ``np.errstate(all="ignore")``."""
         plan = self._graphs.plan(op.graph)
         ops = None if plan is None else self._varied(op, plan)
@@ -83,8 +81,7 @@ class Segments:
             )
             return True
         args = self._bound(op, plan, job)
-        most = self._inline_cost if most is None else most
-        if inline and (args is None or self._graphs.cost(op, plan) > most):
+        if inline and (args is None or not self._graphs.fits_inline(op, plan, most)):
             return False  # a worker thread runs it
         if args is None:
             self._one_by_one(op, plan, job, ops, 0)

@@ -122,7 +122,7 @@ class Session:
 
         self.graphs = Graphs(self.outcomes, INLINE_COST, stopped)
         self._segments = Segments(
-            self.graphs, self.outcomes, lambda op, job: me.run_one(op, job), INLINE_COST, stopped
+            self.graphs, self.outcomes, lambda op, job: me.run_one(op, job), stopped
         )
         self.requests = Requests(self.store, None if transfers is None else transfers.exposures)
         self._pulls = Pulls(self.outcomes, transfers)  # direct transfers

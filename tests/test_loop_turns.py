@@ -14,6 +14,7 @@ import server.session
 from protocol import Batch
 from protocol.graphs import GraphDef, GraphTensor, RegisterGraph
 from protocol.ops import AnyOp, Binary, Full, RunGraph, Unary
+from server.graphs import INLINE_STEPS
 from server.session import FIRST_SLICE, INLINE_COST, INLINE_GRAPH_COST, INLINE_SLICE, Session
 
 TICK = 0.0001  # seconds the fake clock moves at each reading
@@ -44,13 +45,15 @@ def test_a_batch_runs_in_short_slices_only_while_other_connections_wait(
     assert abs(shared - INLINE_SLICE / TICK) <= 2, shared
 
 
-def _graph_runs_inline(elements: int, contended: bool) -> bool:
-    """Whether a batch's first inline step runs a registered graph of one ``exp`` over
-    ``elements`` float64 values (2 units each) on the loop, rather than leave it to a thread."""
+def _graph_runs_inline(elements: int, contended: bool, steps: int = 1) -> bool:
+    """Whether a batch's first inline step runs a registered graph of ``steps`` ``exp`` ops
+    over ``elements`` float64 values (2 units each) on the loop, rather than leave it to a
+    thread."""
     session = Session("s", 0)
     x = GraphTensor(name="x", id=0, shape=(elements,), dtype="float64")
-    y = GraphTensor(name="y", id=1, shape=(elements,), dtype="float64")
-    graph = GraphDef(inputs=[x], ops=[Unary(op="exp", out=1, x=0)], outputs=[y])
+    y = GraphTensor(name="y", id=steps, shape=(elements,), dtype="float64")
+    ops: list[AnyOp] = [Unary(op="exp", out=i + 1, x=i) for i in range(steps)]
+    graph = GraphDef(inputs=[x], ops=ops, outputs=[y])
     fill = Full(out=1, shape=(elements,), dtype="float64", value=0.5)
     setup = session.start(Batch(ops=[fill], graphs=[RegisterGraph(graph_id=7, graph=graph)]), [])
     while not session.step(setup, inline=False):
@@ -68,3 +71,7 @@ def test_a_small_graph_runs_on_the_loop_only_while_no_other_connection_waits() -
     assert _graph_runs_inline(small, contended=False)
     assert not _graph_runs_inline(small, contended=True)
     assert not _graph_runs_inline(INLINE_GRAPH_COST, contended=False)  # twice the bound
+    # within the bound, but more steps than INLINE_STEPS, whose own time the cost leaves out
+    per_step = 2 * INLINE_COST // INLINE_STEPS  # elements: the graph costs 4 x INLINE_COST
+    assert not _graph_runs_inline(per_step, contended=False, steps=INLINE_STEPS + 1)
+    assert _graph_runs_inline(per_step, contended=False, steps=INLINE_STEPS)
