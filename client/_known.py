@@ -27,6 +27,7 @@ import numpy as np
 from protocol import Stats
 from protocol.ops import (
     FFT,
+    AdamDirection,
     AnyOp,
     Arange,
     Binary,
@@ -65,7 +66,7 @@ WRITTEN_KEPT = 1 << 16  # written bases remembered before every fact is forgotte
 # sorts, takes, rolls, tiles and the creation functions allocate); any other op's output may be
 # a view of its first input. Unary's real, imag and conj may return their input itself.
 FRESH_OPS = frozenset(
-    {Binary, BinaryScalar, Reduce, Where, Full, FromBuffer, Arange, Eye, Linspace}
+    {Binary, BinaryScalar, Reduce, Where, Full, FromBuffer, Arange, Eye, Linspace, AdamDirection}
     | {Join, Take, Sort, Cumulative, SearchSorted, Nonzero, Unique, FFT, Roll, Tile, Repeat}
 )
 NOT_FRESH_UNARY = frozenset({"real", "imag", "conj"})

@@ -44,10 +44,11 @@ Make = Callable[[int, Sequence[int]], AnyOp]  # (output id, input ids) -> the op
 class _Ops:
     """The extension's functions, each made into one op and handed to :meth:`_run`."""
 
-    def _run(self, make: Make, *arrays: Any) -> Any:
+    def _run(self, make: Make, *arrays: Any, feature: str = FEATURE_NN) -> Any:
+        """``make(an output id, the ids of arrays)``, an op of the protocol ``feature``."""
         raise NotImplementedError
 
-    def _run_in_place(self, make: Make, target: Any, *arrays: Any) -> Any:
+    def _run_in_place(self, make: Make, target: Any, *arrays: Any, feature: str) -> Any:
         """``make(target's id, the ids of arrays)``, an op that writes ``target`` in place."""
         raise NotImplementedError
 
@@ -59,14 +60,14 @@ class _Ops:
                 out=out, grad=ids[0], decay=float(decay), scale=float(scale), squared=squared
             )
 
-        return self._run_in_place(make, moment, grad)
+        return self._run_in_place(make, moment, grad, feature=FEATURE_OPTIM)
 
     def adam_direction(self, exp_avg: Any, exp_avg_sq: Any, step_size: Any, eps_term: Any) -> Any:
         def make(out: int, ids: Sequence[int]) -> AdamDirection:
             m, v, size, eps = ids
             return AdamDirection(out=out, exp_avg=m, exp_avg_sq=v, step_size=size, eps_term=eps)
 
-        return self._run(make, exp_avg, exp_avg_sq, step_size, eps_term)
+        return self._run(make, exp_avg, exp_avg_sq, step_size, eps_term, feature=FEATURE_OPTIM)
 
     def conv(
         self,
@@ -231,29 +232,38 @@ def _window(kernel: Sequence[int], stride: Sequence[int], padding: Sequence[int]
     }
 
 
+_FEATURES = {FEATURE_NN: "neural-network ops", FEATURE_OPTIM: "optimizer ops"}
+
+
 class RemoteExtension(_Ops):
     """The extension on a device: each function queues one op and returns its array at once."""
 
     def __init__(self, device: Device) -> None:
         self.device = device
-        self._spoken = False  # the server announced the nn feature (checked once)
+        self._spoken: set[str] = set()  # the features the server announced (checked once)
 
     def _speaks(self, feature: str) -> bool:
         conn = getattr(self.device, "_conn", None)  # none: a record-only capture: device
         return conn is None or feature in conn.welcome.features
 
-    def _run(self, make: Make, *arrays: Any) -> RemoteArray:
-        if not self._spoken:
-            if not self._speaks(FEATURE_NN):
+    def _check(self, feature: str) -> None:
+        """Raises FeatureNotSupportedError: the server does not speak ``feature``."""
+        if feature not in self._spoken:
+            if not self._speaks(feature):
+                what = _FEATURES.get(feature, feature)
                 raise FeatureNotSupportedError(
-                    f"the server at {self.device.url} does not speak Tensorwire's "
-                    f"neural-network ops (protocol feature {FEATURE_NN!r}): upgrade it"
+                    f"the server at {self.device.url} does not speak Tensorwire's {what} "
+                    f"(protocol feature {feature!r}): upgrade it"
                 )
-            self._spoken = True
+            self._spoken.add(feature)
+
+    def _run(self, make: Make, *arrays: Any, feature: str = FEATURE_NN) -> RemoteArray:
+        self._check(feature)
         ids = [a.tensor_id for a in arrays]
         return apply(lambda out: make(out, ids), *arrays, device=self.device)
 
-    def _run_in_place(self, make: Make, target: Any, *arrays: Any) -> RemoteArray:
+    def _run_in_place(self, make: Make, target: Any, *arrays: Any, feature: str) -> RemoteArray:
+        self._check(feature)
         ids = [a.tensor_id for a in arrays]
         return apply_inplace(lambda out: make(out, ids), target, *arrays)
 
@@ -265,10 +275,12 @@ class NumpyExtension(_Ops):
     """The extension on numpy arrays: the op checked as a server checks it, then run by the
     server's executor in this process."""
 
-    def _run(self, make: Make, *arrays: Any) -> np.ndarray[Any, Any]:
+    def _run(self, make: Make, *arrays: Any, feature: str = FEATURE_NN) -> np.ndarray[Any, Any]:
         return self._local(make, arrays, in_place=False)
 
-    def _run_in_place(self, make: Make, target: Any, *arrays: Any) -> np.ndarray[Any, Any]:
+    def _run_in_place(
+        self, make: Make, target: Any, *arrays: Any, feature: str
+    ) -> np.ndarray[Any, Any]:
         return self._local(make, (target, *arrays), in_place=True)
 
     def _local(self, make: Make, arrays: Sequence[Any], in_place: bool) -> np.ndarray[Any, Any]:

@@ -19,6 +19,7 @@ takes the general path too: its bytes are counted since they arrived (``take_upl
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Hashable
 from operator import attrgetter
 from typing import Any
@@ -101,6 +102,12 @@ def _join(op: Join) -> Hashable | None:
     return (op.op, op.axis) if len(op.xs) <= JOINED else None
 
 
+def _moment(op: MomentUpdate) -> Hashable:
+    """Whether it squares, and whether its factors are finite (which its rule checks): any
+    finite values alike."""
+    return op.squared, math.isfinite(op.decay) and math.isfinite(op.scale)
+
+
 def _batch_norm(op: BatchNorm) -> Hashable:
     return op.eps, op.weight is None, op.bias is None  # which affine inputs it has
 
@@ -129,6 +136,6 @@ KEYS: dict[type, Key] = {
     PoolBackward: _fields("op", "kernel", "stride", "padding", "count_include_pad"),
     BatchNorm: _batch_norm,
     Random: _fields("op", "shape", "dtype"),
-    MomentUpdate: _fields("squared"),  # decay and scale: finite floats, any values alike
+    MomentUpdate: _moment,
     AdamDirection: _fields(),
 }

@@ -18,16 +18,17 @@ error). Two caches, by what keys them:
   of the root bookkeeping of :meth:`Outcomes.keep`.
 - :meth:`FastPath.run_keyed`: the other ops of the training examples (matmul, reductions,
   ``where``, ``take``, ``astype``, views and other manipulations, ``full``, ``arange``, the
-  neural-network ops, and the in-place updates: ``binary_inplace*``, ``setitem``), by their
-  *key* (``server/fastkeys.py``: the op's type and fields but its ids) and input metas
-  (bench/REASONS.md, 'Keyed rules on the fast path'); an in-place binary op runs as one
+  neural-network and optimizer ops, and the in-place updates: ``binary_inplace*``,
+  ``setitem``, ``moment_update``), by their *key* (``server/fastkeys.py``: the op's type and
+  fields but its ids) and input metas (bench/REASONS.md, 'Keyed rules on the fast path'); an
+  in-place binary op runs as one
   prepared call with ``out=`` where that is the whole op (``elementwise.inplace_call``). A
   result is stored as :meth:`Outcomes.keep` stores it where that is plain: a view of a root
   the store holds (a reshape, a slice; the target written in place) adds no bytes and gives
   its reservation back, a root of its own adds its bytes (the scratch's given back). An
   in-place op writes its target only where :meth:`TensorStore.prepare_write` would give the
   target as it is (``TensorStore.writes_in_place``: writeable, no reply or exposure sending
-  its memory), and reserves nothing, as on the general path.
+  its memory), and reserves only its scratch, as on the general path.
 
 ``resolve`` leaves these ops' metas unchanged (an index by a tensor, whose length may depend
 on a mask, is not here; nor an output of data-dependent length, nor an op of several
@@ -75,11 +76,12 @@ Rule = tuple[TensorMeta, int, int, np.dtype[Any], Callable[[Any, Sequence[Any]],
 
 class KeyedRule(NamedTuple):
     """The cached checks of an op of ``fastkeys.KEYS``: its output's meta, the bytes to
-    reserve for it and its scratch, its cost, the output's numpy dtype, the op's name (for
-    the counts) and its runner."""
+    reserve for it and its scratch, the scratch's alone (what an in-place op reserves), its
+    cost, the output's numpy dtype, the op's name (for the counts) and its runner."""
 
     meta: TensorMeta
     nbytes: int
+    scratch: int
     work: int
     dtype: np.dtype[Any]
     name: str
@@ -241,7 +243,7 @@ class FastPath:
             return None
         if inline and rule.work > self._inline_cost:
             return False
-        reserved = 0 if inplace else rule.nbytes  # an in-place op writes its target's memory
+        reserved = rule.scratch if inplace else rule.nbytes  # in place: the target's memory
         if not self._reserve(op, reserved, job):
             return True
         try:
@@ -308,6 +310,6 @@ class FastPath:
             self._keyed.clear()
         call = elementwise.inplace_call(op, [m.dtype for m in metas])
         call = call or executor.runner(op, in_place=op.inplace)
-        rule = KeyedRule(meta, nbytes, work, to_numpy(meta.dtype), op.name(), call)
+        rule = KeyedRule(meta, nbytes, scratch, work, to_numpy(meta.dtype), op.name(), call)
         self._keyed[key] = rule
         return rule

@@ -337,9 +337,9 @@ class Session:
     ) -> None:
         """Reserve ``nbytes`` (None: :func:`output_bytes` of ``metas``), run ``op``, settle
         the reservation on what the results really hold and store them (:meth:`Outcomes.keep`). An
-        in-place op writes into its target's memory and reserves nothing, unless the store
-        says it cannot (:meth:`TensorStore.prepare_write`: a read-only view); it then runs on
-        a copy, which is counted."""
+        in-place op writes into its target's memory and reserves only its scratch (given back
+        when it ran), unless the store says it cannot (:meth:`TensorStore.prepare_write`: a
+        read-only view); it then runs on a copy, which is counted."""
         try:
             target = self.store.prepare_write(op.out) if op.inplace else None
             in_place = target is not None
@@ -347,7 +347,7 @@ class Session:
                 args[0] = target  # its memory may have moved (a read reply sends the old)
             if nbytes is None:
                 nbytes = output_bytes(metas, self.limits)
-            reserved = 0 if in_place else nbytes
+            reserved = nbytes - output_bytes(metas, self.limits) if in_place else nbytes
             if not isinstance(op, FromBuffer) or not self.store.take_upload(
                 job.buffers, op.buffer, reserved
             ):  # an upload's buffer is counted since it was allocated: its op takes that over

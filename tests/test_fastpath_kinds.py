@@ -81,6 +81,7 @@ SETUP: list[AnyOp] = [
     Full(out=24, shape=(4,), dtype="float32", value=7.0),
     Full(out=25, shape=(), dtype="float32", value=0.01),  # a step term
     Full(out=26, shape=(4, 6), dtype="float32", value=0.25),  # a moment
+    Full(out=27, shape=(4, 6), dtype="float32", value=0.5),  # another
 ]
 CONV = {"stride": (1, 1), "padding": ((1, 1), (1, 1)), "dilation": (1, 1), "groups": 1}
 POOL = {"kernel": (2, 2), "stride": (2, 2), "padding": (0, 0), "count_include_pad": True}
@@ -144,6 +145,7 @@ OPS: list[AnyOp] = [
     MomentUpdate(out=26, grad=1, decay=0.999, scale=0.001, squared=True),
     MomentUpdate(out=16, grad=1, decay=0.9, scale=0.1),  # a read-only view: into a copy
     MomentUpdate(out=24, grad=4, decay=0.9, scale=0.1),  # refused: shapes
+    MomentUpdate(out=27, grad=1, decay=float("nan"), scale=0.1),  # refused, its rule cached
     AdamDirection(out=75, exp_avg=1, exp_avg_sq=17, step_size=25, eps_term=25),  # shapes
     AdamDirection(out=76, exp_avg=1, exp_avg_sq=26, step_size=25, eps_term=25),
     AdamDirection(out=77, exp_avg=1, exp_avg_sq=3, step_size=11, eps_term=25),  # not 0-d
@@ -155,6 +157,7 @@ QUOTA_OPS: list[AnyOp] = [  # run with the quota or the budget nearly full after
     Reshape(out=81, x=3, shape=(24,)),  # a view reserves its bytes first: refused
     Binary(op="matmul", out=82, x1=3, x2=4),
     InPlaceBinary(op="add", out=3, x2=1),  # in place: nothing to reserve
+    MomentUpdate(out=26, grad=1, decay=0.9, scale=0.1),  # in place, its 96-byte scratch
     Reduce(op="sum", out=83, x=3),  # 4 bytes: fits
 ]
 KEYED_KINDS = {
@@ -269,6 +272,7 @@ def test_keyed_ops_leave_the_same_state_on_both_paths(monkeypatch: pytest.Monkey
         22: "invalid_op",
         23: "invalid_op",
         24: "invalid_op",  # moment_update refused
+        27: "invalid_op",  # ... a NaN factor
         26: "execution_failed",  # moment_update of a failed gradient
         32: "invalid_op",
         33: "invalid_op",
@@ -317,8 +321,8 @@ def test_the_keyed_ops_took_the_fast_path(monkeypatch: pytest.MonkeyPatch) -> No
 def test_refusals_by_quota_and_budget_are_the_same(
     monkeypatch: pytest.MonkeyPatch, full: str
 ) -> None:
-    """With 40 bytes left after FILL: a view (which reserves its bytes first) and a matmul are
-    refused, a 4-byte sum fits the quota."""
+    """With 40 bytes left after FILL: a view (which reserves its bytes first), a matmul and a
+    moment update (its scratch) are refused, a 4-byte sum fits the quota."""
     probe = _session(1 << 20, BUDGET)
     _run(probe, [*SETUP, FILL])
     budget = probe.store.budget
@@ -330,7 +334,7 @@ def test_refusals_by_quota_and_budget_are_the_same(
     values = fast[1]
     code = "quota_exceeded" if full == "quota" else "server_memory_exhausted"
     assert isinstance(values[80], tuple)
-    assert values[81]["code"] == values[82]["code"] == code
+    assert values[81]["code"] == values[82]["code"] == values[26]["code"] == code
     if full == "quota":
         assert isinstance(values[83], tuple) and isinstance(values[3], tuple)
 

@@ -13,7 +13,7 @@ import pytest
 import client
 from client import nn, optim
 from client.autodiff import Autodiff
-from protocol import FEATURE_OPTIM, TensorMeta, from_numpy
+from protocol import FEATURE_OPTIM, OpArgumentError, TensorMeta, from_numpy
 from protocol.ops import (
     AdamDirection,
     AnyOp,
@@ -102,7 +102,7 @@ def test_adam_direction_is_the_bits_of_its_chain_op_by_op(dtype: str) -> None:
 
 
 def _train(
-    ad: Autodiff, make: Callable[[list[Any]], optim.Optimizer], dtype: Any, steps: int = 5
+    ad: Autodiff, make: Callable[[list[Any]], optim.Optimizer], dtype: Any, steps: int = 6
 ) -> tuple[list[np.ndarray], list[float]]:
     """``steps`` steps of a small MLP; its parameters and moments after them, and the losses."""
     rng = np.random.default_rng(4)
@@ -156,12 +156,13 @@ def sent(dev: client.RemoteDevice, monkeypatch: pytest.MonkeyPatch) -> Iterator[
 def test_a_remote_adam_step_is_the_bits_of_numpys(
     xp: client.Namespace, sent: list[Any], make: Any, dtype: Any
 ) -> None:
-    """Through the server, one op per chain; on numpy, the chains op by op: every parameter
-    and moment, bit for bit."""
+    """Through the server, one op per chain, its steps replayed as a segment from the fourth
+    on; on numpy, the chains op by op: every parameter and moment, bit for bit."""
     remote, remote_losses = _train(Autodiff(xp), make, dtype)
     local, local_losses = _train(Autodiff(np), make, dtype)
     kinds = {type(op) for op in sent}
     assert MomentUpdate in kinds and AdamDirection in kinds
+    assert xp.device.segment_stats().hits >= 2
     assert remote_losses == local_losses
     for got, want in zip(remote, local, strict=True):
         assert got.dtype == want.dtype and got.tobytes() == want.tobytes()
@@ -183,6 +184,29 @@ def test_a_server_without_the_optimizer_ops_is_sent_the_chains(
     local, _ = _train(Autodiff(np), make, np.float32)
     for got, want in zip(remote, local, strict=True):
         assert got.tobytes() == want.tobytes()
+
+
+def test_an_older_server_is_never_sent_the_ops(url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Called directly on a device whose server did not announce ``optim``, each function
+    raises before sending, naming the feature; the session goes on."""
+    without_feature(monkeypatch, FEATURE_OPTIM)
+    with client.RemoteDevice(url) as dev:
+        xp = client.namespace(dev)
+        ext = xp.__tensorwire_nn__
+        m, g, term = xp.zeros(3), xp.ones(3), xp.asarray(0.5)
+        assert not ext.has_optimizer_ops()
+        with pytest.raises(client.FeatureNotSupportedError, match="optimizer ops.*'optim'"):
+            ext.moment_update(m, g, decay=0.9, scale=0.1, squared=False)
+        with pytest.raises(client.FeatureNotSupportedError, match="'optim'.*upgrade"):
+            ext.adam_direction(m, m, term, term)
+        assert (m + g).numpy().tolist() == [1.0, 1.0, 1.0]
+
+
+def test_a_moment_update_whose_gradient_is_its_moment_is_refused() -> None:
+    op = MomentUpdate(out=1, grad=1, decay=0.9, scale=0.1)
+    meta = TensorMeta((3,), "float32")
+    with pytest.raises(OpArgumentError, match="both the moment and the gradient"):
+        op.infer_all(meta, meta)
 
 
 def test_a_parameter_whose_gradient_differs_in_dtype_takes_the_chains(

@@ -14,7 +14,7 @@ The other hyper-parameters travel as Python scalars: constant, the same in every
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -346,7 +346,8 @@ def _fused_ops(xp: Any, array: Any, grad: Any, m: Any, v: Any) -> Extension | No
     parameter: where the namespace has them, and the parameter, its gradient and moments are
     of one real floating dtype and one shape (else the chains go op by op)."""
     fused = find_extension(xp)
-    if fused is None or not fused.has_optimizer_ops():
+    has: Callable[[], bool] | None = getattr(fused, "has_optimizer_ops", None)
+    if fused is None or has is None or not has():  # none: an extension made before them
         return None
     dtype, shape = array.dtype, array.shape
     for other in (grad, m, v):

@@ -7,7 +7,8 @@ kinds carry each chain whole, and the server runs the same numpy calls in the sa
 the same dtypes, so a parameter updated through them has the bits of one updated op by op:
 
 - ``moment_update`` (in place on ``out``, a moment): ``out *= decay``, then
-  ``out += scale * grad`` (``squared``: ``out += (scale * grad) * grad``);
+  ``out += scale * grad`` (``squared``: ``out += (scale * grad) * grad``), the gradient read
+  before the moment is written (one that shares the moment's memory reads its old values);
 - ``adam_direction`` (a new array): ``(step_size * exp_avg) / (sqrt(exp_avg_sq) + eps_term)``,
   ``step_size`` and ``eps_term`` 0-d arrays (the bias-corrected terms, computed on the device
   each step so that a replayed step needs no new scalar).
@@ -51,6 +52,8 @@ class MomentUpdate(BaseOp):
 
     def infer(self, *args: TensorMeta) -> TensorMeta:
         moment, grad = args
+        if self.grad == self.out:
+            raise OpArgumentError(f"moment_update: #{self.out} is both the moment and the gradient")
         _one_floating("moment_update", moment, grad)
         if moment.shape != grad.shape:
             raise OpShapeError(f"moment_update: moment {moment.shape}, gradient {grad.shape}")

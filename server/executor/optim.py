@@ -5,7 +5,8 @@ same order on the same dtypes, so the bits are those of the chain sent op by op.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -23,26 +24,28 @@ def moment_update(
 ) -> Array:
     """``out *= decay; out += scale * grad`` (``squared``: ``(scale * grad) * grad``): into the
     target when ``in_place`` (the store made its memory safe to write), else into a copy (a
-    read-only view), as ``elementwise.binary_inplace``."""
+    read-only view), as ``elementwise.binary_inplace``. The scaled gradient is made first, so
+    nothing is written before the last allocation, and a gradient that shares the moment's
+    memory is read as it was (the op refuses the moment's own id as its gradient)."""
     target, grad = args
-    out = target if in_place and target.flags.writeable else target.copy()
-    np.multiply(out, scalar_array(op.decay, out), out=out)
     step = np.multiply(scalar_array(op.scale, grad), grad)
     if op.squared:
         np.multiply(step, grad, out=step)  # numpy's own loop: the product's bits either way
+    out = target if in_place and target.flags.writeable else target.copy()
+    np.multiply(out, scalar_array(op.decay, out), out=out)
     np.add(out, step, out=out)
     return out
 
 
 def adam_direction(op: AdamDirection, args: Sequence[Array], buffers: Sequence[Buffer]) -> Array:
     """``(step_size * exp_avg) / (sqrt(exp_avg_sq) + eps_term)``: ``denom = sqrt(v)``,
-    ``denom += eps_term``, ``step_size * m``, then the quotient."""
+    ``denom += eps_term``, ``step_size * m``, then the quotient, a new array laid out as
+    numpy lays out the quotient of the two."""
     m, v, step_size, eps_term = args
     denom = np.sqrt(v)
     np.add(denom, eps_term, out=denom)
-    numerator = np.multiply(step_size, m)
-    np.divide(numerator, denom, out=numerator)
-    return numerator
+    quotient: Array = np.divide(np.multiply(step_size, m), denom)
+    return quotient
 
 
 def _moment_scratch(op: MomentUpdate, meta: TensorMeta, args: Sequence[Array]) -> int:
@@ -51,17 +54,15 @@ def _moment_scratch(op: MomentUpdate, meta: TensorMeta, args: Sequence[Array]) -
 
 
 def _direction_scratch(op: AdamDirection, meta: TensorMeta, args: Sequence[Array]) -> int:
-    """The denominator beside the result."""
-    return _nbytes(meta)
+    """The denominator and the numerator beside the result."""
+    return 2 * _nbytes(meta)
 
 
 def _nbytes(meta: TensorMeta) -> int:
-    size = 1
-    for d in meta.shape:
-        size *= d
-    return size * to_numpy(meta.dtype).itemsize
+    return math.prod(meta.shape) * to_numpy(meta.dtype).itemsize
 
 
+Scratch = Callable[[Any, TensorMeta, Sequence[Array]], int]
 RUNNERS: dict[type, Runner] = {AdamDirection: adam_direction}
-IN_PLACE: dict[type, Any] = {MomentUpdate: moment_update}  # called with in_place, as setitem
-SCRATCH: dict[type, Any] = {MomentUpdate: _moment_scratch, AdamDirection: _direction_scratch}
+IN_PLACE: dict[type, Callable[..., Array]] = {MomentUpdate: moment_update}  # with in_place
+SCRATCH: dict[type, Scratch] = {MomentUpdate: _moment_scratch, AdamDirection: _direction_scratch}
