@@ -82,7 +82,7 @@ class Answering:
         session, ws = live.session, live.ws
         job = item.job = session.start(batch, item.buffers, rejected=item.error)
         if (
-            not session.step(job, inline=True, contended=ws.contended())
+            not session.step(job, inline=True, contended=ws.contended(), alone=ws.alone())
             or session.closed
             or len(batch.requests) + len(job.errors) > MOST_REPLIES
             or session.reply_bytes(batch) > MOST_REPLY_BYTES

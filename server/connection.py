@@ -339,7 +339,8 @@ class Connections:
             return
         job = item.job
         assert job is not None  # a batch's job is started with it
-        while not session.step(job, inline=True, contended=live.ws.contended()):
+        ws = live.ws
+        while not session.step(job, inline=True, contended=ws.contended(), alone=ws.alone()):
             await self._off_loop(live, job)
         if session.closed:
             raise Drop(ErrorCode.INTERNAL, "a worker step failed; see the server log")

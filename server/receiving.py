@@ -16,7 +16,9 @@ The loop is shared in turns (bench/REASONS.md, 'Turns of the event loop'): a con
 messages wait for its owner is in its loop's :func:`queued` set; while another connection is
 there, the owner takes queued messages for :data:`SHARED_TURN` before the loop has a turn (and
 inline ops run in short slices, ``Session.step(contended=True)``), else for :data:`OWNER_TURN`,
-so that a lone client's batches run whole.
+so that a lone client's batches run whole. A connection that is its loop's only one
+(:meth:`ReceivingConnection.alone`) may also run a small graph on the loop
+(``Session.step(alone=True)``).
 """
 
 from __future__ import annotations
@@ -51,12 +53,24 @@ _queued: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, weakref.WeakSet[An
 )
 
 
+_open: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, weakref.WeakSet[Any]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
 def queued(loop: asyncio.AbstractEventLoop) -> weakref.WeakSet[Any]:
     """The connections of ``loop`` whose messages wait for their owners (weakly: a connection
     dropped with messages still queued leaves the set with its last reference)."""
-    found = _queued.get(loop)
+    return _of(_queued, loop)
+
+
+def _of(
+    sets: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, weakref.WeakSet[Any]],
+    loop: asyncio.AbstractEventLoop,
+) -> weakref.WeakSet[Any]:
+    found = sets.get(loop)
     if found is None:
-        found = _queued[loop] = weakref.WeakSet()
+        found = sets[loop] = weakref.WeakSet()
     return found
 
 
@@ -78,6 +92,8 @@ class ReceivingConnection(WebSocket):
         self._idle_timer: asyncio.TimerHandle | None = None
         self._turn_at = 0.0  # when the owner last waited, or last gave the loop a turn
         self._queued = queued(self.loop)  # the loop's connections with messages waiting
+        self._open = _of(_open, self.loop)  # its connections not lost yet
+        self._open.add(self)
         # Set by the owner: answers a message in the callback that delivers it, while the owner
         # waits in receive with nothing queued; True when it did (see deliver)
         self.answer_now: Callable[[Received], bool] | None = None
@@ -115,6 +131,15 @@ class ReceivingConnection(WebSocket):
     def waiting(self) -> int:
         """Whole messages received and not taken by :meth:`receive` yet."""
         return len(self._messages)
+
+    def alone(self) -> bool:
+        """Whether this is its loop's only connection (any other, even one still opening,
+        could wait behind what this one's owner runs)."""
+        return len(self._open) <= (self in self._open)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._open.discard(self)
+        super().connection_lost(exc)
 
     def contended(self) -> bool:
         """Whether another connection's messages wait for this loop (see the module

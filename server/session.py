@@ -84,10 +84,10 @@ INLINE_COST = 1 << 16  # executor.cost (about 1 ns each) that may run on the loo
 INLINE_SLICE = 0.002  # seconds step(inline=True) runs before it pauses
 FIRST_SLICE = 0.02  # a batch's first, alone on the loop: a client's flush of 2048 ops runs whole
 # A graph or segment (a training step) of at most this cost runs on the loop in a batch's first
-# slice, alone there: a worker thread's hop and its turns for the GIL cost a small step more
-# than it spares a loop that nobody else waits for (bench/REASONS.md, 'Small graphs inline').
-# About INLINE_SLICE of the cost model (which errs high), the longest turn a waiting
-# connection's message sees.
+# slice when its connection is the loop's only one: a worker thread's hop and its turns for
+# the GIL cost a small step more than they spare a loop that nobody else uses (bench/REASONS.md,
+# 'Small graphs inline'). About INLINE_SLICE of the cost model (which errs high), the longest
+# a connection that just opened waits behind it.
 INLINE_GRAPH_COST = 1 << 21
 
 
@@ -189,22 +189,22 @@ class Session:
                 ErrorCode.SERVER_MEMORY_EXHAUSTED,
             )
 
-    def step(self, job: Job, inline: bool, contended: bool = False) -> bool:
+    def step(self, job: Job, inline: bool, contended: bool = False, alone: bool = False) -> bool:
         """Register the batch's graphs, then run ops from ``job.next``. With ``inline``, stop
         before the first registration or op whose check (``server/check_costs.py``) or cost
         exceeds :data:`INLINE_COST` (a graph or segment: :data:`INLINE_GRAPH_COST` in the
-        first slice), or pause (``job.paused``: go on inline on a later turn of the loop) once
-        it ran for :data:`INLINE_SLICE` seconds (:data:`FIRST_SLICE` from a batch's first op,
-        so that a client's batch rarely pauses, unless other connections' messages wait for
-        the loop: ``contended``, ``server/receiving.py``). Without
-        ``inline``, a pull runs alone, as the step's first op (a pull thread runs it:
-        ``server.workers``). Returns True when every op has run, the batch's frees are applied
-        and its exposes made (``Requests.expose``).
+        first slice of a connection ``alone`` on the loop), or pause (``job.paused``: go on
+        inline on a later turn of the loop) once it ran for :data:`INLINE_SLICE` seconds
+        (:data:`FIRST_SLICE` from a batch's first op, so that a client's batch rarely pauses,
+        unless other connections' messages wait for the loop: ``contended``,
+        ``server/receiving.py``). Without ``inline``, a pull runs alone, as the step's first op
+        (a pull thread runs it: ``server.workers``). Returns True when every op has run, the
+        batch's frees are applied and its exposes made (``Requests.expose``).
         """
         ops = job.batch.ops
         first, job.paused = job.next, False
         slice_ = INLINE_SLICE if first or contended else FIRST_SLICE
-        graph_cost = INLINE_COST if first or contended else INLINE_GRAPH_COST
+        graph_cost = INLINE_GRAPH_COST if alone and not first else INLINE_COST
         pause_at = time.monotonic() + slice_ if inline else math.inf
         if job.chores is not None and not frees.run_chores(job, pause_at):
             return False

@@ -6,6 +6,7 @@ import gc
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import numpy as np
 import pytest
@@ -16,6 +17,7 @@ from bench.training import DIGITS, Trainer
 from client._connection import FLUSH_OPS
 from client.autodiff import Autodiff
 from server import Server, ServerConfig
+from server.connection import Connections
 
 from .polling import wait_until
 
@@ -119,3 +121,31 @@ def test_frees_travel_with_the_next_batch(live: Server) -> None:
         assert len(session.store) == 1  # not sent on its own
         dev.sync()
         assert len(session.store) == 0
+
+
+def test_a_replayed_step_runs_on_the_loop_only_while_its_connection_is_alone(
+    live: Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A training step replayed as one segment (cost over INLINE_COST, under
+    INLINE_GRAPH_COST) runs on the event loop while its connection is the server's only one,
+    and in a worker thread once another is open (bench/REASONS.md, 'Small graphs inline')."""
+    hops: list[object] = []
+    off_loop = Connections._off_loop
+
+    async def counted(self: Connections, session: Any, job: Any) -> None:
+        hops.append(job)
+        await off_loop(self, session, job)
+
+    monkeypatch.setattr(Connections, "_off_loop", counted)
+    url = f"ws://127.0.0.1:{live.port}"
+    with client.RemoteDevice(url) as dev:
+        trainer = Trainer(Autodiff(client.namespace(dev)), DIGITS, 4 * DIGITS.batch)
+        trainer.run(6)
+        assert dev.segment_stats().hits >= 2
+        hops.clear()
+        trainer.run(3)
+        assert hops == []
+        with client.RemoteDevice(url) as other:
+            other.sync()
+            trainer.run(3)
+            assert len(hops) >= 3

@@ -45,7 +45,7 @@ def test_a_batch_runs_in_short_slices_only_while_other_connections_wait(
     assert abs(shared - INLINE_SLICE / TICK) <= 2, shared
 
 
-def _graph_runs_inline(elements: int, contended: bool, steps: int = 1) -> bool:
+def _graph_runs_inline(elements: int, alone: bool, steps: int = 1) -> bool:
     """Whether a batch's first inline step runs a registered graph of ``steps`` ``exp`` ops
     over ``elements`` float64 values (2 units each) on the loop, rather than leave it to a
     thread."""
@@ -59,19 +59,19 @@ def _graph_runs_inline(elements: int, contended: bool, steps: int = 1) -> bool:
     while not session.step(setup, inline=False):
         pass
     job = session.start(Batch(ops=[RunGraph(out=2, graph=7, args=(1,))]), [])
-    return session.step(job, inline=True, contended=contended)
+    return session.step(job, inline=True, alone=alone)
 
 
-def test_a_small_graph_runs_on_the_loop_only_while_no_other_connection_waits() -> None:
+def test_a_small_graph_runs_on_the_loop_only_for_a_connection_alone_there() -> None:
     """Over INLINE_COST, a graph goes to a worker thread, unless it is a batch's first and
-    costs at most INLINE_GRAPH_COST while the loop is its alone (bench/REASONS.md, 'Small
-    graphs inline')."""
+    costs at most INLINE_GRAPH_COST while its connection is the loop's only one
+    (bench/REASONS.md, 'Small graphs inline'; tests/test_inprocess.py for the sockets)."""
     small = INLINE_COST  # 2 units an element: between the two bounds
     assert INLINE_COST < 2 * small <= INLINE_GRAPH_COST
-    assert _graph_runs_inline(small, contended=False)
-    assert not _graph_runs_inline(small, contended=True)
-    assert not _graph_runs_inline(INLINE_GRAPH_COST, contended=False)  # twice the bound
+    assert _graph_runs_inline(small, alone=True)
+    assert not _graph_runs_inline(small, alone=False)
+    assert not _graph_runs_inline(INLINE_GRAPH_COST, alone=True)  # twice the bound
     # within the bound, but more steps than INLINE_STEPS, whose own time the cost leaves out
     per_step = 2 * INLINE_COST // INLINE_STEPS  # elements: the graph costs 4 x INLINE_COST
-    assert not _graph_runs_inline(per_step, contended=False, steps=INLINE_STEPS + 1)
-    assert _graph_runs_inline(per_step, contended=False, steps=INLINE_STEPS)
+    assert not _graph_runs_inline(per_step, alone=True, steps=INLINE_STEPS + 1)
+    assert _graph_runs_inline(per_step, alone=True, steps=INLINE_STEPS)
