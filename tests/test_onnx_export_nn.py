@@ -22,10 +22,12 @@ from client.autodiff import Autodiff, Tensor
 from client.capture.onnx import OnnxExportError, to_onnx
 from protocol.dtypes import DType
 from protocol.ops import (
+    AdamDirection,
     BatchNorm,
     Binary,
     BinaryScalar,
     Conv,
+    MomentUpdate,
     PermuteDims,
     Pool,
     PoolBackward,
@@ -231,6 +233,23 @@ def test_training_ops_are_refused_with_the_reason(
     w = b.input("w", floats(1, 2, 3, 3))
     state = b.input("state", np.array([7, 0], dtype=np.uint64))
     y = b.op(lambda o: op(x, w, state, o))
+    with pytest.raises(OnnxExportError, match=rf"cannot export op 0 \(.*\) to ONNX: {why}"):
+        to_onnx(b.graph(y=y), b.arrays)
+
+
+def test_optimizer_updates_are_refused_with_the_reason() -> None:
+    """Adam's update (a jitted training step holds it) is no part of an exported model."""
+    why = r"it is part of an optimizer's update .* export the forward pass"
+    b = Builder()
+    m, g = (b.input(n, floats(2, 3)) for n in "mg")
+    b.inplace(MomentUpdate(out=m, grad=g, decay=0.9, scale=0.1))
+    y = b.op(lambda o: BinaryScalar(op="multiply", out=o, x=m, scalar=1.0))
+    with pytest.raises(OnnxExportError, match=rf"cannot export op 0 \(moment_update.*: {why}"):
+        to_onnx(b.graph(y=y), b.arrays)
+    b = Builder()
+    m, v = (b.input(n, floats(2, 3)) for n in "mv")
+    term = b.input("term", np.asarray(1e-3, dtype=np.float32))
+    y = b.op(lambda o: AdamDirection(out=o, exp_avg=m, exp_avg_sq=v, step_size=term, eps_term=term))
     with pytest.raises(OnnxExportError, match=rf"cannot export op 0 \(.*\) to ONNX: {why}"):
         to_onnx(b.graph(y=y), b.arrays)
 

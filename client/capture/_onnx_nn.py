@@ -17,7 +17,16 @@ from typing import Any
 import numpy as np
 
 from protocol.dtypes import to_numpy
-from protocol.ops import BatchNorm, Conv, Pool, PoolBackward, Random, Softmax
+from protocol.ops import (
+    AdamDirection,
+    BatchNorm,
+    Conv,
+    MomentUpdate,
+    Pool,
+    PoolBackward,
+    Random,
+    Softmax,
+)
 
 from ._onnx_builder import Converter, Export, NoCounterpart
 
@@ -111,6 +120,13 @@ def random(ex: Export, op: Random) -> None:
     )
 
 
+def optimizer_update(ex: Export, op: MomentUpdate | AdamDirection) -> None:
+    raise NoCounterpart(
+        "it is part of an optimizer's update (protocol/ops/optim.py), which an exported model "
+        "does not run: export the forward pass (the model in eval mode)"
+    )
+
+
 NN: dict[type, Converter] = {
     Conv: conv,
     Pool: pool,
@@ -118,4 +134,6 @@ NN: dict[type, Converter] = {
     BatchNorm: batch_norm,
     Softmax: softmax,
     Random: random,
+    MomentUpdate: optimizer_update,
+    AdamDirection: optimizer_update,
 }
