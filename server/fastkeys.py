@@ -102,9 +102,12 @@ def _join(op: Join) -> Hashable | None:
     return (op.op, op.axis) if len(op.xs) <= JOINED else None
 
 
-def _moment(op: MomentUpdate) -> Hashable:
+def _moment(op: MomentUpdate) -> Hashable | None:
     """Whether it squares, and whether its factors are finite (which its rule checks): any
-    finite values alike."""
+    finite values alike. None for its moment's own id as its gradient, which its rule
+    refuses by the ids."""
+    if op.grad == op.out:
+        return None
     return op.squared, math.isfinite(op.decay) and math.isfinite(op.scale)
 
 

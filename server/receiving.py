@@ -92,8 +92,7 @@ class ReceivingConnection(WebSocket):
         self._idle_timer: asyncio.TimerHandle | None = None
         self._turn_at = 0.0  # when the owner last waited, or last gave the loop a turn
         self._queued = queued(self.loop)  # the loop's connections with messages waiting
-        self._open = _of(_open, self.loop)  # its connections not lost yet
-        self._open.add(self)
+        self._open = _of(_open, self.loop)  # its connections made and not lost yet
         # Set by the owner: answers a message in the callback that delivers it, while the owner
         # waits in receive with nothing queued; True when it did (see deliver)
         self.answer_now: Callable[[Received], bool] | None = None
@@ -136,6 +135,10 @@ class ReceivingConnection(WebSocket):
         """Whether this is its loop's only connection (any other, even one still opening,
         could wait behind what this one's owner runs)."""
         return len(self._open) <= (self in self._open)
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self._open.add(self)  # here, not at init: a failed TLS handshake makes it never lost
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._open.discard(self)

@@ -82,7 +82,7 @@ from .store import Failure, TensorStore
 # How ops share the event loop (bench/REASONS.md, 'Inline slices of the event loop'):
 INLINE_COST = 1 << 16  # executor.cost (about 1 ns each) that may run on the loop
 INLINE_SLICE = 0.002  # seconds step(inline=True) runs before it pauses
-FIRST_SLICE = 0.02  # a batch's first, alone on the loop: a client's flush of 2048 ops runs whole
+FIRST_SLICE = 0.02  # a batch's first, uncontended: a client's flush of 2048 ops runs whole
 # A graph or segment (a training step) of at most this cost runs on the loop in a batch's first
 # slice when its connection is the loop's only one: a worker thread's hop and its turns for
 # the GIL cost a small step more than they spare a loop that nobody else uses (bench/REASONS.md,
@@ -193,18 +193,18 @@ class Session:
         """Register the batch's graphs, then run ops from ``job.next``. With ``inline``, stop
         before the first registration or op whose check (``server/check_costs.py``) or cost
         exceeds :data:`INLINE_COST` (a graph or segment: :data:`INLINE_GRAPH_COST` in the
-        first slice of a connection ``alone`` on the loop), or pause (``job.paused``: go on
-        inline on a later turn of the loop) once it ran for :data:`INLINE_SLICE` seconds
-        (:data:`FIRST_SLICE` from a batch's first op, so that a client's batch rarely pauses,
-        unless other connections' messages wait for the loop: ``contended``,
-        ``server/receiving.py``). Without ``inline``, a pull runs alone, as the step's first op
-        (a pull thread runs it: ``server.workers``). Returns True when every op has run, the
-        batch's frees are applied and its exposes made (``Requests.expose``).
+        uncontended first slice of a connection ``alone`` on the loop), or pause
+        (``job.paused``: go on inline on a later turn of the loop) once it ran for
+        :data:`INLINE_SLICE` seconds (:data:`FIRST_SLICE` from a batch's first op, so that a
+        client's batch rarely pauses, unless other connections' messages wait for the loop:
+        ``contended``, ``server/receiving.py``). Without ``inline``, a pull runs alone, as the
+        step's first op (a pull thread runs it: ``server.workers``). Returns True when every
+        op has run, the batch's frees are applied and its exposes made (``Requests.expose``).
         """
         ops = job.batch.ops
         first, job.paused = job.next, False
         slice_ = INLINE_SLICE if first or contended else FIRST_SLICE
-        graph_cost = INLINE_GRAPH_COST if alone and not first else INLINE_COST
+        graph_cost = INLINE_GRAPH_COST if alone and not (first or contended) else INLINE_COST
         pause_at = time.monotonic() + slice_ if inline else math.inf
         if job.chores is not None and not frees.run_chores(job, pause_at):
             return False
@@ -347,7 +347,7 @@ class Session:
                 args[0] = target  # its memory may have moved (a read reply sends the old)
             if nbytes is None:
                 nbytes = output_bytes(metas, self.limits)
-            reserved = nbytes - output_bytes(metas, self.limits) if in_place else nbytes
+            reserved = executor.scratch(op, metas[0], args) if in_place else nbytes
             if not isinstance(op, FromBuffer) or not self.store.take_upload(
                 job.buffers, op.buffer, reserved
             ):  # an upload's buffer is counted since it was allocated: its op takes that over

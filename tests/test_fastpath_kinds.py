@@ -82,6 +82,7 @@ SETUP: list[AnyOp] = [
     Full(out=25, shape=(), dtype="float32", value=0.01),  # a step term
     Full(out=26, shape=(4, 6), dtype="float32", value=0.25),  # a moment
     Full(out=27, shape=(4, 6), dtype="float32", value=0.5),  # another
+    Full(out=28, shape=(4, 6), dtype="float32", value=0.75),  # and another
 ]
 CONV = {"stride": (1, 1), "padding": ((1, 1), (1, 1)), "dilation": (1, 1), "groups": 1}
 POOL = {"kernel": (2, 2), "stride": (2, 2), "padding": (0, 0), "count_include_pad": True}
@@ -146,6 +147,7 @@ OPS: list[AnyOp] = [
     MomentUpdate(out=16, grad=1, decay=0.9, scale=0.1),  # a read-only view: into a copy
     MomentUpdate(out=24, grad=4, decay=0.9, scale=0.1),  # refused: shapes
     MomentUpdate(out=27, grad=1, decay=float("nan"), scale=0.1),  # refused, its rule cached
+    MomentUpdate(out=28, grad=28, decay=0.9, scale=0.1),  # its own id as gradient: refused
     AdamDirection(out=75, exp_avg=1, exp_avg_sq=17, step_size=25, eps_term=25),  # shapes
     AdamDirection(out=76, exp_avg=1, exp_avg_sq=26, step_size=25, eps_term=25),
     AdamDirection(out=77, exp_avg=1, exp_avg_sq=3, step_size=11, eps_term=25),  # not 0-d
@@ -273,6 +275,7 @@ def test_keyed_ops_leave_the_same_state_on_both_paths(monkeypatch: pytest.Monkey
         23: "invalid_op",
         24: "invalid_op",  # moment_update refused
         27: "invalid_op",  # ... a NaN factor
+        28: "invalid_op",  # ... its moment as its gradient
         26: "execution_failed",  # moment_update of a failed gradient
         32: "invalid_op",
         33: "invalid_op",

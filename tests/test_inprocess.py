@@ -149,3 +149,7 @@ def test_a_replayed_step_runs_on_the_loop_only_while_its_connection_is_alone(
             other.sync()
             trainer.run(3)
             assert len(hops) >= 3
+        wait_until(lambda: len(live.sessions) == 1, "the other session to end")
+        hops.clear()
+        trainer.run(3)
+        assert hops == []  # alone again

@@ -80,8 +80,10 @@ def test_moment_update_is_the_bits_of_its_chain_op_by_op(dtype: str, squared: bo
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
-def test_adam_direction_is_the_bits_of_its_chain_op_by_op(dtype: str) -> None:
-    m, v = _values(dtype, 3), np.abs(_values(dtype, 4))
+@pytest.mark.parametrize("order", ["C", "F"])  # exp_avg's: the quotient's layout is numpy's
+def test_adam_direction_is_the_bits_of_its_chain_op_by_op(dtype: str, order: str) -> None:
+    m = np.asarray(_values(dtype, 3).reshape(16, 32), order=order)
+    v = np.abs(_values(dtype, 4)).reshape(16, 32)
     step_size, eps_term = np.asarray(3e-3, dtype=dtype), np.asarray(1e-8, dtype=dtype)
     arrays = {1: m, 2: v, 3: step_size, 4: eps_term}
     _chain(
@@ -95,7 +97,18 @@ def test_adam_direction_is_the_bits_of_its_chain_op_by_op(dtype: str) -> None:
     )
     op = AdamDirection(out=8, exp_avg=1, exp_avg_sq=2, step_size=3, eps_term=4)
     got = _run(op, [m, v, step_size, eps_term])
-    assert got.dtype == dtype and got.tobytes() == arrays[7].tobytes()
+    assert got.dtype == dtype and got.strides == arrays[7].strides
+    assert got.tobytes(order="A") == arrays[7].tobytes(order="A")
+
+
+def test_a_gradient_that_shares_the_moments_memory_is_read_before_the_write() -> None:
+    """Under another id (a view), the gradient is the moment's values before the update."""
+    moment = _values("float64", 5)
+    target = moment.copy()
+    op = MomentUpdate(out=1, grad=2, decay=0.9, scale=0.1)
+    got = _run(op, [target, target[...]], in_place=True)
+    want = np.add(np.multiply(moment, 0.9), np.multiply(0.1, moment))
+    assert got is target and got.tobytes() == want.tobytes()
 
 
 # --- through a real server ---------------------------------------------------------------------

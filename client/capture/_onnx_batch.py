@@ -396,6 +396,5 @@ RULES: dict[type, Rule] = {
     ops.Cumulative: _cumulative,
     **dict.fromkeys((ops.Conv, ops.Pool, ops.BatchNorm), _nn),
     **dict.fromkeys((ops.PoolBackward, ops.Random, ops.Full, ops.Arange, ops.Eye), _none),
-    **dict.fromkeys((ops.MomentUpdate, ops.AdamDirection), _none),  # the converter refuses
-    ops.Linspace: _none,
+    **dict.fromkeys((ops.Linspace, ops.MomentUpdate, ops.AdamDirection), _none),
 }
