@@ -48,9 +48,9 @@ class Listener:
         self._process_request = process_request
         self._settings = settings
         self._make_connection = make_connection
-        self._upgrades = Upgrades(self._answer, self._opened)
+        self._upgrades = Upgrades(self._made, self._answer, self._opened)
         self._server: asyncio.Server | None = None
-        self._connections: set[WebSocket] = set()  # from the TCP accept until it is lost
+        self._connections: set[WebSocket] = set()  # from connection_made until it is lost
         self._handlers: set[asyncio.Task[None]] = set()
         self.serving = False
 
@@ -78,10 +78,14 @@ class Listener:
         return port
 
     def _connection(self) -> WebSocket:
-        ws = self._make_connection(self._settings, self._upgrades)
+        return self._make_connection(self._settings, self._upgrades)
+
+    def _made(self, ws: WebSocket) -> None:
+        """Keep ``ws`` until it is lost. Not from the protocol factory: asyncio makes the
+        protocol before a TLS handshake, and one that fails never tells it it was made or
+        lost, so it would have been kept for good."""
         self._connections.add(ws)
         ws.lost.add_done_callback(lambda _: self._connections.discard(ws))
-        return ws
 
     def _answer(self, ws: WebSocket, request: Request) -> Response:
         response = self._process_request(ws, request)

@@ -53,9 +53,12 @@ class WebSocketSettings:
 
 @dataclass(frozen=True)
 class Upgrades:
-    """The listener's side of an upgrade: ``answer`` returns the response to a whole request
-    (101 accepts it); ``opened`` is called once the connection is open (it starts the handler)."""
+    """The listener's side of a connection: ``made`` is called once its transport is there
+    (after a TLS handshake: one that fails never makes it), ``answer`` returns the response to
+    a whole upgrade request (101 accepts it), ``opened`` is called once the connection is
+    open (it starts the handler)."""
 
+    made: Callable[[WebSocket], None]
     answer: Callable[[WebSocket, Request], Response]
     opened: Callable[[WebSocket], None]
 
@@ -92,6 +95,7 @@ class WebSocket(asyncio.BufferedProtocol):
         self.raw_socket = _plain_socket(transport)
         if self.settings.open_timeout is not None:
             self._close_timer = self.loop.call_later(self.settings.open_timeout, self._cut)
+        self._upgrades.made(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.protocol.receive_eof()  # idempotent: the state is CLOSED from here on

@@ -5,11 +5,16 @@ session's tensors and the server's byte accounting are unaffected."""
 
 from __future__ import annotations
 
+import asyncio
+import gc
+import ssl
 import subprocess
 import sys
 import time
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -21,6 +26,9 @@ import client
 from protocol import PROTOCOL_VERSION, Batch, ErrorCode, ErrorInfo, Read, Sync, encode
 from protocol.ops import AnyOp, Binary, Full
 from server.__main__ import build_server
+from server.listener import Listener
+from server.websocket import Upgrades, WebSocketSettings
+from server.wire import WireConnection
 
 from .polling import wait_until
 from .raw import TOKEN, Raw, RawSocket, Witness
@@ -498,3 +506,38 @@ def test_a_session_with_work_in_flight_is_not_idle() -> None:
             for _ in range(8):
                 m = m @ a / 2000.0  # seconds of work, with nothing sent meanwhile
             np.testing.assert_allclose(m.numpy(), np.ones((2000, 2000)))
+
+
+@pytest.mark.inprocess
+@pytest.mark.asyncio
+async def test_a_failed_tls_handshake_leaves_nothing_behind(tls_files: tuple[Path, Path]) -> None:
+    """Plain TCP to a TLS port (a probe, a scanner): the handshake fails, asyncio never tells
+    the connection it was made or lost, and the listener must keep nothing of it."""
+    pem, _ = tls_files
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(pem)
+    made: list[weakref.ref[WireConnection]] = []
+
+    def connection(settings: WebSocketSettings, upgrades: Upgrades) -> WireConnection:
+        ws = WireConnection(settings, upgrades)
+        made.append(weakref.ref(ws))
+        return ws
+
+    async def handler(ws: Any) -> None:
+        return None
+
+    listener = Listener(handler, lambda ws, request: None, WebSocketSettings(None), connection)
+    await listener.start("127.0.0.1", 0, context)
+    try:
+        for _ in range(3):
+            reader, writer = await asyncio.open_connection("127.0.0.1", listener.port)
+            writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")  # no TLS ClientHello
+            await writer.drain()
+            assert await asyncio.wait_for(reader.read(), 10) == b""  # the server hung up
+            writer.close()
+            await writer.wait_closed()
+        await asyncio.sleep(0.1)  # the server's side of the last one ends
+        gc.collect()
+        assert len(made) == 3 and [r() for r in made] == [None, None, None]
+    finally:
+        await listener.close()
