@@ -21,14 +21,14 @@ error). Two caches, by what keys them:
   neural-network and optimizer ops, and the in-place updates: ``binary_inplace*``,
   ``setitem``, ``moment_update``), by their *key* (``server/fastkeys.py``: the op's type and
   fields but its ids) and input metas (bench/REASONS.md, 'Keyed rules on the fast path'); an
-  in-place binary op runs as one
-  prepared call with ``out=`` where that is the whole op (``elementwise.inplace_call``). A
-  result is stored as :meth:`Outcomes.keep` stores it where that is plain: a view of a root
-  the store holds (a reshape, a slice; the target written in place) adds no bytes and gives
-  its reservation back, a root of its own adds its bytes (the scratch's given back). An
-  in-place op writes its target only where :meth:`TensorStore.prepare_write` would give the
-  target as it is (``TensorStore.writes_in_place``: writeable, no reply or exposure sending
-  its memory), and reserves only its scratch, as on the general path.
+  in-place binary op runs as one prepared call with ``out=`` where that is the whole op
+  (``elementwise.inplace_call``). A result is stored as :meth:`Outcomes.keep` stores it
+  where that is plain: a view of a root the store holds (a reshape, a slice; the target
+  written in place) adds no bytes and gives its reservation back, a root of its own adds its
+  bytes (the scratch's given back). An in-place op writes its target only where
+  :meth:`TensorStore.prepare_write` would give the target as it is
+  (``TensorStore.writes_in_place``: writeable, no reply or exposure sending its memory), and
+  reserves only its scratch, as on the general path.
 
 ``resolve`` leaves these ops' metas unchanged (an index by a tensor, whose length may depend
 on a mask, is not here; nor an output of data-dependent length, nor an op of several

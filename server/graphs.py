@@ -229,7 +229,7 @@ class Graphs:
 
     # --- replay --------------------------------------------------------------------------------
 
-    def run(self, op: RunGraph, job: Job, inline: bool, most: int | None = None) -> bool:
+    def run(self, op: RunGraph, job: Job, inline: bool, most: int) -> bool:
         """Check and replay ``op``, settling its outputs. False: it is too costly to run
         ``inline`` (:meth:`fits_inline`, ``most``: nothing changed).
         The caller holds ``np.errstate(all="ignore")``."""
@@ -241,7 +241,7 @@ class Graphs:
             self._execute(op, plan, args, job)
         return True
 
-    def fits_inline(self, op: RunGraph | RunSegment, plan: Plan, most: int | None) -> bool:
+    def fits_inline(self, op: RunGraph | RunSegment, plan: Plan, most: int) -> bool:
         """Whether a replay of ``plan`` may run on the loop: it costs at most the inline cost,
         or at most ``most`` with no more than :data:`INLINE_STEPS` steps (a step's own time,
         about a microsecond or two, is not in its cost: ``MIN_STEP_COST`` bounds a graph's
@@ -249,7 +249,7 @@ class Graphs:
         cost = self.cost(op, plan)
         if cost <= self._inline_cost:
             return True
-        return most is not None and cost <= most and len(plan.steps) <= INLINE_STEPS
+        return cost <= most and len(plan.steps) <= INLINE_STEPS
 
     def cost(self, op: RunGraph | RunSegment, plan: Plan) -> int:
         """The replay's work: its ops', and for a graph that writes in place the moves of the

@@ -65,7 +65,7 @@ class Segments:
         self._stopped = stopped
         self._varying: dict[int, tuple[Plan, tuple[int, ...]]] = {}  # graph: its ops that vary
 
-    def run(self, op: RunSegment, job: Job, inline: bool, most: int | None = None) -> bool:
+    def run(self, op: RunSegment, job: Job, inline: bool, most: int) -> bool:
         """Run ``op`` (see the module docstring). False: it is too costly to run ``inline``
         (``Graphs.fits_inline``, ``most``: nothing changed). The caller
         holds ``np.errstate(all="ignore")``."""

@@ -15,7 +15,11 @@ from typing import Any
 
 import numpy as np
 
+from protocol import TensorMeta
 from protocol.codec import Buffer
 
 Array = np.ndarray[Any, Any]
 Runner = Callable[[Any, Sequence[Array], Sequence[Buffer]], Array | tuple[Array, ...]]
+# What an op allocates beside its result, in bytes, given its result and its inputs (arrays,
+# or arrays of their shapes and dtypes only): a family's ``SCRATCH``, ``executor.scratch``
+Scratch = Callable[[Any, TensorMeta, Sequence[Array]], int]

@@ -12,16 +12,15 @@ counted by its entry in :data:`SCRATCH` (``executor.scratch``), before it runs.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from protocol import TensorMeta
 from protocol.codec import Buffer
 from protocol.ops import BatchNorm, Conv, Pool, PoolBackward, Random, Softmax
 
-from .base import Array, Runner
+from .base import Array, Runner, Scratch
 from .convolution import conv_scratch, run_conv
 from .pooling import pool_scratch, run_pool, run_pool_backward
 
@@ -71,7 +70,4 @@ RUNNERS: dict[type, Runner] = {
     Random: run_random,
 }
 
-# What an op allocates beside its result, in bytes, given its result and its inputs (arrays,
-# or arrays of their shapes and dtypes only).
-Scratch = Callable[[Any, TensorMeta, Sequence[Array]], int]
 SCRATCH: dict[type, Scratch] = {Conv: conv_scratch, Pool: pool_scratch, PoolBackward: pool_scratch}

@@ -5,17 +5,15 @@ same order on the same dtypes, so the bits are those of the chain sent op by op.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import numpy as np
 
-from protocol import TensorMeta, to_numpy
+from protocol import TensorMeta
 from protocol.codec import Buffer
 from protocol.ops import AdamDirection, MomentUpdate
 
-from .base import Array, Runner
+from .base import Array, Runner, Scratch
 from .elementwise import scalar_array
 
 
@@ -50,19 +48,14 @@ def adam_direction(op: AdamDirection, args: Sequence[Array], buffers: Sequence[B
 
 def _moment_scratch(op: MomentUpdate, meta: TensorMeta, args: Sequence[Array]) -> int:
     """The scaled gradient beside the moment (its square written into it)."""
-    return _nbytes(meta)
+    return int(args[1].nbytes)
 
 
 def _direction_scratch(op: AdamDirection, meta: TensorMeta, args: Sequence[Array]) -> int:
-    """The denominator and the numerator beside the result."""
-    return 2 * _nbytes(meta)
+    """The denominator and the numerator beside the result (each an ``exp_avg``'s size)."""
+    return 2 * int(args[0].nbytes)
 
 
-def _nbytes(meta: TensorMeta) -> int:
-    return math.prod(meta.shape) * to_numpy(meta.dtype).itemsize
-
-
-Scratch = Callable[[Any, TensorMeta, Sequence[Array]], int]
 RUNNERS: dict[type, Runner] = {AdamDirection: adam_direction}
 IN_PLACE: dict[type, Callable[..., Array]] = {MomentUpdate: moment_update}  # with in_place
 SCRATCH: dict[type, Scratch] = {MomentUpdate: _moment_scratch, AdamDirection: _direction_scratch}
